@@ -1,0 +1,136 @@
+"""The one fairseq attention module that composes a mechanism.
+
+It subclasses fairseq's ``MultiheadAttention`` (same ``q_proj``/``k_proj``/
+``v_proj``/``out_proj``, same incremental-state buffer and reordering) and
+overrides ``forward`` completely: fairseq's fast path
+(``F.multi_head_attention_forward``) would bypass any hook.
+"""
+from typing import Dict, Optional, Tuple
+
+import torch
+from fairseq.modules import MultiheadAttention
+from fairseq.modules.quant_noise import quant_noise
+from torch import Tensor, nn
+
+from .mechanisms import MechanismConfig, build_mechanism
+from .spec import MechanismOptions
+
+
+class DistanceAwareMultiheadAttention(MultiheadAttention):
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        mechanism: str,
+        options: MechanismOptions,
+        causal: bool = False,
+        kdim: Optional[int] = None,
+        vdim: Optional[int] = None,
+        dropout: float = 0.0,
+        self_attention: bool = False,
+        encoder_decoder_attention: bool = False,
+        q_noise: float = 0.0,
+        qn_block_size: int = 8,
+    ):
+        super().__init__(
+            embed_dim, num_heads, kdim=kdim, vdim=vdim, dropout=dropout,
+            self_attention=self_attention, encoder_decoder_attention=encoder_decoder_attention,
+            q_noise=q_noise, qn_block_size=qn_block_size,
+        )
+        self.causal = causal
+        self.mechanism = build_mechanism(MechanismConfig(mechanism, num_heads, self.head_dim, options))
+
+        def projection(input_dim):
+            layer = nn.Linear(input_dim, embed_dim)
+            nn.init.xavier_uniform_(layer.weight, gain=2 ** -0.5)
+            nn.init.zeros_(layer.bias)
+            return quant_noise(layer, q_noise, qn_block_size)
+
+        self.extra_query_proj = nn.ModuleDict({name: projection(embed_dim) for name in self.mechanism.extra_queries})
+        self.extra_key_proj = nn.ModuleDict({name: projection(self.kdim) for name in self.mechanism.extra_keys})
+
+    def set_beam_size(self, beam_size):
+        # Stock cross-attention keeps one key copy per sentence and skips reordering
+        # once beam_size > 1; this module caches keys per hypothesis, so the
+        # plain per-hypothesis reorder (beam_size 1) is the correct one.
+        pass
+
+    def _heads(self, x: Tensor) -> Tensor:
+        """[T, B, E] -> [B, H, T, D]."""
+        length, bsz, _ = x.shape
+        return x.view(length, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+
+    def _project_keys(self, key: Tensor, value: Tensor) -> Dict[str, Tensor]:
+        keys = {"key": self._heads(self.k_proj(key)), "value": self._heads(self.v_proj(value))}
+        keys.update((name, self._heads(proj(key))) for name, proj in self.extra_key_proj.items())
+        return keys
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        need_weights: bool = True,
+        static_kv: bool = False,
+        attn_mask: Optional[Tensor] = None,
+        before_softmax: bool = False,
+        need_head_weights: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        if before_softmax:
+            raise NotImplementedError(f"{self.mechanism.config.name} attention has no single pre-softmax score")
+        if attn_mask is not None and not self.causal:
+            # Decoder self-attention passes fairseq's future mask, which `causal`
+            # reproduces exactly; any other mask has no meaning for these mechanisms.
+            raise ValueError("DistanceAwareMultiheadAttention supports attn_mask only as the causal future mask")
+        need_weights = need_weights or need_head_weights
+        tgt_len, bsz, _ = query.shape
+
+        saved_state = self._get_input_buffer(incremental_state) if incremental_state is not None else None
+        queries = {"query": self._heads(self.q_proj(query))}
+        queries.update((name, self._heads(proj(query))) for name, proj in self.extra_query_proj.items())
+
+        query_offset = 0
+        if saved_state is not None and static_kv and "prev_key" in saved_state:
+            keys = {name[len("prev_"):]: tensor for name, tensor in saved_state.items() if self._is_cached_key(name)}
+            key_padding_mask = saved_state.get("prev_key_padding_mask")
+        else:
+            if self.self_attention:
+                key = value = query
+            keys = self._project_keys(key, value)
+            if saved_state is not None:
+                if "prev_key" in saved_state:
+                    query_offset = saved_state["prev_key"].size(2)
+                    for name in keys:
+                        keys[name] = torch.cat([saved_state[f"prev_{name}"], keys[name]], dim=2)
+                key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
+                    key_padding_mask=key_padding_mask,
+                    prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
+                    batch_size=bsz,
+                    src_len=keys["key"].size(2),
+                    static_kv=static_kv,
+                )
+                saved_state.update((f"prev_{name}", tensor) for name, tensor in keys.items())
+                saved_state["prev_key_padding_mask"] = key_padding_mask
+        if key_padding_mask is not None:
+            key_padding_mask = key_padding_mask.to(torch.bool)
+
+        out, probs = self.mechanism(
+            queries, keys, key_padding_mask, self.causal, query_offset,
+            self.dropout_module.p if self.training else 0.0,
+            saved_state,
+        )
+        if saved_state is not None:
+            self._set_input_buffer(incremental_state, saved_state)
+
+        out = self.out_proj(out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.embed_dim))
+        weights: Optional[Tensor] = None
+        if need_weights:
+            weights = probs.transpose(0, 1)  # [H, B, Tq, Tk], fairseq's per-head layout
+            if not need_head_weights:
+                weights = weights.mean(dim=0)
+        return out, weights
+
+    def _is_cached_key(self, name: str) -> bool:
+        return name.startswith("prev_") and name[len("prev_"):] in ("key", "value") + tuple(self.extra_key_proj)

@@ -1,0 +1,49 @@
+"""Encoder and decoder that hand each layer its attention plan.
+
+fairseq's ``build_encoder_layer(cfg)`` gets no layer index; the layers are
+built in order inside ``__init__``, so each build call takes the next plan
+from an iterator prepared beforehand (no layer is ever built twice).
+"""
+from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase, TransformerEncoderBase
+
+from .layers import DistAttnDecoderLayer, DistAttnEncoderLayer, LayerAttentionPlan, wrap_layer
+from .spec import CROSS, DECODER_SELF, ENCODER_SELF, MechanismOptions, parse_spec
+
+
+def encoder_plans(cfg):
+    options = MechanismOptions.from_args(cfg)
+    layers = parse_spec(ENCODER_SELF, getattr(cfg, "encoder_self_attention", None), cfg.encoder.layers)
+    options.check_kind(ENCODER_SELF, layers)
+    return [LayerAttentionPlan(mechanism, "vanilla", options) for mechanism in layers]
+
+
+def decoder_plans(cfg, no_encoder_attn: bool):
+    options = MechanismOptions.from_args(cfg)
+    self_layers = parse_spec(DECODER_SELF, getattr(cfg, "decoder_self_attention", None), cfg.decoder.layers)
+    options.check_kind(DECODER_SELF, self_layers)
+    cross_spec = None if no_encoder_attn else getattr(cfg, "cross_attention", None)
+    cross_layers = parse_spec(CROSS, cross_spec, cfg.decoder.layers)
+    return [LayerAttentionPlan(mine, cross, options) for mine, cross in zip(self_layers, cross_layers)]
+
+
+class DistAttnTransformerEncoder(TransformerEncoderBase):
+    def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
+        cfg = TransformerConfig.from_namespace(cfg)
+        self.layer_plans = encoder_plans(cfg)
+        self._plans_to_build = iter(self.layer_plans)
+        super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
+
+    def build_encoder_layer(self, cfg):
+        return wrap_layer(DistAttnEncoderLayer(cfg, next(self._plans_to_build), return_fc=self.return_fc), cfg)
+
+
+class DistAttnTransformerDecoder(TransformerDecoderBase):
+    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
+        self.args = cfg  # fairseq's legacy decoder exposes its args; some callers read them
+        cfg = TransformerConfig.from_namespace(cfg)
+        self.layer_plans = decoder_plans(cfg, no_encoder_attn)
+        self._plans_to_build = iter(self.layer_plans)
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn, output_projection=output_projection)
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        return wrap_layer(DistAttnDecoderLayer(cfg, next(self._plans_to_build), no_encoder_attn=no_encoder_attn), cfg)

@@ -1,0 +1,117 @@
+"""Differentiable Window for dynamic local attention (Nguyen, Nguyen, Joty, Li 2020).
+
+Trainable soft masking (sec. 3.2):
+  eqs. (7)-(8)  phi_l = S(q W_L^Q (K W_L^K)^T / sqrt d),  phi_r likewise with W_R
+  eq.  (9)      m = (phi_l^T L) * (phi_r^T L^T) + (phi_r^T L) * (phi_l^T L^T)
+where phi^T L is the cumulative sum of phi over keys ("rightward", f) and
+phi^T L^T the reverse cumulative sum ("leftward", g): m = f_l g_r + f_r g_l.
+We compute both sums directly in O(Tq Tk); no triangular matrix is built.
+
+Segment-based soft masking (sec. 3.3, eqs. 10-11): L is replaced by J with
+J_ij = 1 iff i <= b * ceil(j / b), so every key of a segment of b keys gets
+the cumulative sum up to the end of its segment (f) or from the start of its
+segment (g). Segments are counted from each sequence's first real token, so
+left padding does not shift a sentence's segment boundaries.
+
+Window attention (sec. 4):
+  eqs. (12)-(13) MW:  (S(Q K^T / sqrt d) * M) V
+  eqs. (14)-(17) AW:  S((Q_g K_g^T + (Q_l K_l^T) * M) / sqrt d) V
+(eq. 14-15 of the extraction show Q in place of K on the right; we read the
+key sequence, as the prose and eq. 1 do.)
+
+The pointer softmaxes run over the keys the query may see (non-padding, and
+not in the future when causal), so padding never receives window mass.
+"""
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .masking import dropout_probs, masked_softmax, scaled_scores, visible_keys
+
+
+def _cumulative_sums(pointer: Tensor) -> Tuple[Tensor, Tensor]:
+    """(f, g): inclusive cumulative and reverse cumulative sums over keys."""
+    rightward = torch.cumsum(pointer, dim=-1)
+    leftward = pointer.sum(dim=-1, keepdim=True) - rightward + pointer
+    return rightward, leftward
+
+
+def key_segments(key_padding_mask: Optional[Tensor], src_len: int, segment_size: int, device) -> Tensor:
+    """Segment index of every key, ``[B|1, 1, 1, Tk]``, counted from the first real token."""
+    if key_padding_mask is None:
+        rank = torch.arange(src_len, device=device)[None, :]
+    else:
+        rank = torch.cumsum((~key_padding_mask.to(torch.bool)).long(), dim=-1) - 1
+    return (rank.clamp(min=0) // segment_size)[:, None, None, :]
+
+
+def _segment_cumulative_sums(pointer: Tensor, segments: Tensor, num_segments: int) -> Tuple[Tensor, Tensor]:
+    """(f, g) of eq. 11: cumulative sums over whole segments, read back per key."""
+    index = segments.expand_as(pointer)
+    per_segment = pointer.new_zeros(pointer.shape[:-1] + (num_segments,))
+    per_segment.scatter_add_(-1, index, pointer)
+    rightward, leftward = _cumulative_sums(per_segment)
+    return rightward.gather(-1, index), leftward.gather(-1, index)
+
+
+def window_mask(
+    q_left: Tensor,
+    k_left: Tensor,
+    q_right: Tensor,
+    k_right: Tensor,
+    segment_size: int = 0,
+    key_padding_mask: Optional[Tensor] = None,
+    causal: bool = False,
+    query_offset: int = 0,
+) -> Tensor:
+    """Soft window mask M ``[B, H, Tq, Tk]`` of eq. 9 (``segment_size=0``) or eq. 11 (``segment_size=b>0``)."""
+    tgt_len, src_len = q_left.size(2), k_left.size(2)
+    visible = visible_keys(key_padding_mask, causal, query_offset, tgt_len, src_len, q_left.device)
+    left_pointer = masked_softmax(scaled_scores(q_left, k_left), visible)
+    right_pointer = masked_softmax(scaled_scores(q_right, k_right), visible)
+    if segment_size > 0:
+        segments = key_segments(key_padding_mask, src_len, segment_size, q_left.device)
+        num_segments = (src_len + segment_size - 1) // segment_size
+        left_f, left_g = _segment_cumulative_sums(left_pointer, segments, num_segments)
+        right_f, right_g = _segment_cumulative_sums(right_pointer, segments, num_segments)
+    else:
+        left_f, left_g = _cumulative_sums(left_pointer)
+        right_f, right_g = _cumulative_sums(right_pointer)
+    return left_f * right_g + right_f * left_g
+
+
+def multiplicative_window_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor,
+    key_padding_mask: Optional[Tensor] = None,
+    causal: bool = False,
+    query_offset: int = 0,
+    dropout_p: float = 0.0,
+) -> Tuple[Tensor, Tensor]:
+    """MW, eqs. 12-13. Returns ``(out, weights)``; weights = softmax * M (rows need not sum to 1)."""
+    tgt_len, src_len = q.size(2), k.size(2)
+    probs = masked_softmax(scaled_scores(q, k), visible_keys(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device))
+    weights = probs * mask
+    return torch.matmul(dropout_probs(weights, dropout_p), v), weights
+
+
+def additive_window_attention(
+    q_global: Tensor,
+    k_global: Tensor,
+    q_local: Tensor,
+    k_local: Tensor,
+    v: Tensor,
+    mask: Tensor,
+    key_padding_mask: Optional[Tensor] = None,
+    causal: bool = False,
+    query_offset: int = 0,
+    dropout_p: float = 0.0,
+) -> Tuple[Tensor, Tensor]:
+    """AW, eqs. 14-17. Returns ``(out, probs)``."""
+    tgt_len, src_len = q_global.size(2), k_global.size(2)
+    logits = scaled_scores(q_global, k_global) + scaled_scores(q_local, k_local) * mask
+    probs = masked_softmax(logits, visible_keys(key_padding_mask, causal, query_offset, tgt_len, src_len, q_global.device))
+    return torch.matmul(dropout_probs(probs, dropout_p), v), probs

@@ -1,0 +1,44 @@
+"""DA-Transformer: distance-aware attention (Wu, Wu, Huang 2021).
+
+Sec. 3.1:  R^(h) = w_h * R,  R_ij = |i - j|  (one learnable w per head)
+Eq. (5):   f(R^(h); v_h) = (1 + exp(v_h)) / (1 + exp(v_h - R^(h)))
+Eq. (6):   O^(h) = softmax( ReLU(Q K^T) * f(R^(h)) / sqrt(d) ) V
+
+f is evaluated as exp(softplus(v) - softplus(v - R)), which is the same
+quantity but never overflows for long sequences or large |w|.
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .masking import dropout_probs, masked_softmax, relative_distance, scaled_scores, visible_keys
+
+
+def distance_coefficients(distance_weight: Tensor, sharpness: Tensor, tgt_len: int, src_len: int, query_offset: int) -> Tensor:
+    """Re-scaled coefficients f(w_h |i-j|; v_h) of eq. (5) as ``[H, Tq, Tk]``."""
+    distance = relative_distance(tgt_len, src_len, query_offset, distance_weight.device).abs()
+    weighted = distance_weight[:, None, None] * distance.to(distance_weight.dtype)
+    sharpness = sharpness[:, None, None]
+    return torch.exp(F.softplus(sharpness) - F.softplus(sharpness - weighted))
+
+
+def distance_aware_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    distance_weight: Tensor,
+    sharpness: Tensor,
+    key_padding_mask: Optional[Tensor] = None,
+    causal: bool = False,
+    query_offset: int = 0,
+    dropout_p: float = 0.0,
+) -> Tuple[Tensor, Tensor]:
+    """DA eqs. (5)-(6); ``distance_weight`` (w) and ``sharpness`` (v) are ``[H]``.
+    Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``."""
+    tgt_len, src_len = q.size(2), k.size(2)
+    coefficients = distance_coefficients(distance_weight, sharpness, tgt_len, src_len, query_offset)
+    logits = torch.relu(scaled_scores(q, k)) * coefficients
+    probs = masked_softmax(logits, visible_keys(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device))
+    return torch.matmul(dropout_probs(probs, dropout_p), v), probs

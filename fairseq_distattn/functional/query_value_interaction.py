@@ -1,0 +1,75 @@
+"""Query-value interaction attention (Wu, Wu, Qi, Huang), dot-product form.
+
+Eq. (7)   Q^ = softmax(V Q^T / sqrt d) Q
+Eq. (8)   g(Q, V) = (1 - beta) * (Q^ * (V W)) + beta * V
+Eq. (9)   beta = sigmoid([Q^ * (V W); V] u + h)
+Eq. (10)  O = softmax(Q K^T / sqrt d) g(Q, V)
+
+The paper leaves the shapes of u and h open. We implement, per head:
+W in R^{d x d} (``value_projection``, [H, D, D]), u in R^{2d}
+(``gate_weight``, [H, 2D]) and h a scalar bias (``gate_bias``, [H]), so beta
+is one gate per value position: beta_j = sigmoid(u . [q^_j * W v_j ; v_j] + h).
+
+Eq. (7) mixes queries into each value, which is only defined for
+self-attention (queries and values are the same positions). Value j at
+position ``value_offset + j`` only uses queries at positions <= its own when
+``causal`` (no future leak in a decoder), and never padded queries.
+"""
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .masking import masked_softmax, relative_distance, scaled_scores, softmax_attention
+
+
+def query_aware_values(
+    queries: Tensor,
+    v: Tensor,
+    value_projection: Tensor,
+    gate_weight: Tensor,
+    gate_bias: Tensor,
+    query_padding_mask: Optional[Tensor] = None,
+    causal: bool = False,
+    query_offset: int = 0,
+    value_offset: int = 0,
+) -> Tensor:
+    """g(Q, V) of eqs. 7-9 as ``[B, H, Tv, D]``. ``queries`` are at positions
+    ``query_offset + i``, values at ``value_offset + j``."""
+    visible = None
+    if causal:
+        # query position <= value position, i.e. relative distance from the value <= 0
+        distance = relative_distance(v.size(2), queries.size(2), value_offset - query_offset, v.device)
+        visible = (distance <= 0)[None, None]
+    if query_padding_mask is not None:
+        not_padding = ~query_padding_mask.to(torch.bool)[:, None, None, :]
+        visible = not_padding if visible is None else visible & not_padding
+    query_mix = torch.matmul(masked_softmax(scaled_scores(v, queries), visible), queries)  # eq. 7
+    interaction = query_mix * torch.einsum("bhtd,hde->bhte", v, value_projection)
+    gate_input = torch.cat([interaction, v], dim=-1)
+    beta = torch.sigmoid(torch.einsum("bhtc,hc->bht", gate_input, gate_weight) + gate_bias[:, None])[..., None]
+    return (1 - beta) * interaction + beta * v  # eq. 8
+
+
+def query_value_interaction_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    value_projection: Tensor,
+    gate_weight: Tensor,
+    gate_bias: Tensor,
+    key_padding_mask: Optional[Tensor] = None,
+    causal: bool = False,
+    query_offset: int = 0,
+    dropout_p: float = 0.0,
+) -> Tuple[Tensor, Tensor]:
+    """QVI self-attention, eqs. 7-10. ``q`` holds the queries at positions
+    ``query_offset..`` and ``k``/``v`` the keys and values at ``0..Tk-1``;
+    eq. 7 uses the queries given here (in incremental decoding the module
+    passes all cached queries). Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``."""
+    tgt_len = q.size(2)
+    query_padding_mask = None
+    if key_padding_mask is not None:
+        query_padding_mask = key_padding_mask[:, query_offset:query_offset + tgt_len]
+    values = query_aware_values(q, v, value_projection, gate_weight, gate_bias, query_padding_mask, causal, query_offset, 0)
+    return softmax_attention(q, k, values, key_padding_mask, causal, query_offset, dropout_p)  # eq. 10

@@ -1,0 +1,75 @@
+"""Transformer layers whose attention build hooks pick the mechanism of
+their layer; everything else is fairseq's layer unchanged."""
+from dataclasses import dataclass
+
+from fairseq.distributed import fsdp_wrap
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+
+from .attention import DistanceAwareMultiheadAttention
+from .spec import MechanismOptions
+
+
+@dataclass(frozen=True)
+class LayerAttentionPlan:
+    """Mechanism of each attention in one layer (``vanilla`` = fairseq's own module)."""
+
+    self_attention: str
+    cross_attention: str
+    options: MechanismOptions
+
+
+def build_distance_aware_attention(layer, mechanism: str, options: MechanismOptions, embed_dim: int, num_heads: int, cfg, **kind):
+    return DistanceAwareMultiheadAttention(
+        embed_dim, num_heads, mechanism, options,
+        dropout=cfg.attention_dropout,
+        q_noise=layer.quant_noise,
+        qn_block_size=layer.quant_noise_block_size,
+        **kind,
+    )
+
+
+def wrap_layer(layer, cfg):
+    """Activation checkpointing and FSDP wrapping, as fairseq's build_*_layer do."""
+    checkpoint = cfg.checkpoint_activations
+    if checkpoint:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    # a checkpointed layer is always FSDP-wrapped, whatever its size (fairseq's rule)
+    return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
+
+
+class DistAttnEncoderLayer(TransformerEncoderLayerBase):
+    def __init__(self, cfg, plan: LayerAttentionPlan, return_fc=False):
+        # set before fairseq's __init__, which calls the build hooks
+        self.plan = plan
+        super().__init__(cfg, return_fc=return_fc)
+
+    def build_self_attention(self, embed_dim, cfg):
+        if self.plan.self_attention == "vanilla":
+            return super().build_self_attention(embed_dim, cfg)
+        return build_distance_aware_attention(
+            self, self.plan.self_attention, self.plan.options, embed_dim, cfg.encoder.attention_heads, cfg,
+            self_attention=True,
+        )
+
+
+class DistAttnDecoderLayer(TransformerDecoderLayerBase):
+    def __init__(self, cfg, plan: LayerAttentionPlan, no_encoder_attn=False):
+        self.plan = plan
+        super().__init__(cfg, no_encoder_attn=no_encoder_attn)
+
+    def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
+        if self.plan.self_attention == "vanilla":
+            return super().build_self_attention(embed_dim, cfg, add_bias_kv, add_zero_attn)
+        return build_distance_aware_attention(
+            self, self.plan.self_attention, self.plan.options, embed_dim, cfg.decoder.attention_heads, cfg,
+            self_attention=True, causal=True,
+        )
+
+    def build_encoder_attention(self, embed_dim, cfg):
+        if self.plan.cross_attention == "vanilla":
+            return super().build_encoder_attention(embed_dim, cfg)
+        return build_distance_aware_attention(
+            self, self.plan.cross_attention, self.plan.options, embed_dim, cfg.decoder.attention_heads, cfg,
+            kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim, encoder_decoder_attention=True,
+        )

@@ -1,0 +1,176 @@
+"""One small module per mechanism: its parameters and a call into the pure
+functional op. Registry in the style of xformers' attention registry.
+
+Every mechanism sees per-head tensors ``[B, H, T, D]``: ``queries`` holds
+``"query"`` plus any extra query-side projections it declares, ``keys`` holds
+``"key"``, ``"value"`` and its extra key-side projections (these are cached
+by :class:`~fairseq_distattn.attention.DistanceAwareMultiheadAttention`
+exactly like fairseq caches ``prev_key``).
+"""
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from . import functional as DF
+from .spec import MechanismOptions
+
+
+@dataclass(frozen=True)
+class MechanismConfig:
+    name: str
+    num_heads: int
+    head_dim: int
+    options: MechanismOptions
+
+
+class Mechanism(nn.Module):
+    """Base: extra projections the attention module must compute per head."""
+
+    extra_queries: Tuple[str, ...] = ()
+    extra_keys: Tuple[str, ...] = ()
+
+    def __init__(self, config: MechanismConfig):
+        super().__init__()
+        self.config = config
+
+    def forward(
+        self,
+        queries: Dict[str, Tensor],
+        keys: Dict[str, Tensor],
+        key_padding_mask: Optional[Tensor],
+        causal: bool,
+        query_offset: int,
+        dropout_p: float,
+        cache: Optional[Dict[str, Optional[Tensor]]],
+    ) -> Tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+
+class RelativePosition(Mechanism):
+    """Shaw et al. 2018: [2k+1, D] key (and value) tables shared across heads."""
+
+    def __init__(self, config: MechanismConfig):
+        super().__init__(config)
+        buckets = 2 * config.options.max_relative_position + 1
+        self.relative_keys = nn.Parameter(torch.empty(buckets, config.head_dim))
+        nn.init.xavier_uniform_(self.relative_keys)
+        if config.options.relative_values:
+            self.relative_values = nn.Parameter(torch.empty(buckets, config.head_dim))
+            nn.init.xavier_uniform_(self.relative_values)
+        else:
+            self.register_parameter("relative_values", None)
+
+    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, cache):
+        return DF.relative_position_attention(
+            queries["query"], keys["key"], keys["value"], self.relative_keys, self.relative_values,
+            self.config.options.max_relative_position, key_padding_mask, causal, query_offset, dropout_p,
+        )
+
+
+class DistanceAware(Mechanism):
+    """Wu et al. 2021: per-head w and v. Both start at 0, where f = 1 for every
+    distance, so training starts from ReLU attention and learns each head's
+    preference for short or long distances (the paper gives no initialisation)."""
+
+    def __init__(self, config: MechanismConfig):
+        super().__init__(config)
+        self.distance_weight = nn.Parameter(torch.zeros(config.num_heads))
+        self.sharpness = nn.Parameter(torch.zeros(config.num_heads))
+
+    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, cache):
+        return DF.distance_aware_attention(
+            queries["query"], keys["key"], keys["value"], self.distance_weight, self.sharpness,
+            key_padding_mask, causal, query_offset, dropout_p,
+        )
+
+
+class DifferentiableWindow(Mechanism):
+    """Nguyen et al. 2020: left/right boundary pointers (eqs. 7-8) give the soft
+    mask (eq. 9, or eq. 11 with segments); MW multiplies it into the attention
+    weights, AW adds masked local scores from their own projections."""
+
+    def __init__(self, config: MechanismConfig):
+        super().__init__(config)
+        self.additive = config.name.startswith("window-aw")
+        self.segment_size = config.options.window_segment_size if config.name.endswith("-seg") else 0
+        local = ("local",) if self.additive else ()
+        self.extra_queries = tuple(f"{side}_query" for side in ("left", "right") + local)
+        self.extra_keys = tuple(f"{side}_key" for side in ("left", "right") + local)
+
+    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, cache):
+        mask = DF.window_mask(
+            queries["left_query"], keys["left_key"], queries["right_query"], keys["right_key"],
+            self.segment_size, key_padding_mask, causal, query_offset,
+        )
+        if self.additive:
+            return DF.additive_window_attention(
+                queries["query"], keys["key"], queries["local_query"], keys["local_key"], keys["value"], mask,
+                key_padding_mask, causal, query_offset, dropout_p,
+            )
+        return DF.multiplicative_window_attention(
+            queries["query"], keys["key"], keys["value"], mask, key_padding_mask, causal, query_offset, dropout_p,
+        )
+
+
+class QueryValueInteraction(Mechanism):
+    """Wu et al. QVI (self-attention only). W starts as the identity and the
+    gate at beta = 0.5, an even mix of values and query-aware values.
+
+    In incremental decoding, eq. 7 for a new value needs every earlier query
+    and g(Q, V) of an old value never changes (it only sees queries at or
+    before its position), so both are cached, batch-first."""
+
+    def __init__(self, config: MechanismConfig):
+        super().__init__(config)
+        heads, dim = config.num_heads, config.head_dim
+        self.value_projection = nn.Parameter(torch.eye(dim).repeat(heads, 1, 1))
+        self.gate_weight = nn.Parameter(torch.zeros(heads, 2 * dim))
+        self.gate_bias = nn.Parameter(torch.zeros(heads))
+
+    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, cache):
+        query = queries["query"]
+        if cache is None:
+            return DF.query_value_interaction_attention(
+                query, keys["key"], keys["value"], self.value_projection, self.gate_weight, self.gate_bias,
+                key_padding_mask, causal, query_offset, dropout_p,
+            )
+        seen_queries = cache.get("prev_qvi_query")
+        all_queries = query if seen_queries is None else torch.cat([seen_queries, query], dim=2)
+        new_values = DF.query_aware_values(
+            all_queries, keys["value"][:, :, query_offset:], self.value_projection, self.gate_weight, self.gate_bias,
+            None, causal, 0, query_offset,
+        )
+        seen_values = cache.get("prev_qvi_value")
+        values = new_values if seen_values is None else torch.cat([seen_values, new_values], dim=2)
+        cache["prev_qvi_query"] = all_queries
+        cache["prev_qvi_value"] = values
+        return DF.softmax_attention(query, keys["key"], values, key_padding_mask, causal, query_offset, dropout_p)
+
+
+class DistanceMask(Mechanism):
+    """Im & Cho 2017: fixed -alpha |i-j| bias, optional directional mask."""
+
+    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, cache):
+        options = self.config.options
+        return DF.distance_mask_attention(
+            queries["query"], keys["key"], keys["value"], options.distance_mask_alpha,
+            key_padding_mask, causal, query_offset, options.distance_mask_direction, dropout_p,
+        )
+
+
+MECHANISM_REGISTRY = {
+    "rpr": RelativePosition,
+    "da": DistanceAware,
+    "window-mw": DifferentiableWindow,
+    "window-aw": DifferentiableWindow,
+    "window-mw-seg": DifferentiableWindow,
+    "window-aw-seg": DifferentiableWindow,
+    "qvi": QueryValueInteraction,
+    "distance-mask": DistanceMask,
+}
+
+
+def build_mechanism(config: MechanismConfig) -> Mechanism:
+    return MECHANISM_REGISTRY[config.name](config)

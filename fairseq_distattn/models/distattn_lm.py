@@ -1,0 +1,54 @@
+"""Language model ``distattn_lm`` and its architectures."""
+from contextlib import contextmanager
+
+from fairseq.models import register_model
+from fairseq.models import transformer_lm as fairseq_lm
+from fairseq.models.transformer_lm import TransformerLanguageModel
+
+from ..encoder_decoder import DistAttnTransformerDecoder
+from .arguments import DECODER_SELF, add_distattn_args, build_or_exit, register_architecture, set_distattn_defaults
+
+
+@contextmanager
+def _decoder_class(decoder_class):
+    # fairseq's LM build_model names its decoder class at module level and has
+    # no build hook; swapping that name for the build keeps all of fairseq's
+    # embedding/adaptive-input logic without copying it.
+    fairseq_decoder = fairseq_lm.TransformerDecoder
+    fairseq_lm.TransformerDecoder = decoder_class
+    try:
+        yield
+    finally:
+        fairseq_lm.TransformerDecoder = fairseq_decoder
+
+
+@register_model("distattn_lm")
+class DistAttnLanguageModel(TransformerLanguageModel):
+    """fairseq's ``transformer_lm`` with a distance-aware mechanism chosen per decoder layer."""
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        add_distattn_args(parser, (DECODER_SELF,))
+
+    @classmethod
+    def build_model(cls, args, task):
+        set_distattn_defaults(args)
+
+        def build():
+            with _decoder_class(DistAttnTransformerDecoder):
+                return super(DistAttnLanguageModel, cls).build_model(args, task)
+
+        return build_or_exit(build)
+
+
+def architecture(name, fairseq_architecture, **attention):
+    return register_architecture("distattn_lm", name, fairseq_architecture, **attention)
+
+
+architecture("distattn_lm", fairseq_lm.base_lm_architecture)
+architecture("distattn_lm_gbw", fairseq_lm.transformer_lm_baevski_gbw)
+architecture("distattn_lm_rpr_gbw", fairseq_lm.transformer_lm_baevski_gbw, decoder_self="rpr", no_absolute_positions=True)
+architecture("distattn_lm_da_gbw", fairseq_lm.transformer_lm_baevski_gbw, decoder_self="da", no_absolute_positions=True)
+# Nguyen et al. 2020 LM: multiplicative window in the first 3 decoder layers.
+architecture("distattn_lm_window_gbw", fairseq_lm.transformer_lm_baevski_gbw, decoder_self="window-mw@0-2")

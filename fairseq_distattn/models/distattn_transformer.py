@@ -1,0 +1,52 @@
+"""Translation model ``distattn_transformer`` and its architectures."""
+from fairseq.models import register_model
+from fairseq.models.transformer import TransformerModel
+from fairseq.models.transformer import transformer_legacy as fairseq_transformer
+
+from ..encoder_decoder import DistAttnTransformerDecoder, DistAttnTransformerEncoder
+from .arguments import CROSS, DECODER_SELF, ENCODER_SELF, add_distattn_args, build_or_exit, register_architecture, set_distattn_defaults
+
+
+@register_model("distattn_transformer")
+class DistAttnTransformerModel(TransformerModel):
+    """fairseq's ``transformer`` with a distance-aware mechanism chosen per
+    layer for encoder self-, decoder self- and cross-attention."""
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        add_distattn_args(parser, (ENCODER_SELF, DECODER_SELF, CROSS))
+
+    @classmethod
+    def build_model(cls, args, task):
+        set_distattn_defaults(args)
+        return build_or_exit(lambda: super(DistAttnTransformerModel, cls).build_model(args, task))
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        return DistAttnTransformerEncoder(args, src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        return DistAttnTransformerDecoder(args, tgt_dict, embed_tokens, no_encoder_attn=getattr(args, "no_cross_attention", False))
+
+
+def architecture(name, fairseq_architecture, **attention):
+    return register_architecture("distattn_transformer", name, fairseq_architecture, **attention)
+
+
+distattn_transformer = architecture("distattn_transformer", fairseq_transformer.base_architecture)
+architecture("distattn_transformer_iwslt_de_en", fairseq_transformer.transformer_iwslt_de_en)
+architecture("distattn_transformer_wmt_en_de", fairseq_transformer.transformer_wmt_en_de)
+architecture("distattn_transformer_vaswani_wmt_en_de_big", fairseq_transformer.transformer_vaswani_wmt_en_de_big)
+
+# Shaw et al. 2018 base: k = 16, key and value tables, every self-attention
+# layer, relative positions replace the sinusoidal absolute ones.
+architecture("distattn_rpr_wmt_en_de", fairseq_transformer.transformer_wmt_en_de,
+             encoder_self="rpr", decoder_self="rpr", no_absolute_positions=True)
+# Wu et al. 2021: real distances re-scale attention instead of position embeddings.
+architecture("distattn_da_wmt_en_de", fairseq_transformer.transformer_wmt_en_de,
+             encoder_self="da", decoder_self="da", no_absolute_positions=True)
+# Nguyen et al. 2020 best model, Enc(AW)-Cr(AW,Seg)-Dec(MW) in the first 3 layers, b = 5.
+architecture("distattn_window_wmt_en_de", fairseq_transformer.transformer_wmt_en_de,
+             encoder_self="window-aw@0-2", decoder_self="window-mw@0-2", cross="window-aw-seg@0-2")

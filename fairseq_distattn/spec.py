@@ -1,0 +1,164 @@
+"""Per-layer attention SPECs: parsing and validation, no fairseq imports.
+
+A SPEC is a comma-separated list of ``MECH[@LAYERS]``: ``LAYERS`` is ``i`` or
+``i-j`` (0-based, inclusive); no ``@`` means every layer; layers not named are
+vanilla. Example: ``window-aw@0-2,rpr@3``.
+
+Invalid input is reported the way argparse reports a bad flag: one line on
+stderr naming the flag, the bad value and what is allowed, exit status 2.
+"""
+import os
+import sys
+from dataclasses import dataclass
+from typing import FrozenSet, List, Optional
+
+MECHANISMS = (
+    "vanilla",
+    "rpr",
+    "da",
+    "window-mw",
+    "window-aw",
+    "window-mw-seg",
+    "window-aw-seg",
+    "qvi",
+    "distance-mask",
+)
+DISTANCE_MASK_DIRECTIONS = ("none", "forward", "backward")
+
+
+@dataclass(frozen=True)
+class AttentionKind:
+    flag: str
+    description: str
+    causal: bool
+    allowed: FrozenSet[str]
+    disallowed_reason: str = ""
+
+
+ENCODER_SELF = AttentionKind(
+    flag="--encoder-self-attention",
+    description="encoder self-attention",
+    causal=False,
+    allowed=frozenset(MECHANISMS),
+)
+DECODER_SELF = AttentionKind(
+    flag="--decoder-self-attention",
+    description="decoder self-attention",
+    causal=True,
+    allowed=frozenset(MECHANISMS) - {"window-mw-seg", "window-aw-seg"},
+    # Nguyen et al. sec. 5.2: the decoder cannot point to unfinished segments.
+    disallowed_reason="segments are undefined for keys that are still being generated",
+)
+CROSS = AttentionKind(
+    flag="--cross-attention",
+    description="encoder-decoder cross-attention",
+    causal=False,
+    allowed=frozenset({"vanilla", "window-mw", "window-aw", "window-mw-seg", "window-aw-seg"}),
+    # rpr/da/distance-mask need query and key positions on one axis; QVI's
+    # eq. 7 would mix every target query (including future ones) into each value.
+    disallowed_reason="queries and keys come from different sequences",
+)
+
+
+class SpecError(ValueError):
+    """A bad flag value; ``str()`` is the one-line message."""
+
+    def __init__(self, flag: str, value, problem: str, allowed: str):
+        super().__init__(f"argument {flag}: invalid value {str(value)!r}: {problem}; allowed: {allowed}")
+        self.flag = flag
+
+
+def exit_on_spec_error(error: SpecError):
+    """Report like argparse: one line on stderr, exit status 2."""
+    prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "fairseq"
+    sys.stderr.write(f"{prog}: error: {error}\n")
+    sys.stderr.flush()
+    raise SystemExit(2)
+
+
+def _ordered(names) -> str:
+    return ", ".join(m for m in MECHANISMS if m in names)
+
+
+def _parse_layers(kind: AttentionKind, spec: str, item: str, text: str, num_layers: int) -> range:
+    grammar = f"a layer i or range i-j with 0 <= i <= j <= {num_layers - 1}"
+    try:
+        bounds = [int(part) for part in text.split("-")]
+    except ValueError:
+        raise SpecError(kind.flag, spec, f"{item!r} has layers {text!r}, which is not a number or range", grammar)
+    if len(bounds) == 1:
+        bounds = bounds * 2
+    if len(bounds) != 2 or bounds[0] > bounds[1]:
+        raise SpecError(kind.flag, spec, f"{item!r} has an invalid layer range {text!r}", grammar)
+    if bounds[0] < 0 or bounds[1] >= num_layers:
+        raise SpecError(kind.flag, spec, f"{item!r} names layers outside the model's {num_layers} layers", grammar)
+    return range(bounds[0], bounds[1] + 1)
+
+
+def parse_spec(kind: AttentionKind, spec: Optional[str], num_layers: int) -> List[str]:
+    """Mechanism name for every layer ``0..num_layers-1`` of this attention kind."""
+    layers = ["vanilla"] * num_layers
+    owner: List[Optional[str]] = [None] * num_layers
+    spec = "vanilla" if spec is None or not spec.strip() else spec
+    for raw_item in spec.split(","):
+        item = raw_item.strip()
+        name, _, layer_text = item.partition("@")
+        name = name.strip()
+        if name not in MECHANISMS:
+            raise SpecError(kind.flag, spec, f"unknown mechanism {name!r}", f"MECH[@i|@i-j],... with MECH one of {_ordered(MECHANISMS)}")
+        if name not in kind.allowed:
+            raise SpecError(
+                kind.flag, spec,
+                f"{name} does not apply to {kind.description} ({kind.disallowed_reason})",
+                _ordered(kind.allowed),
+            )
+        covered = _parse_layers(kind, spec, item, layer_text.strip(), num_layers) if layer_text else range(num_layers)
+        for layer in covered:
+            if owner[layer] is not None:
+                raise SpecError(kind.flag, spec, f"{owner[layer]!r} and {item!r} both set layer {layer}", "non-overlapping layer ranges")
+            owner[layer] = item
+            layers[layer] = name
+    return layers
+
+
+@dataclass(frozen=True)
+class MechanismOptions:
+    """Hyperparameters shared by every layer; validated once per model."""
+
+    max_relative_position: int = 16
+    relative_values: bool = True
+    window_segment_size: int = 5
+    distance_mask_alpha: float = 1.0
+    distance_mask_direction: Optional[str] = None
+
+    @classmethod
+    def from_args(cls, args) -> "MechanismOptions":
+        positive = {
+            "--max-relative-position": getattr(args, "max_relative_position", cls.max_relative_position),
+            "--window-segment-size": getattr(args, "window_segment_size", cls.window_segment_size),
+        }
+        for flag, value in positive.items():
+            if not isinstance(value, int) or value <= 0:
+                raise SpecError(flag, value, "must be a positive integer", "an integer >= 1")
+        alpha = getattr(args, "distance_mask_alpha", cls.distance_mask_alpha)
+        if not alpha >= 0:
+            raise SpecError("--distance-mask-alpha", alpha, "must be non-negative", "a number >= 0")
+        direction = getattr(args, "distance_mask_direction", "none") or "none"
+        if direction not in DISTANCE_MASK_DIRECTIONS:
+            raise SpecError("--distance-mask-direction", direction, "unknown direction", ", ".join(DISTANCE_MASK_DIRECTIONS))
+        return cls(
+            max_relative_position=positive["--max-relative-position"],
+            relative_values=not getattr(args, "no_relative_values", False),
+            window_segment_size=positive["--window-segment-size"],
+            distance_mask_alpha=float(alpha),
+            distance_mask_direction=None if direction == "none" else direction,
+        )
+
+    def check_kind(self, kind: AttentionKind, layers: List[str]):
+        # A backward mask hides every past key; with the decoder's causal mask nothing is left.
+        if kind.causal and "distance-mask" in layers and self.distance_mask_direction == "backward":
+            raise SpecError(
+                "--distance-mask-direction", "backward",
+                f"{kind.flag} uses distance-mask, and a backward mask leaves a causal query no key",
+                "none, forward",
+            )
