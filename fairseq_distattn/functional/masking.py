@@ -46,9 +46,11 @@ def masked_softmax(logits: Tensor, visible: Optional[Tensor]) -> Tensor:
     through ``0 * NaN`` in a later matmul. -inf (not a large negative
     constant) keeps this exact in half precision.
     """
+    # half-precision logits are normalised in float32, as fairseq does
+    softmax_dtype = torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
     if visible is None:
-        return torch.softmax(logits, dim=-1)
-    probs = torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1)
+        return torch.softmax(logits, dim=-1, dtype=softmax_dtype).to(logits.dtype)
+    probs = torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1, dtype=softmax_dtype).to(logits.dtype)
     return probs.masked_fill(~visible, 0.0)
 
 

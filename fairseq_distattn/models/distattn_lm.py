@@ -3,7 +3,8 @@ from contextlib import contextmanager
 
 from fairseq.models import register_model
 from fairseq.models import transformer_lm as fairseq_lm
-from fairseq.models.transformer_lm import TransformerLanguageModel
+from fairseq.dataclass.utils import gen_parser_from_dataclass
+from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig
 
 from ..encoder_decoder import DistAttnTransformerDecoder
 from .arguments import DECODER_SELF, add_distattn_args, build_or_exit, register_architecture, set_distattn_defaults
@@ -28,7 +29,9 @@ class DistAttnLanguageModel(TransformerLanguageModel):
 
     @classmethod
     def add_args(cls, parser):
-        super().add_args(parser)
+        # registered without a dataclass (its flags go through argparse), so
+        # fairseq's LM options are added here from transformer_lm's dataclass
+        gen_parser_from_dataclass(parser, TransformerLanguageModelConfig(), delete_default=True)
         add_distattn_args(parser, (DECODER_SELF,))
 
     @classmethod

@@ -1,0 +1,112 @@
+"""Model-level guarantees: incremental (beam) decoding equals the full forward
+pass, padding never changes a sentence's output, and a vanilla SPEC is
+exactly fairseq's transformer."""
+import pytest
+import torch
+
+from fairseq_distattn.spec import CROSS, DECODER_SELF, ENCODER_SELF, MECHANISMS
+
+from .model_helpers import TINY, TINY_LM, language_model, left_pad, random_tokens, right_pad, translation_model
+
+# fairseq's own (vanilla) layers take their softmax in float32 even in a float64
+# model, and its full and incremental paths differ (fast path vs. manual), so
+# exact agreement is only possible to ~1e-7; a position or cache bug is >1e-3.
+TOLERANCE = dict(rtol=1e-5, atol=1e-6)
+
+CASES = [
+    (kind, mechanism)
+    for kind in (ENCODER_SELF, DECODER_SELF, CROSS)
+    for mechanism in MECHANISMS
+    if mechanism in kind.allowed and mechanism != "vanilla"
+]
+
+
+def spec_flags(kind, mechanism):
+    # mechanism on layer 0 only, layer 1 stays vanilla: checks per-layer wiring too
+    return [*TINY, kind.flag, f"{mechanism}@0"]
+
+
+def full_decoder_output(model, src_tokens, src_lengths, prev_output_tokens):
+    return model(src_tokens, src_lengths, prev_output_tokens)[0]
+
+
+def source_batch(d, rows=4, seed=0):
+    lengths = [7, 5, 7, 3][:rows]
+    sentences = [random_tokens(d, 1, n, seed + i)[0] for i, n in enumerate(lengths)]
+    return left_pad(sentences, d.pad()), torch.tensor(lengths)
+
+
+@pytest.mark.parametrize("kind,mechanism", CASES, ids=[f"{k.flag[2:]}:{m}" for k, m in CASES])
+def test_incremental_beam_decoding_matches_full_forward(kind, mechanism):
+    model, d = translation_model(extra=spec_flags(kind, mechanism))
+    model.decoder.set_beam_size(2)  # what fairseq's SequenceGenerator does before decoding
+    # two sentences x two hypotheses; rows 2k and 2k+1 share a source
+    src_tokens, src_lengths = source_batch(d, rows=2)
+    src_tokens, src_lengths = src_tokens.repeat_interleave(2, 0), src_lengths.repeat_interleave(2)
+    steps = 6
+    targets = random_tokens(d, 4, steps, seed=7)
+    targets[:, 0] = d.eos()
+    reorder_at = 3
+    new_order = torch.tensor([1, 1, 3, 2])  # hypothesis 0 continues hypothesis 1, etc.
+
+    encoder_out = model.encoder(src_tokens, src_lengths)
+    incremental_state = {}
+    incremental = []
+    for step in range(steps):
+        if step == reorder_at:
+            encoder_out = model.encoder.reorder_encoder_out(encoder_out, new_order)
+            model.decoder.reorder_incremental_state_scripting(incremental_state, new_order)
+            incremental = [out[new_order] for out in incremental]
+            targets = torch.cat([targets[new_order, :step], targets[:, step:]], dim=1)
+        out = model.decoder(targets[:, : step + 1], encoder_out=encoder_out, incremental_state=incremental_state)[0]
+        incremental.append(out[:, -1])
+    full = full_decoder_output(model, src_tokens, src_lengths, targets)
+    torch.testing.assert_close(torch.stack(incremental, dim=1), full, **TOLERANCE)
+
+
+@pytest.mark.parametrize("kind,mechanism", CASES, ids=[f"{k.flag[2:]}:{m}" for k, m in CASES])
+def test_sentence_output_is_independent_of_batch_padding(kind, mechanism):
+    model, d = translation_model(extra=spec_flags(kind, mechanism))
+    src_tokens, src_lengths = source_batch(d)
+    targets = [random_tokens(d, 1, n, seed=20 + i)[0] for i, n in enumerate([6, 4, 2, 5])]
+    prev_output_tokens = right_pad(targets, d.pad())
+    batch_encoder = model.encoder(src_tokens, src_lengths)["encoder_out"][0]
+    batch_decoder = full_decoder_output(model, src_tokens, src_lengths, prev_output_tokens)
+    for row in range(len(targets)):
+        real_source = src_tokens[row, src_tokens.size(1) - src_lengths[row]:][None]
+        alone_encoder = model.encoder(real_source, src_lengths[row:row + 1])["encoder_out"][0]
+        torch.testing.assert_close(batch_encoder[-src_lengths[row]:, row], alone_encoder[:, 0], **TOLERANCE)
+        alone_decoder = full_decoder_output(model, real_source, src_lengths[row:row + 1], targets[row][None])
+        torch.testing.assert_close(batch_decoder[row, : len(targets[row])], alone_decoder[0], **TOLERANCE)
+
+
+LM_MECHANISMS = sorted(DECODER_SELF.allowed - {"vanilla"})
+
+
+@pytest.mark.parametrize("mechanism", LM_MECHANISMS)
+def test_language_model_incremental_matches_full(mechanism):
+    model, d = language_model(extra=[*TINY_LM, "--decoder-self-attention", f"{mechanism}@1"])
+    tokens = random_tokens(d, 3, 6, seed=3)
+    full = model(tokens)[0]
+    incremental_state = {}
+    steps = [model.decoder(tokens[:, : t + 1], incremental_state=incremental_state)[0][:, -1] for t in range(tokens.size(1))]
+    torch.testing.assert_close(torch.stack(steps, dim=1), full, **TOLERANCE)
+
+
+def test_vanilla_spec_is_fairseq_transformer():
+    ours, d = translation_model(extra=[*TINY, "--encoder-self-attention", "vanilla", "--cross-attention", "vanilla@0-1"], perturb=False)
+    reference, _ = translation_model(arch="transformer", extra=TINY[:-8] + ["--dropout", "0", "--attention-dropout", "0"], perturb=False)
+    assert list(ours.state_dict()) == list(reference.state_dict())
+    reference.load_state_dict(ours.state_dict())
+    src_tokens, src_lengths = source_batch(d)
+    targets = right_pad([random_tokens(d, 1, n, seed=30 + i)[0] for i, n in enumerate([6, 4, 2, 5])], d.pad())
+    torch.testing.assert_close(ours(src_tokens, src_lengths, targets)[0], reference(src_tokens, src_lengths, targets)[0], rtol=0, atol=0)
+
+
+def test_mechanisms_land_on_the_named_layers_only():
+    model, _ = translation_model(extra=[*TINY, "--encoder-self-attention", "rpr@1", "--cross-attention", "window-aw-seg@0"])
+    encoder_kinds = [type(layer.self_attn).__name__ for layer in model.encoder.layers]
+    cross_kinds = [type(layer.encoder_attn).__name__ for layer in model.decoder.layers]
+    assert encoder_kinds == ["MultiheadAttention", "DistanceAwareMultiheadAttention"]
+    assert cross_kinds == ["DistanceAwareMultiheadAttention", "MultiheadAttention"]
+    assert model.decoder.layers[0].encoder_attn.mechanism.segment_size == 2
