@@ -2,14 +2,20 @@
 
 fairseq pickles its configuration into every checkpoint. Rather than turning
 weights-only loading off (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``, which would
-allow arbitrary code in any checkpoint), we allow-list exactly the classes a
-fairseq checkpoint contains: ``argparse.Namespace`` (legacy ``args``); the
-omegaconf containers and node metadata of the hydra ``cfg`` (DictConfig,
-ListConfig, ContainerMetadata, Metadata, AnyNode) with ``typing.Any`` as their
-declared element type and ``collections.defaultdict`` inside them; and
-``_TensorPlaceholder``, which multi-rank training leaves in the optimizer
-state of a checkpoint saved by rank 0. Each is a data container whose
-unpickling runs no code of the checkpoint's choosing.
+let any checkpoint run code), we allow-list exactly the globals fairseq
+checkpoints contain, found by loading real ones (single- and multi-rank):
+
+- ``argparse.Namespace``: the legacy ``args``;
+- omegaconf ``DictConfig``, ``ListConfig``, ``ContainerMetadata``,
+  ``Metadata``, ``AnyNode``: the hydra ``cfg``; their metadata names
+  ``typing.Any`` and the builtin types ``dict``, ``list``, ``int`` as declared
+  key/element/object types, and ``collections.defaultdict`` holds nodes;
+- ``fairseq.distributed.utils._TensorPlaceholder``: on a multi-rank resume,
+  rank 0 broadcasts the loaded state to the other ranks through
+  ``torch.save``/``torch.load`` with tensors replaced by placeholders.
+
+Each is a plain data container or type; unpickling them runs no code of the
+checkpoint's choosing.
 """
 import argparse
 import collections
@@ -33,6 +39,9 @@ def safe_checkpoint_globals():
         AnyNode,
         typing.Any,
         collections.defaultdict,
+        dict,
+        list,
+        int,
         _TensorPlaceholder,
     ]
 
