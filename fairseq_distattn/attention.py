@@ -119,6 +119,7 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
         out, probs = self.mechanism(
             queries, keys, key_padding_mask, self.causal, query_offset,
             self.dropout_module.p if self.training else 0.0,
+            need_weights,
             saved_state,
         )
         if saved_state is not None:

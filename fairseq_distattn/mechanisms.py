@@ -43,8 +43,11 @@ class Mechanism(nn.Module):
         causal: bool,
         query_offset: int,
         dropout_p: float,
+        need_weights: bool,
         cache: Optional[Dict[str, Optional[Tensor]]],
-    ) -> Tuple[Tensor, Tensor]:
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """``(out [B,H,Tq,D], probs [B,H,Tq,Tk] or None when not need_weights)``;
+        ``cache`` is the layer's incremental state (batch-first tensors), or None."""
         raise NotImplementedError
 
 
@@ -62,10 +65,10 @@ class RelativePosition(Mechanism):
         else:
             self.register_parameter("relative_values", None)
 
-    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, cache):
+    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
         return DF.relative_position_attention(
             queries["query"], keys["key"], keys["value"], self.relative_keys, self.relative_values,
-            self.config.options.max_relative_position, key_padding_mask, causal, query_offset, dropout_p,
+            self.config.options.max_relative_position, key_padding_mask, causal, query_offset, dropout_p, need_weights,
         )
 
 
@@ -79,7 +82,7 @@ class DistanceAware(Mechanism):
         self.distance_weight = nn.Parameter(torch.zeros(config.num_heads))
         self.sharpness = nn.Parameter(torch.zeros(config.num_heads))
 
-    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, cache):
+    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
         return DF.distance_aware_attention(
             queries["query"], keys["key"], keys["value"], self.distance_weight, self.sharpness,
             key_padding_mask, causal, query_offset, dropout_p,
@@ -99,7 +102,7 @@ class DifferentiableWindow(Mechanism):
         self.extra_queries = tuple(f"{side}_query" for side in ("left", "right") + local)
         self.extra_keys = tuple(f"{side}_key" for side in ("left", "right") + local)
 
-    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, cache):
+    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
         mask = DF.window_mask(
             queries["left_query"], keys["left_key"], queries["right_query"], keys["right_key"],
             self.segment_size, key_padding_mask, causal, query_offset,
@@ -107,7 +110,7 @@ class DifferentiableWindow(Mechanism):
         if self.additive:
             return DF.additive_window_attention(
                 queries["query"], keys["key"], queries["local_query"], keys["local_key"], keys["value"], mask,
-                key_padding_mask, causal, query_offset, dropout_p,
+                key_padding_mask, causal, query_offset, dropout_p, need_weights,
             )
         return DF.multiplicative_window_attention(
             queries["query"], keys["key"], keys["value"], mask, key_padding_mask, causal, query_offset, dropout_p,
@@ -129,12 +132,12 @@ class QueryValueInteraction(Mechanism):
         self.gate_weight = nn.Parameter(torch.zeros(heads, 2 * dim))
         self.gate_bias = nn.Parameter(torch.zeros(heads))
 
-    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, cache):
+    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
         query = queries["query"]
         if cache is None:
             return DF.query_value_interaction_attention(
                 query, keys["key"], keys["value"], self.value_projection, self.gate_weight, self.gate_bias,
-                key_padding_mask, causal, query_offset, dropout_p,
+                key_padding_mask, causal, query_offset, dropout_p, need_weights,
             )
         seen_queries = cache.get("prev_qvi_query")
         all_queries = query if seen_queries is None else torch.cat([seen_queries, query], dim=2)
@@ -146,17 +149,17 @@ class QueryValueInteraction(Mechanism):
         values = new_values if seen_values is None else torch.cat([seen_values, new_values], dim=2)
         cache["prev_qvi_query"] = all_queries
         cache["prev_qvi_value"] = values
-        return DF.softmax_attention(query, keys["key"], values, key_padding_mask, causal, query_offset, dropout_p)
+        return DF.softmax_attention(query, keys["key"], values, key_padding_mask, causal, query_offset, dropout_p, need_weights)
 
 
 class DistanceMask(Mechanism):
     """Im & Cho 2017: fixed -alpha |i-j| bias, optional directional mask."""
 
-    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, cache):
+    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
         options = self.config.options
         return DF.distance_mask_attention(
             queries["query"], keys["key"], keys["value"], options.distance_mask_alpha,
-            key_padding_mask, causal, query_offset, options.distance_mask_direction, dropout_p,
+            key_padding_mask, causal, query_offset, options.distance_mask_direction, dropout_p, need_weights,
         )
 
 

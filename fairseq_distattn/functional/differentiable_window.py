@@ -27,7 +27,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .masking import dropout_probs, masked_softmax, scaled_scores, visible_keys
+from .masking import dropout_probs, fused_attention, masked_softmax, scaled_scores, visible_keys
 
 
 def _cumulative_sums(pointer: Tensor) -> Tuple[Tensor, Tensor]:
@@ -109,9 +109,14 @@ def additive_window_attention(
     causal: bool = False,
     query_offset: int = 0,
     dropout_p: float = 0.0,
-) -> Tuple[Tensor, Tensor]:
-    """AW, eqs. 14-17. Returns ``(out, probs)``."""
+    need_weights: bool = True,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """AW, eqs. 14-17. Returns ``(out, probs)``; the masked local scores are an
+    additive bias, so ``need_weights=False`` runs fused and returns ``(out, None)``."""
     tgt_len, src_len = q_global.size(2), k_global.size(2)
-    logits = scaled_scores(q_global, k_global) + scaled_scores(q_local, k_local) * mask
-    probs = masked_softmax(logits, visible_keys(key_padding_mask, causal, query_offset, tgt_len, src_len, q_global.device))
+    local_bias = scaled_scores(q_local, k_local) * mask
+    visible = visible_keys(key_padding_mask, causal, query_offset, tgt_len, src_len, q_global.device)
+    if not need_weights:
+        return fused_attention(q_global, k_global, v, local_bias, visible, dropout_p), None
+    probs = masked_softmax(scaled_scores(q_global, k_global) + local_bias, visible)
     return torch.matmul(dropout_probs(probs, dropout_p), v), probs

@@ -13,7 +13,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .masking import dropout_probs, masked_softmax, relative_distance, scaled_scores, visible_keys
+from .masking import dropout_probs, fused_attention, masked_softmax, relative_distance, scaled_scores, visible_keys
 
 DIRECTIONS = (None, "forward", "backward")
 
@@ -45,13 +45,17 @@ def distance_mask_attention(
     query_offset: int = 0,
     direction: Optional[str] = None,
     dropout_p: float = 0.0,
-) -> Tuple[Tensor, Tensor]:
-    """Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``."""
+    need_weights: bool = True,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``; with
+    ``need_weights=False`` it runs fused and returns ``(out, None)``."""
     tgt_len, src_len = q.size(2), k.size(2)
-    logits = scaled_scores(q, k) + distance_mask_bias(tgt_len, src_len, alpha, query_offset, q.device, q.dtype)
+    bias = distance_mask_bias(tgt_len, src_len, alpha, query_offset, q.device, q.dtype)
     visible = visible_keys(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device)
     directional = directional_visibility(direction, tgt_len, src_len, query_offset, q.device)
     if directional is not None:
         visible = directional if visible is None else visible & directional
-    probs = masked_softmax(logits, visible)
+    if not need_weights:
+        return fused_attention(q, k, v, bias, visible, dropout_p), None
+    probs = masked_softmax(scaled_scores(q, k) + bias, visible)
     return torch.matmul(dropout_probs(probs, dropout_p), v), probs

@@ -5,6 +5,12 @@ query row ``i`` sits at position ``query_offset + i``, key column ``j`` at
 position ``j``, so a single code path serves full-sequence and incremental
 (one token at a time) decoding. ``key_padding_mask`` is ``[B, Tk]`` bool with
 True marking padding; ``causal`` hides keys after the query.
+
+Attention ops also take trailing ``dropout_p`` (attention dropout on the
+probabilities that multiply the values; returned probabilities are undropped)
+and, where the mechanism is an additive bias on the logits, ``need_weights``:
+with ``need_weights=False`` they run fused ``F.scaled_dot_product_attention``
+and return ``(out, None)``.
 """
 from typing import Optional
 
@@ -75,8 +81,43 @@ def softmax_attention(
     causal: bool = False,
     query_offset: int = 0,
     dropout_p: float = 0.0,
+    need_weights: bool = True,
 ):
-    """Plain ``softmax(q k^T / sqrt(D)) v`` under the same conventions; returns ``(out, probs)``."""
+    """Plain ``softmax(q k^T / sqrt(D)) v`` under the same conventions; returns
+    ``(out, probs)`` (``probs`` is None when ``need_weights=False``)."""
     visible = visible_keys(key_padding_mask, causal, query_offset, q.size(2), k.size(2), q.device)
+    if not need_weights:
+        return fused_attention(q, k, v, None, visible, dropout_p), None
     probs = masked_softmax(scaled_scores(q, k), visible)
     return torch.matmul(dropout_probs(probs, dropout_p), v), probs
+
+
+def fused_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Optional[Tensor],
+    visible: Optional[Tensor],
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """``softmax(q k^T / sqrt(D) + bias) v`` through ``F.scaled_dot_product_attention``.
+
+    The fast path for mechanisms whose math is an additive bias on the
+    logits, used when the caller does not need the probabilities. Same
+    semantics as :func:`masked_softmax`: a row with no visible key gives 0.
+    """
+    attn_mask = bias
+    empty_rows = None
+    if visible is not None:
+        if attn_mask is None:
+            attn_mask = torch.zeros(visible.shape, dtype=q.dtype, device=q.device)
+        attn_mask = attn_mask.masked_fill(~visible, float("-inf"))
+        empty_rows = ~visible.any(dim=-1, keepdim=True)
+        # an all -inf row would make SDPA return NaN; give it any finite row and zero it below
+        attn_mask = attn_mask.masked_fill(empty_rows, 0.0)
+    if attn_mask is not None:
+        attn_mask = attn_mask.to(q.dtype)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+    if empty_rows is not None:
+        out = out.masked_fill(empty_rows, 0.0)
+    return out

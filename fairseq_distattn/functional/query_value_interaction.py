@@ -62,7 +62,8 @@ def query_value_interaction_attention(
     causal: bool = False,
     query_offset: int = 0,
     dropout_p: float = 0.0,
-) -> Tuple[Tensor, Tensor]:
+    need_weights: bool = True,
+) -> Tuple[Tensor, Optional[Tensor]]:
     """QVI self-attention, eqs. 7-10. ``q`` holds the queries at positions
     ``query_offset..`` and ``k``/``v`` the keys and values at ``0..Tk-1``;
     eq. 7 uses the queries given here (in incremental decoding the module
@@ -72,4 +73,4 @@ def query_value_interaction_attention(
     if key_padding_mask is not None:
         query_padding_mask = key_padding_mask[:, query_offset:query_offset + tgt_len]
     values = query_aware_values(q, v, value_projection, gate_weight, gate_bias, query_padding_mask, causal, query_offset, 0)
-    return softmax_attention(q, k, values, key_padding_mask, causal, query_offset, dropout_p)  # eq. 10
+    return softmax_attention(q, k, values, key_padding_mask, causal, query_offset, dropout_p, need_weights)  # eq. 10

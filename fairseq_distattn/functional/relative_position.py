@@ -15,7 +15,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .masking import dropout_probs, masked_softmax, relative_distance, scaled_scores, visible_keys
+from .masking import dropout_probs, fused_attention, masked_softmax, relative_distance, scaled_scores, visible_keys
 
 
 def relative_position_buckets(tgt_len: int, src_len: int, max_distance: int, query_offset: int, device) -> Tensor:
@@ -50,13 +50,18 @@ def relative_position_attention(
     causal: bool = False,
     query_offset: int = 0,
     dropout_p: float = 0.0,
-) -> Tuple[Tensor, Tensor]:
+    need_weights: bool = True,
+) -> Tuple[Tensor, Optional[Tensor]]:
     """Shaw et al. eqs. (3)-(4). ``rel_keys``/``rel_values`` are ``[2k+1, D]``
-    (``rel_values=None``: keys only). Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``."""
+    (``rel_values=None``: keys only). Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``;
+    keys-only with ``need_weights=False`` runs fused and returns ``(out, None)``."""
     tgt_len, src_len = q.size(2), k.size(2)
     buckets = relative_position_buckets(tgt_len, src_len, max_distance, query_offset, q.device)
-    logits = scaled_scores(q, k) + relative_position_bias(q, rel_keys, buckets) * (q.size(-1) ** -0.5)
-    probs = masked_softmax(logits, visible_keys(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device))
+    bias = relative_position_bias(q, rel_keys, buckets) * (q.size(-1) ** -0.5)
+    visible = visible_keys(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device)
+    if rel_values is None and not need_weights:
+        return fused_attention(q, k, v, bias, visible, dropout_p), None
+    probs = masked_softmax(scaled_scores(q, k) + bias, visible)
     attended = dropout_probs(probs, dropout_p)
     out = torch.matmul(attended, v)
     if rel_values is not None:
