@@ -6,6 +6,8 @@ Trainable soft masking (sec. 3.2):
 where phi^T L is the cumulative sum of phi over keys ("rightward", f) and
 phi^T L^T the reverse cumulative sum ("leftward", g): m = f_l g_r + f_r g_l.
 We compute both sums directly in O(Tq Tk); no triangular matrix is built.
+Eq. 9 is implemented as written: where the two pointers agree on one key
+(l = r) both terms count it, so a one-hot window of width 1 gives 2 there.
 
 Segment-based soft masking (sec. 3.3, eqs. 10-11): L is replaced by J with
 J_ij = 1 iff i <= b * ceil(j / b), so every key of a segment of b keys gets
