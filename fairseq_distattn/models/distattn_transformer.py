@@ -40,10 +40,16 @@ architecture("distattn_transformer_iwslt_de_en", fairseq_transformer.transformer
 architecture("distattn_transformer_wmt_en_de", fairseq_transformer.transformer_wmt_en_de)
 architecture("distattn_transformer_vaswani_wmt_en_de_big", fairseq_transformer.transformer_vaswani_wmt_en_de_big)
 
+def shaw_base(args):
+    # Shaw et al. 2018 sec. 4.1: the base model's feed-forward layers are 1024 wide
+    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 1024)
+    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 1024)
+    fairseq_transformer.transformer_wmt_en_de(args)
+
+
 # Shaw et al. 2018 base: k = 16, key and value tables, every self-attention
 # layer, relative positions replace the sinusoidal absolute ones.
-architecture("distattn_rpr_wmt_en_de", fairseq_transformer.transformer_wmt_en_de,
-             encoder_self="rpr", decoder_self="rpr", no_absolute_positions=True)
+architecture("distattn_rpr_wmt_en_de", shaw_base, encoder_self="rpr", decoder_self="rpr", no_absolute_positions=True)
 # Wu et al. 2021: real distances re-scale attention instead of position embeddings.
 architecture("distattn_da_wmt_en_de", fairseq_transformer.transformer_wmt_en_de,
              encoder_self="da", decoder_self="da", no_absolute_positions=True)

@@ -1,0 +1,459 @@
+#!/usr/bin/env python3
+"""Evaluate fairseq-distattn models with the papers' protocols.
+
+Translation (``mt``): runs ``fairseq-generate`` with beam 4 and length penalty 0.6
+(Vaswani et al. 2017; Shaw et al. 2018), ``--remove-bpe`` and always
+``--required-batch-size-multiple 1`` (otherwise fairseq-generate can drop the last
+batch), optionally on the average of the last N checkpoints; checks that every test
+sentence got a hypothesis (exit status 3 otherwise); then reports
+
+  * tokenised BLEU with compound splitting (t2t get_ende_bleu.sh / fairseq
+    compound_split_bleu.sh: "a-b" -> "a ##AT##-##AT## b" in hypothesis and reference,
+    then multi-bleu.perl-style BLEU on the Moses-tokenised text) - the number the
+    WMT14 En-De papers report; for other target languages splitting is off unless
+    --compound-split yes;
+  * plain tokenised BLEU (no splitting);
+  * detokenised sacreBLEU against the raw newstest references, with its signature.
+
+Scoring (``score``): the same checks and scores for an existing fairseq-generate
+output file.
+
+Language modelling (``lm``): perplexity through ``fairseq-eval-lm`` (sentence-level
+on the 1B Word benchmark: --sample-break-mode eos --tokens-per-sample 512
+--context-window 0 --max-tokens 4096 --softmax-batch 1024), checking that every
+test token was scored.
+
+Examples:
+
+  python scripts/evaluate.py mt work/wmt14_en_de --path checkpoints/rpr/checkpoint_best.pt
+  python scripts/evaluate.py mt work/wmt14_en_de --checkpoint-dir checkpoints/dw \\
+      --average-last 5
+  python scripts/evaluate.py score generate-test.txt --prep-dir work/wmt14_en_de
+  python scripts/evaluate.py lm work/lm1b --path checkpoints/lm/checkpoint_best.pt
+
+DATA is a directory written by scripts/prepare-*.sh (it has prep.json, data-bin/ and
+ref/) or a fairseq data-bin directory (then give --ref-dir or the --ref-* files for
+the references and the languages). Arguments after ``--`` go to fairseq-generate /
+fairseq-eval-lm unchanged.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+SCRIPTS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = SCRIPTS_DIR.parent
+sys.path.insert(0, str(SCRIPTS_DIR / "lib"))
+sys.path.insert(0, str(SCRIPTS_DIR))
+
+import mt_eval  # noqa: E402
+
+PROG = "evaluate"
+USER_DIR = REPO_ROOT / "fairseq_distattn"
+
+
+class EvalError(RuntimeError):
+    def __init__(self, message: str, status: int = 1):
+        super().__init__(message)
+        self.status = status
+
+
+def log(message: str) -> None:
+    print(f"[{PROG}] {message}", file=sys.stderr, flush=True)
+
+
+def tool(name: str) -> str:
+    """A console script next to this Python (the virtualenv), else on PATH."""
+    candidate = Path(sys.executable).parent / name
+    if candidate.exists():
+        return str(candidate)
+    import shutil
+
+    found = shutil.which(name)
+    if not found:
+        raise EvalError(f"{name} not found next to {sys.executable} nor on PATH")
+    return found
+
+
+# --------------------------------------------------------------------------- data / references
+
+
+class Setup:
+    """Where the binarised data, references and settings of a test set are."""
+
+    def __init__(self, args, data: Optional[str]):
+        self.prep: Dict[str, object] = {}
+        self.data_bin: Optional[Path] = None
+        prep_dir = getattr(args, "prep_dir", None)
+        if data is not None:
+            data_path = Path(data)
+            if (data_path / "prep.json").is_file():
+                prep_dir = prep_dir or str(data_path)
+                self.data_bin = data_path / "data-bin"
+            else:
+                self.data_bin = data_path
+        if prep_dir:
+            prep_file = Path(prep_dir) / "prep.json"
+            if not prep_file.is_file():
+                raise EvalError(f"{prep_file} not found (not an output directory of scripts/prepare-*.sh)")
+            self.prep = json.loads(prep_file.read_text(encoding="utf-8"))
+            if self.data_bin is None and self.prep.get("data_bin"):
+                self.data_bin = Path(prep_dir) / "data-bin"
+        self.src = getattr(args, "source_lang", None) or self.prep.get("source_lang")
+        self.tgt = getattr(args, "target_lang", None) or self.prep.get("target_lang")
+        self.segmentation = getattr(args, "segmentation", None) or self.prep.get("segmentation") or "subword_nmt"
+        ref_dir = getattr(args, "ref_dir", None) or (str(Path(prep_dir) / "ref") if prep_dir else None)
+        self.ref_dir = Path(ref_dir) if ref_dir else None
+        self.subset = getattr(args, "subset", "test")
+        self.args = args
+
+    def languages(self):
+        if self.src and self.tgt:
+            return self.src, self.tgt
+        if self.data_bin is not None:  # from <subset>.<src>-<tgt>.<lang>.idx
+            for idx in sorted(self.data_bin.glob(f"{self.subset}.*-*.*.idx")):
+                pair = idx.name.split(".")[1]
+                src, tgt = pair.split("-", 1)
+                return self.src or src, self.tgt or tgt
+        raise EvalError("cannot tell the languages: give --source-lang and --target-lang")
+
+    def ref_file(self, explicit: Optional[str], kind: str, lang: str) -> Optional[Path]:
+        if explicit:
+            path = Path(explicit)
+            if not path.is_file():
+                raise EvalError(f"reference file {path} not found")
+            return path
+        if self.ref_dir is not None:
+            path = self.ref_dir / f"{self.subset}.{kind}.{lang}"
+            if path.is_file():
+                return path
+        return None
+
+
+def expected_count(setup: Setup, src: str, tgt: str, src_raw: Optional[Path]) -> Optional[int]:
+    """Number of test sentences: the raw source file, else the binarised data."""
+    counts = {}
+    if src_raw is not None:
+        counts[str(src_raw)] = len(mt_eval.read_text(src_raw))
+    if setup.data_bin is not None:
+        sizes = mt_eval.indexed_dataset_sizes(setup.data_bin / f"{setup.subset}.{src}-{tgt}.{src}.idx")
+        if sizes is not None:
+            counts[str(setup.data_bin / f"{setup.subset}.{src}-{tgt}.{src}.idx")] = len(sizes)
+    if len(set(counts.values())) > 1:
+        raise EvalError("the test set sizes disagree: " + ", ".join(f"{k}: {v}" for k, v in counts.items()))
+    return next(iter(counts.values()), None)
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+def score_generate_output(generate_file: Path, setup: Setup, args, out_dir: Path) -> Dict[str, object]:
+    src, tgt = setup.languages()
+    src_raw = setup.ref_file(getattr(args, "src_raw", None), "raw", src)
+    ref_raw = setup.ref_file(getattr(args, "ref_raw", None), "raw", tgt)
+    ref_tok = setup.ref_file(getattr(args, "ref_tok", None), "tok", tgt)
+
+    output = mt_eval.parse_generate_output(mt_eval.read_text(generate_file))
+    n = expected_count(setup, src, tgt, src_raw)
+    if n is None:
+        n = len(output.sources)
+        log(f"warning: no raw source file or binarised data to count the {setup.subset} sentences; "
+            f"checking against the {n} S- lines of the output")
+    mt_eval.check_complete(output.hyps.keys(), n, setup.subset)
+    hyps = [output.hyps[i] for i in range(n)]
+
+    if setup.segmentation == "sentencepiece":
+        hyp_detok = hyps
+        hyp_tok = mt_eval.moses_tokenize(hyps, tgt)
+    else:
+        hyp_tok = hyps
+        hyp_detok = mt_eval.moses_detokenize(hyps, tgt)
+
+    notes = []
+    if ref_tok is not None:
+        refs_tok = mt_eval.read_text(ref_tok)
+    else:
+        mt_eval.check_complete(output.targets.keys(), n, setup.subset)
+        refs_tok = [output.targets[i] for i in range(n)]
+        if setup.segmentation == "sentencepiece":
+            refs_tok = mt_eval.moses_tokenize(refs_tok, tgt)
+        notes.append("tokenised references taken from the T- lines of the fairseq-generate output")
+    if ref_raw is not None:
+        refs_raw = mt_eval.read_text(ref_raw)
+    else:
+        refs_raw = [output.targets.get(i, "") for i in range(n)]
+        if setup.segmentation != "sentencepiece":
+            refs_raw = mt_eval.moses_detokenize(refs_raw, tgt)
+        notes.append("no raw references: sacreBLEU is computed against detokenised T- lines "
+                     "(not comparable to published sacreBLEU scores)")
+    for name, refs in (("tokenised", refs_tok), ("raw", refs_raw)):
+        if len(refs) != n:
+            raise EvalError(f"{len(refs)} {name} references for {n} {setup.subset} sentences")
+
+    compound = args.compound_split == "yes" or (args.compound_split == "auto" and tgt == "de")
+    tok_plain = mt_eval.tokenized_bleu(hyp_tok, refs_tok, compound_split=False)
+    tok_compound = mt_eval.tokenized_bleu(hyp_tok, refs_tok, compound_split=True) if compound else None
+    sacre, signature = mt_eval.detok_bleu(hyp_detok, refs_raw)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    def dump(name: str, lines: Sequence[str]) -> None:
+        (out_dir / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+    dump(f"hyp.tok.{tgt}", hyp_tok)
+    dump(f"hyp.detok.{tgt}", hyp_detok)
+    if compound:
+        dump(f"hyp.tok.compound.{tgt}", [mt_eval.split_compounds(h) for h in hyp_tok])
+        dump(f"ref.tok.compound.{tgt}", [mt_eval.split_compounds(r) for r in refs_tok])
+
+    result = {
+        "subset": setup.subset,
+        "test_set": setup.prep.get("test_set") if setup.subset == "test" else setup.prep.get("valid_set"),
+        "pair": f"{src}-{tgt}",
+        "sentences": n,
+        "hypotheses": len(output.hyps),
+        "tokenized_bleu_compound_split": round(tok_compound.score, 2) if tok_compound else None,
+        "tokenized_bleu": round(tok_plain.score, 2),
+        "sacrebleu": round(sacre.score, 2),
+        "sacrebleu_signature": signature,
+        "generate_output": str(generate_file),
+        "notes": notes,
+    }
+    (out_dir / "bleu.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+
+    name = result["test_set"] or setup.subset
+    print(f"{PROG}: scored {n}/{n} sentences of {name} ({src}-{tgt}); outputs in {out_dir}")
+    if tok_compound is not None:
+        print(f"tokenized BLEU, compound splitting (papers' En-De metric) = {mt_eval.format_bleu(tok_compound)}")
+    print(f"tokenized BLEU = {mt_eval.format_bleu(tok_plain)}")
+    print(f"sacreBLEU (detokenized) = {sacre.score:.2f}  signature: {signature}")
+    for note in notes:
+        print(f"note: {note}")
+    return result
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def split_passthrough(argv: Sequence[str]):
+    argv = list(argv)
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def run_logged(cmd: List[str], stdout_path: Path, log_path: Path, what: str) -> None:
+    log(f"running {what}: {' '.join(cmd)}")
+    env = dict(os.environ)
+    env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)  # checkpoints load with weights_only=True
+    with open(stdout_path, "w", encoding="utf-8") as out, open(log_path, "w", encoding="utf-8") as err:
+        proc = subprocess.run(cmd, stdout=out, stderr=err, env=env)
+    if proc.returncode != 0:
+        tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]
+        tail = [line if len(line) <= 300 else line[:300] + " ..." for line in tail]
+        raise EvalError(f"{what} failed with exit status {proc.returncode} (log: {log_path}):\n"
+                        + "\n".join(tail))
+
+
+def averaged_checkpoint(args, out_dir: Path) -> str:
+    import average_checkpoints  # scripts/average_checkpoints.py
+
+    ckpt_dir = Path(args.checkpoint_dir)
+    inputs = average_checkpoints.last_checkpoints(ckpt_dir, args.average_last, by=args.average_by)
+    output = out_dir / f"averaged_last{args.average_last}_{args.average_by}s.pt"
+    log(f"averaging {len(inputs)} checkpoints: {', '.join(p.name for p in inputs)}")
+    average_checkpoints.write_average(inputs, output)
+    return str(output)
+
+
+def cmd_mt(args, passthrough: List[str]) -> int:
+    setup = Setup(args, args.data)
+    if setup.data_bin is None or not setup.data_bin.is_dir():
+        raise EvalError(f"no data-bin directory at {setup.data_bin}")
+    src, tgt = setup.languages()
+    if not args.path and not args.checkpoint_dir:
+        raise EvalError("give --path CHECKPOINT or --checkpoint-dir DIR (with --average-last N)")
+    out_dir = Path(args.output_dir) if args.output_dir else (
+        Path(args.checkpoint_dir or Path(args.path.split(":")[0]).parent) / f"evaluate-{setup.subset}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.checkpoint_dir:
+        if not args.average_last:
+            raise EvalError("--checkpoint-dir needs --average-last N (or use --path)")
+        path = averaged_checkpoint(args, out_dir)
+    else:
+        path = args.path
+
+    remove_bpe = "sentencepiece" if setup.segmentation == "sentencepiece" else "subword_nmt"
+    cmd = [tool("fairseq-generate"), str(setup.data_bin),
+           "--user-dir", str(USER_DIR),
+           "--task", "translation", "--source-lang", src, "--target-lang", tgt,
+           "--path", path, "--gen-subset", setup.subset,
+           "--beam", str(args.beam), "--lenpen", str(args.lenpen),
+           "--remove-bpe", remove_bpe]
+    cmd += ["--batch-size", str(args.batch_size)] if args.batch_size else ["--max-tokens", str(args.max_tokens)]
+    if args.cpu:
+        cmd.append("--cpu")
+    cmd += passthrough
+    # last, so that it wins over anything passed through: never drop the last batch
+    cmd += ["--required-batch-size-multiple", "1"]
+    generate_file = out_dir / f"generate-{setup.subset}.txt"
+    run_logged(cmd, generate_file, out_dir / f"generate-{setup.subset}.log", "fairseq-generate")
+    result = score_generate_output(generate_file, setup, args, out_dir)
+    result["checkpoint"] = path
+    (out_dir / "bleu.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+def cmd_score(args, passthrough: List[str]) -> int:
+    if passthrough:
+        raise EvalError("score takes no arguments after --")
+    setup = Setup(args, args.data)
+    generate_file = Path(args.generate_output)
+    if not generate_file.is_file():
+        raise EvalError(f"{generate_file} not found")
+    out_dir = Path(args.output_dir) if args.output_dir else generate_file.parent
+    score_generate_output(generate_file, setup, args, out_dir)
+    return 0
+
+
+def cmd_lm(args, passthrough: List[str]) -> int:
+    setup = Setup(args, args.data)
+    if setup.data_bin is None or not setup.data_bin.is_dir():
+        raise EvalError(f"no data-bin directory at {setup.data_bin}")
+    out_dir = Path(args.output_dir) if args.output_dir else (
+        Path(args.checkpoint_dir or Path(args.path.split(":")[0]).parent) / f"evaluate-lm-{setup.subset}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.checkpoint_dir:
+        if not args.average_last:
+            raise EvalError("--checkpoint-dir needs --average-last N (or use --path)")
+        path = averaged_checkpoint(args, out_dir)
+    elif args.path:
+        path = args.path
+    else:
+        raise EvalError("give --path CHECKPOINT or --checkpoint-dir DIR (with --average-last N)")
+    cmd = [tool("fairseq-eval-lm"), str(setup.data_bin),
+           "--user-dir", str(USER_DIR), "--task", "language_modeling",
+           "--path", path, "--gen-subset", setup.subset,
+           "--sample-break-mode", args.sample_break_mode,
+           "--tokens-per-sample", str(args.tokens_per_sample),
+           "--context-window", str(args.context_window),
+           "--max-tokens", str(args.max_tokens),
+           "--softmax-batch", str(args.softmax_batch)]
+    if args.cpu:
+        cmd.append("--cpu")
+    cmd += passthrough
+    log_file = out_dir / f"eval-lm-{setup.subset}.log"
+    run_logged(cmd, out_dir / f"eval-lm-{setup.subset}.out", log_file, "fairseq-eval-lm")
+    text = log_file.read_text(encoding="utf-8", errors="replace") + (
+        out_dir / f"eval-lm-{setup.subset}.out").read_text(encoding="utf-8", errors="replace")
+    m_count = re.search(r"Evaluated ([\d,]+) tokens", text)
+    m_ppl = re.search(r"Loss \(base 2\): ([\d.]+), Perplexity: ([\d.]+|inf|nan)", text)
+    if not m_count or not m_ppl:
+        raise EvalError(f"could not find the perplexity in the fairseq-eval-lm log {log_file}")
+    count = int(m_count.group(1).replace(",", ""))
+    sizes = mt_eval.indexed_dataset_sizes(setup.data_bin / f"{setup.subset}.idx")
+    expected = sum(sizes) if sizes is not None else None
+    if expected is not None and count != expected:
+        raise EvalError(f"fairseq-eval-lm scored {count:,} tokens but the {setup.subset} set has "
+                        f"{expected:,} (with </s>): sentences were skipped or truncated (too long for "
+                        "--tokens-per-sample / the model's positions?)", status=3)
+    result = {"subset": setup.subset, "tokens": count, "loss_base2": float(m_ppl.group(1)),
+              "perplexity": float(m_ppl.group(2)), "checkpoint": path,
+              "settings": {"sample_break_mode": args.sample_break_mode,
+                           "tokens_per_sample": args.tokens_per_sample,
+                           "context_window": args.context_window, "max_tokens": args.max_tokens,
+                           "softmax_batch": args.softmax_batch, "extra": passthrough}}
+    (out_dir / "perplexity.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(f"{PROG}: scored all {count:,} tokens of {setup.subset}; outputs in {out_dir}")
+    print(f"perplexity = {result['perplexity']:.2f} (loss {result['loss_base2']:.4f} bits/token)")
+    return 0
+
+
+def add_reference_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("test set and references")
+    g.add_argument("--prep-dir", help="output directory of scripts/prepare-*.sh (prep.json, ref/)")
+    g.add_argument("--subset", default="test", help="test (default) or valid")
+    g.add_argument("--source-lang", help="default: from prep.json or the data-bin file names")
+    g.add_argument("--target-lang")
+    g.add_argument("--ref-dir", help="directory with SUBSET.raw.LANG and SUBSET.tok.TGT")
+    g.add_argument("--src-raw", help="raw source file (counts the test sentences)")
+    g.add_argument("--ref-raw", help="raw reference file for sacreBLEU")
+    g.add_argument("--ref-tok", help="Moses-tokenised reference file for tokenised BLEU")
+    g.add_argument("--segmentation", choices=["subword_nmt", "sentencepiece"],
+                   help="subword model of the data (default: from prep.json, else subword_nmt)")
+    g.add_argument("--compound-split", choices=["auto", "yes", "no"], default="auto",
+                   help="compound splitting for tokenised BLEU (auto: for German targets)")
+    p.add_argument("--output-dir", help="where to write hypotheses and scores")
+
+
+def add_checkpoint_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--path", help="checkpoint (colon-separated for an ensemble)")
+    g.add_argument("--checkpoint-dir", help="average checkpoints of this directory (with --average-last)")
+    g.add_argument("--average-last", type=int, help="average the last N checkpoints of --checkpoint-dir")
+    g.add_argument("--average-by", choices=["epoch", "update"], default="epoch",
+                   help="checkpointN.pt (epoch, default) or checkpoint_E_U.pt (update) files")
+    g.add_argument("--cpu", action="store_true", help="run on CPU")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="evaluate.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("mt", help="translate a test set and report BLEU")
+    p.add_argument("data", help="prepare-*.sh output directory or fairseq data-bin directory")
+    add_checkpoint_args(p)
+    g = p.add_argument_group("decoding (Shaw et al. 2018 / Vaswani et al. 2017)")
+    g.add_argument("--beam", type=int, default=4)
+    g.add_argument("--lenpen", type=float, default=0.6)
+    g.add_argument("--max-tokens", type=int, default=4096)
+    g.add_argument("--batch-size", type=int, help="sentences per batch (instead of --max-tokens)")
+    add_reference_args(p)
+    p.set_defaults(func=cmd_mt)
+
+    p = sub.add_parser("score", help="score an existing fairseq-generate output")
+    p.add_argument("generate_output", help="fairseq-generate stdout (S-/T-/H- lines)")
+    p.add_argument("--data", help="prepare-*.sh output directory or data-bin (to count the test set)")
+    add_reference_args(p)
+    p.set_defaults(func=cmd_score)
+
+    p = sub.add_parser("lm", help="language-model perplexity (fairseq-eval-lm)")
+    p.add_argument("data", help="prepare-lm1b.sh output directory or fairseq data-bin directory")
+    add_checkpoint_args(p)
+    g = p.add_argument_group("fairseq-eval-lm settings (sentence-level, 1B Word benchmark)")
+    g.add_argument("--subset", default="test")
+    g.add_argument("--sample-break-mode", default="eos",
+                   help="eos: each sentence scored on its own (default; the benchmark's sentences are shuffled)")
+    g.add_argument("--tokens-per-sample", type=int, default=512)
+    g.add_argument("--context-window", type=int, default=0)
+    g.add_argument("--max-tokens", type=int, default=4096)
+    g.add_argument("--softmax-batch", type=int, default=1024)
+    p.add_argument("--prep-dir", help=argparse.SUPPRESS)
+    p.add_argument("--output-dir", help="where to write the log and perplexity.json")
+    p.set_defaults(func=cmd_lm)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    own, passthrough = split_passthrough(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(own)
+    try:
+        return args.func(args, passthrough)
+    except mt_eval.IncompleteOutput as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 3
+    except EvalError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return error.status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
