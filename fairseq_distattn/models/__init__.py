@@ -1,1 +1,4 @@
 from . import distattn_lm, distattn_transformer  # noqa: F401 (registers models and architectures)
+from .arguments import show_flags_in_fairseq_help
+
+show_flags_in_fairseq_help()

@@ -1,4 +1,7 @@
 """Command-line flags and architecture registration shared by both models."""
+import argparse
+
+from fairseq import options
 from fairseq.models import register_model_architecture
 
 from ..spec import CROSS, DECODER_SELF, DISTANCE_MASK_DIRECTIONS, ENCODER_SELF, MECHANISMS, MechanismOptions, SpecError, exit_on_spec_error
@@ -9,22 +12,53 @@ SPEC_HELP = (
 )
 
 
-def add_distattn_args(parser, kinds):
-    group = parser.add_argument_group("distance-aware attention (fairseq_distattn)")
+HELP_TITLE = "distance-aware attention (fairseq_distattn)"
+
+
+def add_distattn_args(container, kinds):
+    """Add the plugin's flags to a parser (in a group of their own) or to the
+    model-specific argument group fairseq hands a model's ``add_args``.
+
+    Defaults are suppressed, as in fairseq's model group: a flag the user did
+    not give is absent, so architectures can supply their own defaults."""
+    if isinstance(container, argparse.ArgumentParser):
+        container = container.add_argument_group(HELP_TITLE, argument_default=argparse.SUPPRESS)
+
+    def add(flag, **kwargs):
+        if flag not in container._option_string_actions:  # already added for --help
+            container.add_argument(flag, **kwargs)
+
     for kind in kinds:
-        group.add_argument(kind.flag, type=str, metavar="SPEC",
-                           help=f"mechanism per layer of {kind.description} (default: vanilla); {SPEC_HELP}")
+        add(kind.flag, type=str, metavar="SPEC", help=f"mechanism per layer of {kind.description} (default: vanilla); {SPEC_HELP}")
     defaults = MechanismOptions()
-    group.add_argument("--max-relative-position", type=int, metavar="K",
-                       help=f"rpr clipping distance k (default: {defaults.max_relative_position})")
-    group.add_argument("--no-relative-values", action="store_true",
-                       help="rpr: relative key embeddings only (Shaw eq. 4), no value embeddings (eq. 3)")
-    group.add_argument("--window-segment-size", type=int, metavar="B",
-                       help=f"window-*-seg: segment size b (default: {defaults.window_segment_size})")
-    group.add_argument("--distance-mask-alpha", type=float, metavar="ALPHA",
-                       help=f"distance-mask: weight of -|i-j| on the logits (default: {defaults.distance_mask_alpha})")
-    group.add_argument("--distance-mask-direction", type=str, metavar="DIR",
-                       help="distance-mask: directional mask, one of " + ", ".join(DISTANCE_MASK_DIRECTIONS) + " (default: none)")
+    add("--max-relative-position", type=int, metavar="K",
+        help=f"rpr clipping distance k (default: {defaults.max_relative_position})")
+    add("--no-relative-values", action="store_true",
+        help="rpr: relative key embeddings only (Shaw eq. 4), no value embeddings (eq. 3)")
+    add("--window-segment-size", type=int, metavar="B",
+        help=f"window-*-seg: segment size b (default: {defaults.window_segment_size})")
+    add("--distance-mask-alpha", type=float, metavar="ALPHA",
+        help=f"distance-mask: weight of -|i-j| on the logits (default: {defaults.distance_mask_alpha})")
+    add("--distance-mask-direction", type=str, metavar="DIR",
+        help="distance-mask: directional mask, one of " + ", ".join(DISTANCE_MASK_DIRECTIONS) + " (default: none)")
+
+
+def show_flags_in_fairseq_help():
+    """fairseq's CLIs answer ``--help`` before they add any model's flags, so no
+    model flag would ever be listed. Add ours to the training parser's model
+    configuration (fairseq builds that parser after importing ``--user-dir``);
+    with suppressed defaults they are invisible to other architectures."""
+    fairseq_add_model_args = options.add_model_args
+    if getattr(fairseq_add_model_args, "adds_distattn_flags", False):
+        return
+
+    def add_model_args(parser):
+        group = fairseq_add_model_args(parser)
+        add_distattn_args(parser, (ENCODER_SELF, DECODER_SELF, CROSS))
+        return group
+
+    add_model_args.adds_distattn_flags = True
+    options.add_model_args = add_model_args
 
 
 def set_distattn_defaults(args, encoder_self=None, decoder_self=None, cross=None):
@@ -63,4 +97,4 @@ def build_or_exit(build):
         exit_on_spec_error(error)
 
 
-__all__ = ["add_distattn_args", "set_distattn_defaults", "register_architecture", "build_or_exit", "ENCODER_SELF", "DECODER_SELF", "CROSS"]
+__all__ = ["add_distattn_args", "show_flags_in_fairseq_help", "set_distattn_defaults", "register_architecture", "build_or_exit", "ENCODER_SELF", "DECODER_SELF", "CROSS"]

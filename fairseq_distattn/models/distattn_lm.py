@@ -7,7 +7,8 @@ from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig
 
 from ..encoder_decoder import DistAttnTransformerDecoder
-from .arguments import DECODER_SELF, add_distattn_args, build_or_exit, register_architecture, set_distattn_defaults
+from ..spec import SpecError, exit_on_spec_error
+from .arguments import CROSS, DECODER_SELF, ENCODER_SELF, add_distattn_args, build_or_exit, register_architecture, set_distattn_defaults
 
 
 @contextmanager
@@ -37,6 +38,10 @@ class DistAttnLanguageModel(TransformerLanguageModel):
     @classmethod
     def build_model(cls, args, task):
         set_distattn_defaults(args)
+        for kind in (ENCODER_SELF, CROSS):  # listed by --help for every model, but the LM has neither
+            spec = getattr(args, kind.flag[2:].replace("-", "_"))
+            if spec != "vanilla":
+                exit_on_spec_error(SpecError(kind.flag, spec, f"distattn_lm is decoder-only and has no {kind.description}", "vanilla (or leave it out)"))
 
         def build():
             with _decoder_class(DistAttnTransformerDecoder):
