@@ -1,0 +1,313 @@
+"""Targets, markdown report and results.json.
+
+The harness reports targets; it never asserts timing. Each target row shows
+the measured median ratio (with min and max over the interleaved rounds) next
+to the threshold and PASS or MISS (judged on the median).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+# (candidate key, minimum tokens/s ratio to vanilla)
+TRAIN_TARGETS = [
+    ("rpr-preset", 0.95),
+    ("da-preset", 0.95),
+    ("distance-mask", 0.95),
+    ("window-preset", 0.92),
+    ("qvi", 0.90),
+    ("lm-rpr-preset", 0.95),
+    ("lm-da-preset", 0.95),
+    ("lm-window-preset", 0.92),
+]
+GENERATION_TARGET = 0.92  # every preset, sentences/s ratio
+MEMORY_TARGET = 1.10  # every preset, peak-memory ratio at MEMORY_TARGET_LENGTH
+MEMORY_TARGET_LENGTH = 512
+OP_EXPONENT_TARGET = 2.05  # every op, fitted exponent of cost vs length
+
+PASS, MISS = "PASS", "MISS"
+
+
+@dataclass
+class TargetRow:
+    section: str
+    candidate: str
+    metric: str
+    comparison: str  # ">=" or "<="
+    threshold: float
+    median: float
+    low: Optional[float]
+    high: Optional[float]
+
+    @property
+    def status(self) -> str:
+        if self.median is None or math.isnan(self.median):
+            return MISS
+        ok = self.median >= self.threshold if self.comparison == ">=" else self.median <= self.threshold
+        return PASS if ok else MISS
+
+    def as_dict(self) -> dict:
+        return {
+            "section": self.section, "candidate": self.candidate, "metric": self.metric,
+            "target": f"{self.comparison} {self.threshold:g}", "threshold": self.threshold,
+            "comparison": self.comparison, "median": self.median, "min": self.low, "max": self.high,
+            "status": self.status,
+        }
+
+
+def memory_target_length(lengths: Sequence[int]) -> int:
+    """512 when measured, else the longest measured length (quick runs)."""
+    lengths = [int(n) for n in lengths]
+    return MEMORY_TARGET_LENGTH if MEMORY_TARGET_LENGTH in lengths else max(lengths)
+
+
+def evaluate_targets(results: dict) -> List[TargetRow]:
+    rows: List[TargetRow] = []
+    train = {**results.get("train", {}).get("translation", {}), **results.get("train", {}).get("lm", {})}
+    for key, threshold in TRAIN_TARGETS:
+        r = train.get(key)
+        if r and r.get("ratio"):
+            ratio = r["ratio"]
+            rows.append(TargetRow("train", key, "tokens/s ratio", ">=", threshold, ratio["median"], ratio["min"], ratio["max"]))
+    generation = {**results.get("generate", {}).get("translation", {}), **results.get("generate", {}).get("lm", {})}
+    for key, r in generation.items():
+        if r["kind"] == "preset" and r.get("ratio"):
+            ratio = r["ratio"]
+            rows.append(TargetRow("generate", key, "beam-5 sentences/s ratio", ">=", GENERATION_TARGET,
+                                  ratio["median"], ratio["min"], ratio["max"]))
+    memory = results.get("memory", {})
+    for key, r in memory.items():
+        if r["kind"] == "preset" and r.get("ratio"):
+            length = memory_target_length(r["peak_bytes"].keys())
+            value = r["ratio"][str(length)]
+            rows.append(TargetRow("memory", key, f"peak memory ratio at L={length}", "<=", MEMORY_TARGET, value, None, None))
+    for key, r in results.get("ops", {}).items():
+        if r["op"] == "sdpa":
+            continue
+        rows.append(TargetRow("ops", key, "cost exponent vs L", "<=", OP_EXPONENT_TARGET, r["exponent"], None, None))
+    return rows
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def md_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    def cell(value) -> str:
+        return str(value).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(cell(h) for h in headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def fmt(value, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and math.isnan(value):
+        return "nan"
+    return f"{value:.{digits}f}"
+
+
+def fmt_sig(value, sig: int = 3) -> str:
+    """Significant digits without exponent notation (parses as a float)."""
+    if value is None:
+        return "-"
+    if value == 0 or math.isnan(value):
+        return fmt(value)
+    digits = max(0, sig - 1 - int(math.floor(math.log10(abs(value)))))
+    return f"{value:.{digits}f}"
+
+
+def machine_section(machine: dict, meta: dict) -> str:
+    rows = [
+        ("CPU", machine.get("cpu")),
+        ("logical CPUs / physical cores", f"{machine.get('logical_cpus')} / {machine.get('physical_cores')}"),
+        ("torch threads (fixed)", machine.get("torch_threads")),
+        ("memory (GiB)", machine.get("memory_gib")),
+        ("device", machine.get("device") + (f" ({machine['gpu']})" if machine.get("gpu") else "")),
+        ("torch / fairseq / numpy / python", f"{machine.get('torch')} / {machine.get('fairseq')} / {machine.get('numpy')} / {machine.get('python')}"),
+        ("platform", machine.get("platform")),
+        ("git revision", machine.get("git")),
+        ("load average at start / end", f"{_load(machine.get('load_average_start'))} / {_load(machine.get('load_average_end'))}"),
+        ("scale", f"{meta.get('scale')}: {meta.get('scale_description')}"),
+        ("timing clock", _clock(meta.get("clock"))),
+        ("repeats (interleaved rounds) / warm-up", f"{meta.get('repeats')} / {meta.get('warmup')}"),
+        ("translation data", meta.get("translation_data", "-")),
+        ("LM data", meta.get("lm_data", "-")),
+        ("command", f"`{meta.get('command')}`"),
+        ("wall time (s)", fmt(meta.get("wall_seconds"), 1)),
+    ]
+    return md_table(["item", "value"], rows)
+
+
+def _clock(name) -> str:
+    if name == "cpu":
+        return "cpu: process CPU time (time.process_time); rates are per CPU-second, unaffected by other processes holding the core"
+    return f"{name}: wall time (time.perf_counter)"
+
+
+def _load(value) -> str:
+    if not value:
+        return "-"
+    return " ".join(f"{x:.2f}" for x in value)
+
+
+def targets_section(rows: List[TargetRow]) -> str:
+    body = [
+        (r.section, r.candidate, r.metric, f"{r.comparison} {r.threshold:g}", fmt(r.median), fmt(r.low), fmt(r.high), r.status)
+        for r in rows
+    ]
+    return md_table(["section", "candidate", "metric", "target", "measured (median)", "min", "max", "status"], body)
+
+
+def train_section(results: Dict[str, dict]) -> str:
+    rows = []
+    for key, r in results.items():
+        t, ratio = r["throughput"], r.get("ratio")
+        rows.append((
+            key, r["note"], r["attention"], f"{r['parameters']:,}", fmt(r["tokens_per_measurement"], 0),
+            fmt(t["median"], 1), fmt(t["min"], 1), fmt(t["max"], 1),
+            fmt(ratio["median"]) if ratio else "1.000", fmt(ratio["min"]) if ratio else "-", fmt(ratio["max"]) if ratio else "-",
+        ))
+    return md_table(
+        ["config", "model", "attention", "params", "tokens/measurement", "tokens/s median", "tokens/s min", "tokens/s max",
+         "ratio median", "ratio min", "ratio max"], rows)
+
+
+def generation_section(results: Dict[str, dict]) -> str:
+    rows = []
+    for key, r in results.items():
+        s, t, ratio = r["sentences_per_s"], r["tokens_per_s"], r.get("ratio")
+        rows.append((
+            key, r["note"], r["attention"], fmt(r["tokens_per_sentence"], 1),
+            fmt(s["median"], 2), fmt(s["min"], 2), fmt(s["max"], 2), fmt(t["median"], 1),
+            fmt(ratio["median"]) if ratio else "1.000", fmt(ratio["min"]) if ratio else "-", fmt(ratio["max"]) if ratio else "-",
+        ))
+    return md_table(
+        ["config", "model", "attention", "tokens/sentence", "sentences/s median", "sentences/s min", "sentences/s max",
+         "tokens/s median", "ratio median", "ratio min", "ratio max"], rows)
+
+
+def memory_section(results: Dict[str, dict]) -> str:
+    if not results:
+        return ""
+    lengths = list(next(iter(results.values()))["peak_bytes"].keys())
+    rows = []
+    for key, r in results.items():
+        mib = [fmt(r["peak_bytes"][n] / 2 ** 20, 1) for n in lengths]
+        ratios = [fmt(r.get("ratio", {}).get(n)) for n in lengths]
+        rows.append((key, r["task"], r["attention"], *mib, *ratios))
+    headers = ["config", "task", "attention", *[f"MiB L={n}" for n in lengths], *[f"ratio L={n}" for n in lengths]]
+    return md_table(headers, rows)
+
+
+def ops_section(results: Dict[str, dict]) -> str:
+    if not results:
+        return ""
+    lengths = list(next(iter(results.values()))["seconds_per_call"].keys())
+    rows = []
+    for key, r in results.items():
+        ms = [fmt_sig(r["seconds_per_call"][n]["median"] * 1e3) for n in lengths]
+        vs = r.get("cost_vs_sdpa")
+        last = lengths[-1]
+        rows.append((r["op"], r["mode"], *ms, fmt(vs[last]["median"], 2) if vs else "1.00",
+                     fmt(r["exponent"], 2), fmt(r["tail_exponent"], 2)))
+    headers = ["op", "mode", *[f"ms L={n}" for n in lengths], f"x sdpa L={lengths[-1]}", "exponent (fit)",
+               f"exponent ({lengths[-2]}->{lengths[-1]})" if len(lengths) > 1 else "exponent (tail)"]
+    return md_table(headers, rows)
+
+
+def profile_rows(pair: dict, top: int = 10, top_delta: int = 8) -> List[dict]:
+    """Top operators by self CPU time of the candidate and of the baseline, plus
+    the largest increases, with both times and the difference."""
+    base, cand = pair["baseline"]["ops"], pair["candidate"]["ops"]
+    names = set(sorted(cand, key=lambda k: -cand[k]["self_cpu_ms"])[:top])
+    names |= set(sorted(base, key=lambda k: -base[k]["self_cpu_ms"])[:top])
+    delta = lambda k: cand.get(k, {}).get("self_cpu_ms", 0.0) - base.get(k, {}).get("self_cpu_ms", 0.0)
+    names |= set(sorted(set(cand) | set(base), key=lambda k: -delta(k))[:top_delta])
+    rows = []
+    for name in sorted(names, key=lambda k: -cand.get(k, {}).get("self_cpu_ms", 0.0)):
+        rows.append({
+            "op": name,
+            "baseline_ms": base.get(name, {}).get("self_cpu_ms", 0.0),
+            "baseline_calls": base.get(name, {}).get("calls", 0),
+            "candidate_ms": cand.get(name, {}).get("self_cpu_ms", 0.0),
+            "candidate_calls": cand.get(name, {}).get("calls", 0),
+            "delta_ms": delta(name),
+        })
+    return rows
+
+
+def profiles_section(profiles: Dict[str, dict], what: str = "one training step") -> str:
+    """Per missed target: top operators by self CPU time, baseline next to candidate."""
+    if not profiles:
+        return ""
+    parts = []
+    for key, pair in profiles.items():
+        base_key = pair["baseline_key"]
+        base_total, cand_total = pair["baseline"]["total_self_cpu_ms"], pair["candidate"]["total_self_cpu_ms"]
+        parts.append(f"### {key} vs {base_key}: {what}\n")
+        parts.append(f"Self CPU time of {what}: "
+                     f"{base_key} {fmt(base_total, 1)} ms, {key} {fmt(cand_total, 1)} ms "
+                     f"({fmt(cand_total / base_total if base_total else float('nan'), 2)}x).\n")
+        rows = profile_rows(pair)
+        increases = sorted(rows, key=lambda r: -r["delta_ms"])[:5]
+        parts.append("Largest increases: " + ", ".join(f"`{r['op']}` {r['delta_ms']:+.1f} ms" for r in increases) + ". "
+                     "An operator with the same number of calls in both models does the same work in both (the "
+                     "shared linear layers, for example): its difference is timing noise from other processes.\n")
+        parts.append(md_table(
+            ["op", f"{base_key} ms", "calls", f"{key} ms", "calls", "difference ms"],
+            [(r["op"], fmt(r["baseline_ms"], 1), r["baseline_calls"], fmt(r["candidate_ms"], 1), r["candidate_calls"],
+              f"{r['delta_ms']:+.1f}") for r in rows],
+        ))
+        parts.append("")
+    return "\n".join(parts)
+
+
+def render_markdown(results: dict, targets: List[TargetRow], plot_name: Optional[str]) -> str:
+    meta = results["meta"]
+    out = ["# fairseq-distattn benchmark", ""]
+    out += ["Ratios are candidate / vanilla fairseq, measured in interleaved pairs (each candidate sample "
+            "between two vanilla samples; median with min and max over the rounds). Throughput: higher is better; "
+            "memory and op cost: lower is better. Targets are reported, never asserted.", ""]
+    out += ["## Machine", "", machine_section(results["machine"], meta), ""]
+    out += ["## Targets", "", targets_section(targets) if targets else "(no target measured)", ""]
+    if targets:
+        passed = sum(1 for t in targets if t.status == PASS)
+        out += [f"{passed} of {len(targets)} targets PASS.", ""]
+    train = results.get("train", {})
+    if train.get("translation"):
+        out += ["## Training throughput: translation", "",
+                f"Forward + backward + Adam step, target tokens/s. {meta.get('train_note', '')}", "",
+                train_section(train["translation"]), ""]
+    if train.get("lm"):
+        out += ["## Training throughput: language model", "", "Forward + backward + Adam step, tokens/s.", "",
+                train_section(train["lm"]), ""]
+    generate = results.get("generate", {})
+    if generate.get("translation"):
+        out += ["## Generation: translation, beam 5", "", meta.get("generate_note", ""), "",
+                generation_section(generate["translation"]), ""]
+    if generate.get("lm"):
+        out += ["## Generation: language model, beam 5", "", meta.get("generate_lm_note", ""), "",
+                generation_section(generate["lm"]), ""]
+    if results.get("memory"):
+        out += ["## Peak memory, forward + backward", "", meta.get("memory_note", ""), "",
+                memory_section(results["memory"]), ""]
+    if results.get("ops"):
+        out += ["## Attention ops vs scaled_dot_product_attention", "", meta.get("ops_note", ""), "",
+                ops_section(results["ops"]), ""]
+    if results.get("profiles"):
+        out += ["## Where the time goes: training targets missed", "",
+                "torch.profiler over one training step of vanilla and of the candidate on the same batch "
+                "(2 runs each); operators by self CPU time (full profiler tables in profiles.md).", "",
+                profiles_section(results["profiles"]), ""]
+    if results.get("generation_profiles"):
+        out += ["## Where the time goes: generation targets missed", "",
+                "torch.profiler over one beam-5 search of vanilla and of the candidate on the same sentences "
+                "(one run each: the profiler's per-operator overhead inflates small operators); operators by self "
+                "CPU time (full profiler tables in profiles.md).", "",
+                profiles_section(results["generation_profiles"], "one beam-5 search"), ""]
+    if plot_name:
+        out += ["## Plot", "", f"![benchmark plot]({plot_name})", ""]
+    return "\n".join(out).rstrip() + "\n"
