@@ -1,0 +1,45 @@
+# fairseq-distattn developer entry points.
+#
+#   make quickstart   set up .venv if needed, then train + evaluate a small model
+#   make test         set up .venv if needed, then run the test suite
+#
+# Both are idempotent: the virtualenv is created once and `pip install -e .[test]`
+# reruns only when setup.py or constraints.txt change (stamp: .venv/.installed).
+
+SHELL := /bin/bash
+
+# Prefer Python 3.11 (fairseq-fixed); fall back to whatever python3 is.
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+VENV := .venv
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: all install quickstart test clean distclean
+
+all: test
+
+install: $(STAMP)
+
+$(VENV)/bin/python:
+	@test -n "$(PYTHON)" || { echo "error: no python3.11 or python3 on PATH" >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+
+# PIP_CONSTRAINT (an absolute path: it is also read by the isolated build of the
+# fairseq-fixed sdist, which runs in another directory) keeps pip on the CPU torch
+# pinned in constraints.txt and on numpy<2.
+$(STAMP): setup.py constraints.txt | $(VENV)/bin/python
+	PIP_CONSTRAINT="$(CURDIR)/constraints.txt" $(VENV)/bin/python -m pip install -e '.[test]'
+	touch $@
+
+quickstart: $(STAMP)
+	bash scripts/quickstart.sh
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest tests -q -p no:cacheprovider $(PYTEST_ARGS)
+
+clean:
+	rm -rf work/quickstart build *.egg-info
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# Quickstart: train and evaluate a small distance-aware Transformer on the shipped
+# Multi30k En->De sample (data/multi30k), on CPU, in well under 15 minutes on 2 cores.
+#
+#   make quickstart                      # same as: bash scripts/quickstart.sh
+#   MECH=rpr bash scripts/quickstart.sh  # another mechanism
+#   UPDATES=2000 bash scripts/quickstart.sh
+#
+# Settings (environment variables):
+#   MECH     window (default): --encoder-self-attention window-aw@0-2
+#                              --decoder-self-attention window-mw@0-2
+#                              --cross-attention window-aw-seg@0-2
+#            rpr:      --encoder-self-attention rpr --decoder-self-attention rpr
+#            da:       --encoder-self-attention da --decoder-self-attention da
+#            qvi:      --encoder-self-attention qvi --decoder-self-attention qvi
+#            distance-mask: --encoder-self-attention distance-mask
+#                           --decoder-self-attention distance-mask
+#            vanilla:  no distance-aware attention (the baseline)
+#   ATTN_ARGS  attention flags to use instead of the MECH preset (a string); give
+#            MECH a new name with it, e.g. MECH=mine ATTN_ARGS='--encoder-self-attention
+#            rpr@0,da@1-2': MECH names the output directory <WORK>/<MECH>
+#   UPDATES  training updates (default 300)
+#   MERGES   joint BPE merges (default 6000)
+#   MAX_TOKENS  fairseq-train --max-tokens (default 2048)
+#   WORK     work directory (default work/quickstart)
+#   DATA     directory with {train,val,test_2016_flickr}.{en,de}[.gz] (default data/multi30k)
+# Extra arguments to this script are passed on to fairseq-train.
+#
+# Steps: sacremoses tokenisation -> subword-nmt joint BPE -> fairseq-preprocess
+# --joined-dictionary -> fairseq-train --user-dir fairseq_distattn -> fairseq-generate
+# (beam 5) on test_2016_flickr -> Moses detokenisation -> sacreBLEU against the raw
+# references.
+#
+# Reruns skip finished steps: data preparation is reused, and fairseq-train resumes
+# from <WORK>/<MECH>/checkpoints/checkpoint_last.pt (it stops at once if UPDATES were
+# already done). Delete <WORK> (or <WORK>/<MECH>) to start over.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+MECH="${MECH:-window}"
+UPDATES="${UPDATES:-300}"
+MERGES="${MERGES:-6000}"
+MAX_TOKENS="${MAX_TOKENS:-2048}"
+WORK="${WORK:-work/quickstart}"
+DATA="${DATA:-data/multi30k}"
+SRC=en
+TGT=de
+
+start=$(date +%s)
+log() { echo "[quickstart $(( $(date +%s) - start ))s] $*"; }
+
+# --- environment -------------------------------------------------------------
+# The Makefile creates .venv and installs the package (idempotent, a no-op when done).
+if [ ! -f .venv/.installed ] && command -v make >/dev/null 2>&1; then
+    make --no-print-directory install
+fi
+if [ ! -f .venv/bin/activate ]; then
+    echo "quickstart: .venv is missing; run 'make quickstart' (or create .venv and" \
+         "PIP_CONSTRAINT=constraints.txt pip install -e .)" >&2
+    exit 1
+fi
+# shellcheck disable=SC1091
+source .venv/bin/activate
+# fairseq picks the device itself: no GPU here, so it trains on CPU.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc 2>/dev/null || echo 2)}"
+
+case "$MECH" in
+    window)
+        ATTN_DEFAULT="--encoder-self-attention window-aw@0-2 --decoder-self-attention window-mw@0-2 --cross-attention window-aw-seg@0-2" ;;
+    rpr|da|qvi|distance-mask)
+        ATTN_DEFAULT="--encoder-self-attention $MECH --decoder-self-attention $MECH" ;;
+    vanilla)
+        ATTN_DEFAULT="" ;;
+    *)
+        if [ -z "${ATTN_ARGS:-}" ]; then
+            echo "quickstart: unknown MECH=$MECH (use window, rpr, da, qvi, distance-mask," \
+                 "vanilla, or set ATTN_ARGS)" >&2
+            exit 2
+        fi
+        ATTN_DEFAULT="" ;;
+esac
+ATTN="${ATTN_ARGS-$ATTN_DEFAULT}"
+
+mkdir -p "$WORK"
+PREP="$WORK/prep"
+BIN="$WORK/data-bin"
+RUN="$WORK/$MECH"
+mkdir -p "$PREP" "$RUN"
+
+# --- 1. tokenise (sacremoses) ---------------------------------------------------
+read_text() {  # read_text NAME.LANG -> raw text on stdout, from NAME.LANG or NAME.LANG.gz
+    if [ -f "$DATA/$1" ]; then cat "$DATA/$1"
+    elif [ -f "$DATA/$1.gz" ]; then gzip -dc "$DATA/$1.gz"
+    else echo "quickstart: missing $DATA/$1(.gz)" >&2; return 1
+    fi
+}
+
+TOKENISE_PY='
+import sys
+from sacremoses import MosesTokenizer
+tok = MosesTokenizer(lang=sys.argv[1])
+out = sys.stdout
+for line in sys.stdin:
+    out.write(tok.tokenize(line.strip(), escape=False, return_str=True) + "\n")
+'
+for split in train val test; do
+    name=$split
+    [ "$split" = test ] && name=test_2016_flickr
+    for lang in $SRC $TGT; do
+        if [ ! -s "$PREP/$split.tok.$lang" ]; then
+            log "tokenising $name.$lang"
+            read_text "$name.$lang" > "$PREP/$split.raw.$lang"
+            python -c "$TOKENISE_PY" "$lang" < "$PREP/$split.raw.$lang" > "$PREP/$split.tok.$lang.tmp"
+            mv "$PREP/$split.tok.$lang.tmp" "$PREP/$split.tok.$lang"
+        fi
+    done
+done
+
+# --- 2. joint BPE (subword-nmt) -------------------------------------------------
+if [ ! -s "$PREP/codes.$MERGES" ]; then
+    log "learning joint BPE, $MERGES merges"
+    cat "$PREP/train.tok.$SRC" "$PREP/train.tok.$TGT" \
+        | subword-nmt learn-bpe -s "$MERGES" > "$PREP/codes.$MERGES.tmp" 2> "$PREP/learn-bpe.log"
+    mv "$PREP/codes.$MERGES.tmp" "$PREP/codes.$MERGES"
+    rm -f "$PREP"/*.bpe.* "$BIN/.done"
+fi
+for split in train val test; do
+    for lang in $SRC $TGT; do
+        if [ ! -s "$PREP/$split.bpe.$lang" ]; then
+            log "applying BPE to $split.$lang"
+            subword-nmt apply-bpe -c "$PREP/codes.$MERGES" \
+                < "$PREP/$split.tok.$lang" > "$PREP/$split.bpe.$lang.tmp"
+            mv "$PREP/$split.bpe.$lang.tmp" "$PREP/$split.bpe.$lang"
+        fi
+    done
+done
+
+# --- 3. binarise (fairseq-preprocess) --------------------------------------------
+if [ ! -f "$BIN/.done" ]; then
+    log "binarising into $BIN"
+    rm -rf "$BIN"
+    fairseq-preprocess --source-lang $SRC --target-lang $TGT \
+        --trainpref "$PREP/train.bpe" --validpref "$PREP/val.bpe" --testpref "$PREP/test.bpe" \
+        --destdir "$BIN" --joined-dictionary --workers 2 > "$WORK/preprocess.log" 2>&1 \
+        || { tail -20 "$WORK/preprocess.log" >&2; exit 1; }
+    touch "$BIN/.done"
+fi
+
+# --- 4. train (fairseq-train) -----------------------------------------------------
+log "training MECH=$MECH for $UPDATES updates (attention flags: ${ATTN:-none}); log: $RUN/train.log"
+WARMUP=$(( UPDATES < 800 ? UPDATES / 4 : 200 ))
+[ "$WARMUP" -ge 1 ] || WARMUP=1
+set +e
+# shellcheck disable=SC2086
+fairseq-train "$BIN" \
+    --user-dir fairseq_distattn \
+    --task translation --source-lang $SRC --target-lang $TGT \
+    --arch distattn_transformer_iwslt_de_en \
+    --encoder-embed-dim 256 --decoder-embed-dim 256 \
+    --encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512 \
+    --encoder-layers 3 --decoder-layers 3 \
+    --encoder-attention-heads 4 --decoder-attention-heads 4 \
+    --share-all-embeddings --dropout 0.1 \
+    $ATTN \
+    --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
+    --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 1.0 \
+    --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --warmup-init-lr 1e-7 \
+    --max-tokens "$MAX_TOKENS" --max-update "$UPDATES" \
+    --save-dir "$RUN/checkpoints" --no-epoch-checkpoints \
+    --seed 1 --num-workers 0 \
+    --log-format simple --log-interval 25 \
+    "$@" 2>&1 | tee "$RUN/train.log" \
+    | grep -E --line-buffered '\| (train_inner|train|valid) \||Loaded checkpoint|done training|Error|error:'
+rc=${PIPESTATUS[0]}
+set -e
+if [ "$rc" -ne 0 ] || [ ! -f "$RUN/checkpoints/checkpoint_best.pt" ]; then
+    echo "quickstart: fairseq-train failed (exit $rc); last lines of $RUN/train.log:" >&2
+    tail -30 "$RUN/train.log" >&2
+    exit 1
+fi
+
+# --- 5. translate the test set (fairseq-generate) ---------------------------------
+log "translating test_2016_flickr (beam 5); output: $RUN/generate-test.txt"
+fairseq-generate "$BIN" \
+    --user-dir fairseq_distattn \
+    --task translation --source-lang $SRC --target-lang $TGT \
+    --path "$RUN/checkpoints/checkpoint_best.pt" \
+    --gen-subset test --beam 5 --remove-bpe \
+    --batch-size 64 --required-batch-size-multiple 1 \
+    --num-workers 0 > "$RUN/generate-test.txt" 2> "$RUN/generate.log" \
+    || { tail -30 "$RUN/generate.log" >&2; exit 1; }
+
+# --- 6. detokenise and score (sacreBLEU) -----------------------------------------
+read_text "test_2016_flickr.$TGT" > "$RUN/ref.$TGT"
+grep '^H-' "$RUN/generate-test.txt" | sed 's/^H-//' | sort -n -k1,1 | cut -f3 > "$RUN/hyp.tok.$TGT"
+python - "$RUN/hyp.tok.$TGT" "$RUN/ref.$TGT" "$RUN/hyp.$TGT" "$MECH" "$UPDATES" <<'PY'
+import sys
+
+import sacrebleu
+from sacremoses import MosesDetokenizer
+
+hyp_tok, ref_path, hyp_out, mech, updates = sys.argv[1:6]
+detok = MosesDetokenizer(lang="de")
+with open(hyp_tok, encoding="utf-8") as f:
+    hyps = [detok.detokenize(line.split()) for line in f]
+with open(ref_path, encoding="utf-8") as f:
+    refs = [line.rstrip("\n") for line in f]
+with open(hyp_out, "w", encoding="utf-8") as f:
+    f.writelines(h + "\n" for h in hyps)
+if len(hyps) != len(refs):
+    sys.exit(f"quickstart: {len(hyps)} hypotheses for {len(refs)} references")
+bleu = sacrebleu.corpus_bleu(hyps, [refs])
+print(f"MECH={mech} UPDATES={updates}: sacreBLEU on Multi30k test_2016_flickr en-de, "
+      f"{len(hyps)} sentences scored")
+print(bleu)
+PY
+log "done (hypotheses: $RUN/hyp.$TGT)"
