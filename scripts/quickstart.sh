@@ -192,28 +192,28 @@ fairseq-generate "$BIN" \
     --num-workers 0 > "$RUN/generate-test.txt" 2> "$RUN/generate.log" \
     || { tail -30 "$RUN/generate.log" >&2; exit 1; }
 
-# --- 6. detokenise and score (sacreBLEU) -----------------------------------------
-read_text "test_2016_flickr.$TGT" > "$RUN/ref.$TGT"
-grep '^H-' "$RUN/generate-test.txt" | sed 's/^H-//' | sort -n -k1,1 | cut -f3 > "$RUN/hyp.tok.$TGT"
-python - "$RUN/hyp.tok.$TGT" "$RUN/ref.$TGT" "$RUN/hyp.$TGT" "$MECH" "$UPDATES" <<'PY'
+# --- 6. score: tokenised BLEU with compound splitting and detokenised sacreBLEU -----
+# scripts/evaluate.py also checks that every test sentence was translated.
+log "MECH=$MECH UPDATES=$UPDATES: BLEU on Multi30k test_2016_flickr en-de"
+python scripts/evaluate.py score "$RUN/generate-test.txt" \
+    --source-lang $SRC --target-lang $TGT --segmentation subword_nmt \
+    --src-raw "$PREP/test.raw.$SRC" --ref-raw "$PREP/test.raw.$TGT" --ref-tok "$PREP/test.tok.$TGT" \
+    --output-dir "$RUN/eval"
+
+# --- 7. one sentence through the Python hub API ----------------------------------
+python - "$RUN/checkpoints" "$BIN" "$PREP/codes.$MERGES" <<'PY' 2> "$RUN/hub.log"
+import os
 import sys
 
-import sacrebleu
-from sacremoses import MosesDetokenizer
+from fairseq_distattn.models.distattn_transformer import DistAttnTransformerModel
 
-hyp_tok, ref_path, hyp_out, mech, updates = sys.argv[1:6]
-detok = MosesDetokenizer(lang="de")
-with open(hyp_tok, encoding="utf-8") as f:
-    hyps = [detok.detokenize(line.split()) for line in f]
-with open(ref_path, encoding="utf-8") as f:
-    refs = [line.rstrip("\n") for line in f]
-with open(hyp_out, "w", encoding="utf-8") as f:
-    f.writelines(h + "\n" for h in hyps)
-if len(hyps) != len(refs):
-    sys.exit(f"quickstart: {len(hyps)} hypotheses for {len(refs)} references")
-bleu = sacrebleu.corpus_bleu(hyps, [refs])
-print(f"MECH={mech} UPDATES={updates}: sacreBLEU on Multi30k test_2016_flickr en-de, "
-      f"{len(hyps)} sentences scored")
-print(bleu)
+checkpoints, data_bin, codes = (os.path.abspath(path) for path in sys.argv[1:4])
+model = DistAttnTransformerModel.from_pretrained(
+    checkpoints, checkpoint_file="checkpoint_best.pt", data_name_or_path=data_bin,
+    tokenizer="moses", bpe="subword_nmt", bpe_codes=codes, source_lang="en", target_lang="de",
+)
+model.eval()
+sentence = "A man in a blue shirt is riding a bicycle down the street."
+print(f"hub API: {sentence!r} -> {model.translate(sentence, beam=5)!r}")
 PY
-log "done (hypotheses: $RUN/hyp.$TGT)"
+log "done (hypotheses and scores: $RUN/eval)"
