@@ -35,7 +35,7 @@ quickstart: $(STAMP)
 	bash scripts/quickstart.sh
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest tests -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest tests -q -p no:cacheprovider --durations=10 $(PYTEST_ARGS)
 
 clean:
 	rm -rf work/quickstart build *.egg-info

@@ -82,14 +82,26 @@ def train_mt(data_bin: Path, save_dir: Path, arch_args: Sequence[str], max_updat
 
 
 def test_all_architectures_registered_through_the_cli():
-    """fairseq's --help never lists model flags or --arch choices (it exits on the
-    first of its two parses), so ask for an unknown arch: argparse then lists every
-    registered architecture."""
+    """fairseq's --help does not list the --arch choices, so ask for an unknown
+    arch: argparse then lists every registered architecture."""
     proc = run_cli(["fairseq-train", *USER_DIR, *MT_TASK, "--arch", "no_such_arch"],
                    check=False)
     assert proc.returncode == 2
     for arch in ALL_ARCHS:
         assert f"'{arch}'" in proc.stderr, f"arch {arch} is not registered:\n{proc.stderr[-2000:]}"
+
+
+PLUGIN_FLAGS = [
+    "--encoder-self-attention", "--decoder-self-attention", "--cross-attention",
+    "--max-relative-position", "--no-relative-values", "--window-segment-size",
+    "--distance-mask-alpha", "--distance-mask-direction",
+]
+
+
+def test_help_lists_plugin_flags():
+    proc = run_cli(["fairseq-train", *USER_DIR, "--help"])
+    for flag in PLUGIN_FLAGS:
+        assert flag in proc.stdout, f"{flag} missing from fairseq-train --help"
 
 
 # ------------------------------------------------------------------ translation presets
@@ -253,3 +265,28 @@ def test_bad_attention_arguments_exit_2_with_one_line(flag, value, extra, expect
     assert any(s in message for s in expected), (
         f"the bad value ({value}) is not named in the error line" + context
     )
+
+
+LM_BAD_INPUTS = [
+    ("--encoder-self-attention", "rpr"),
+    ("--cross-attention", "window-aw"),
+]
+
+
+@pytest.mark.parametrize("flag,value", [pytest.param(*c, id=f"{c[0]}={c[1]}") for c in LM_BAD_INPUTS])
+def test_language_model_refuses_encoder_and_cross_attention(flag, value, lm_data, workdir):
+    proc = run_cli(
+        ["fairseq-train", lm_data["bin"], *USER_DIR, "--task", "language_modeling",
+         "--arch", "distattn_lm", "--decoder-layers", "2", "--decoder-embed-dim", "32",
+         "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2",
+         flag, value, "--tokens-per-sample", "64", "--max-tokens", "512",
+         "--optimizer", "adam", "--lr", "1e-4", "--max-update", "1",
+         "--no-save", "--disable-validation", "--num-workers", "0",
+         "--save-dir", workdir / "checkpoints"],
+        check=False,
+    )
+    context = f"\n--- stderr ---\n{proc.stderr[-3000:]}\n--- stdout ---\n{proc.stdout[-1500:]}"
+    assert proc.returncode == 2, f"exit status {proc.returncode}, expected 2" + context
+    assert "Traceback" not in proc.stderr + proc.stdout, context
+    lines = error_lines(proc.stderr)
+    assert len(lines) == 1 and flag in lines[0] and value in lines[0], context

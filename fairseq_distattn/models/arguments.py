@@ -6,10 +6,12 @@ from fairseq.models import register_model_architecture
 
 from ..spec import CROSS, DECODER_SELF, DISTANCE_MASK_DIRECTIONS, ENCODER_SELF, MECHANISMS, MechanismOptions, SpecError, exit_on_spec_error
 
-SPEC_HELP = (
-    "comma-separated MECH[@LAYERS]: MECH one of " + ", ".join(MECHANISMS)
-    + "; LAYERS i or i-j (0-based, inclusive); no @ = every layer; layers not named are vanilla"
-)
+
+def spec_help(kind):
+    allowed = ", ".join(m for m in MECHANISMS if m in kind.allowed)
+    return (f"mechanism per layer of {kind.description} (default: vanilla): comma-separated MECH[@LAYERS], "
+            f"MECH one of {allowed}; LAYERS i or i-j (0-based, inclusive); no @ = every layer; "
+            "layers not named are vanilla")
 
 
 HELP_TITLE = "distance-aware attention (fairseq_distattn)"
@@ -29,7 +31,7 @@ def add_distattn_args(container, kinds):
             container.add_argument(flag, **kwargs)
 
     for kind in kinds:
-        add(kind.flag, type=str, metavar="SPEC", help=f"mechanism per layer of {kind.description} (default: vanilla); {SPEC_HELP}")
+        add(kind.flag, type=str, metavar="SPEC", help=spec_help(kind))
     defaults = MechanismOptions()
     add("--max-relative-position", type=int, metavar="K",
         help=f"rpr clipping distance k (default: {defaults.max_relative_position})")
