@@ -16,8 +16,11 @@ from typing import Callable, Dict, Sequence
 
 import torch
 
+from .common import timed
 from .configs import LM, Config, Scale, attention_layout, build
 from .train import to_device
+
+TIMED_PASSES = 3  # the same pass, unprofiled: what the memory costs in time
 
 
 def _forward_backward(built, sample):
@@ -61,6 +64,17 @@ def peak_bytes(built, sample, device) -> int:
     return int(peak)
 
 
+def pass_seconds(built, sample, device, seed: int) -> float:
+    """Median time of the measured forward + backward pass, without the profiler."""
+    seconds = []
+    for _ in range(TIMED_PASSES):
+        torch.manual_seed(seed)
+        built.model.zero_grad(set_to_none=True)
+        seconds.append(timed(lambda: _forward_backward(built, sample) or 0, device)[1])
+    built.model.zero_grad(set_to_none=True)
+    return sorted(seconds)[len(seconds) // 2]
+
+
 def run_memory(
     configs: Sequence[Config],
     scale: Scale,
@@ -80,12 +94,13 @@ def run_memory(
         warm = to_device(make_batch(config.task, lengths[0]), device)
         torch.manual_seed(seed)
         _forward_backward(built, warm)
-        peaks = {}
+        peaks, seconds = {}, {}
         for length in lengths:
             sample = to_device(make_batch(config.task, length), device)
             torch.manual_seed(seed)
             peaks[length] = peak_bytes(built, sample, device)
-        log(f"  {config.key}: " + ", ".join(f"L={n} {peaks[n] / 2 ** 20:.1f} MiB" for n in lengths))
+            seconds[length] = pass_seconds(built, sample, device, seed)
+        log(f"  {config.key}: " + ", ".join(f"L={n} {peaks[n] / 2 ** 20:.1f} MiB {seconds[n]:.2f} s" for n in lengths))
         results[config.key] = {
             "key": config.key,
             "kind": config.kind,
@@ -94,6 +109,7 @@ def run_memory(
             "attention": attention_layout(built),
             "rows": scale.memory_rows,
             "peak_bytes": {str(n): peaks[n] for n in lengths},
+            "pass_seconds": {str(n): seconds[n] for n in lengths},
         }
         del built
     for task in ("translation", "lm"):
@@ -101,4 +117,5 @@ def run_memory(
         for r in results.values():
             if r["task"] == task and base is not None:
                 r["ratio"] = {n: r["peak_bytes"][n] / base["peak_bytes"][n] for n in r["peak_bytes"]}
+                r["time_ratio"] = {n: r["pass_seconds"][n] / base["pass_seconds"][n] for n in r["pass_seconds"]}
     return results

@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
+from .memory import TIMED_PASSES
+
 # (candidate key, minimum tokens/s ratio to vanilla)
 TRAIN_TARGETS = [
     ("rpr-preset", 0.95),
@@ -202,6 +204,19 @@ def memory_section(results: Dict[str, dict]) -> str:
     return md_table(headers, rows)
 
 
+def memory_time_section(results: Dict[str, dict]) -> str:
+    if not results or not all("pass_seconds" in r for r in results.values()):
+        return ""
+    lengths = list(next(iter(results.values()))["pass_seconds"].keys())
+    rows = []
+    for key, r in results.items():
+        ms = [fmt_sig(r["pass_seconds"][n] * 1e3) for n in lengths]
+        ratios = [fmt(r.get("time_ratio", {}).get(n)) for n in lengths]
+        rows.append((key, r["task"], *ms, *ratios))
+    headers = ["config", "task", *[f"ms L={n}" for n in lengths], *[f"time ratio L={n}" for n in lengths]]
+    return md_table(headers, rows)
+
+
 def ops_section(results: Dict[str, dict]) -> str:
     if not results:
         return ""
@@ -294,6 +309,11 @@ def render_markdown(results: dict, targets: List[TargetRow], plot_name: Optional
     if results.get("memory"):
         out += ["## Peak memory, forward + backward", "", meta.get("memory_note", ""), "",
                 memory_section(results["memory"]), ""]
+        out += ["## Time of the memory pass", "",
+                f"The same forward + backward passes without the profiler (median of {TIMED_PASSES}): what the "
+                "memory costs in time. From key length `--attention-recompute-length` (default 256) on, the "
+                "plugin recomputes each layer's attention in backward instead of keeping its [B, H, Tq, Tk] "
+                "tensors.", "", memory_time_section(results["memory"]), ""]
     if results.get("ops"):
         out += ["## Attention ops vs scaled_dot_product_attention", "", meta.get("ops_note", ""), "",
                 ops_section(results["ops"]), ""]

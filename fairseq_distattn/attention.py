@@ -9,11 +9,17 @@ from typing import Dict, Optional, Tuple
 
 import torch
 from fairseq.modules import MultiheadAttention
+from torch.utils.checkpoint import checkpoint
 from fairseq.modules.quant_noise import quant_noise
 from torch import Tensor, nn
 
 from .mechanisms import MechanismConfig, build_mechanism
 from .spec import MechanismOptions
+
+
+# Elements of one [B, H, rows, Tk] tensor of a recomputed query chunk (1 MiB in
+# float32): small beside a layer's activations, large enough to keep matmuls efficient.
+RECOMPUTE_CHUNK_ELEMENTS = 2 ** 18
 
 
 class DistanceAwareMultiheadAttention(MultiheadAttention):
@@ -116,12 +122,11 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
         if key_padding_mask is not None:
             key_padding_mask = key_padding_mask.to(torch.bool)
 
-        out, probs = self.mechanism(
-            queries, keys, key_padding_mask, self.causal, query_offset,
-            self.dropout_module.p if self.training else 0.0,
-            need_weights,
-            saved_state,
-        )
+        dropout_p = self.dropout_module.p if self.training else 0.0
+        if saved_state is None and self._recomputes(queries["query"], keys["key"], need_weights):
+            out, probs = self._attend_in_recomputed_chunks(queries, keys, key_padding_mask, dropout_p, need_weights)
+        else:
+            out, probs = self.mechanism(queries, keys, key_padding_mask, self.causal, query_offset, dropout_p, need_weights, saved_state)
         if saved_state is not None:
             self._set_input_buffer(incremental_state, saved_state)
 
@@ -132,6 +137,40 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
             if not need_head_weights:
                 weights = weights.mean(dim=0)
         return out, weights
+
+    def _recomputes(self, query: Tensor, key: Tensor, need_weights: bool) -> bool:
+        threshold = self.mechanism.config.options.attention_recompute_length
+        return (
+            0 < threshold <= key.size(2) and torch.is_grad_enabled() and query.requires_grad
+            and self.mechanism.recompute_saves_memory(need_weights)
+        )
+
+    def _attend_in_recomputed_chunks(
+        self, queries: Dict[str, Tensor], keys: Dict[str, Tensor], key_padding_mask: Optional[Tensor],
+        dropout_p: float, need_weights: bool,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """The mechanism over blocks of query rows, each under activation
+        checkpointing: backward recomputes one block at a time, so no
+        [B, H, Tq, Tk] tensor outlives the forward pass."""
+        bsz, heads, tgt_len, _ = queries["query"].shape
+        src_len = keys["key"].size(2)
+        rows = max(1, RECOMPUTE_CHUNK_ELEMENTS // (bsz * heads * src_len))
+        outputs, weights = [], []
+        for start in range(0, tgt_len, rows):
+            end = min(start + rows, tgt_len)
+            chunk_keys, chunk_padding = keys, key_padding_mask
+            if self.causal and not need_weights:
+                # keys after the block's last query are invisible to all of it
+                chunk_keys = {name: tensor[:, :, :end] for name, tensor in keys.items()}
+                chunk_padding = None if key_padding_mask is None else key_padding_mask[:, :end]
+            out, probs = checkpoint(
+                self.mechanism, {name: tensor[:, :, start:end] for name, tensor in queries.items()},
+                chunk_keys, chunk_padding, self.causal, start, dropout_p, need_weights, None,
+                use_reentrant=False,
+            )
+            outputs.append(out)
+            weights.append(probs)
+        return torch.cat(outputs, dim=2), torch.cat(weights, dim=2) if need_weights else None
 
     def _is_cached_key(self, name: str) -> bool:
         return name.startswith("prev_") and name[len("prev_"):] in ("key", "value") + tuple(self.extra_key_proj)

@@ -35,6 +35,12 @@ class Mechanism(nn.Module):
         super().__init__()
         self.config = config
 
+    def recompute_saves_memory(self, need_weights: bool) -> bool:
+        """Whether backward would keep [B, H, Tq, Tk] tensors that the attention
+        module may instead recompute in blocks of query rows; only for
+        mechanisms whose every query row depends on that row's queries alone."""
+        return True
+
     def forward(
         self,
         queries: Dict[str, Tensor],
@@ -125,6 +131,9 @@ class QueryValueInteraction(Mechanism):
     and g(Q, V) of an old value never changes (it only sees queries at or
     before its position), so both are cached, batch-first."""
 
+    def recompute_saves_memory(self, need_weights):
+        return False  # eq. 7 mixes every query into each value: no row-wise blocks
+
     def __init__(self, config: MechanismConfig):
         super().__init__(config)
         heads, dim = config.num_heads, config.head_dim
@@ -154,6 +163,9 @@ class QueryValueInteraction(Mechanism):
 
 class DistanceMask(Mechanism):
     """Im & Cho 2017: fixed -alpha |i-j| bias, optional directional mask."""
+
+    def recompute_saves_memory(self, need_weights):
+        return need_weights  # the fused path keeps only the [Tq, Tk] bias
 
     def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
         options = self.config.options

@@ -130,6 +130,9 @@ class MechanismOptions:
     window_segment_size: int = 5
     distance_mask_alpha: float = 1.0
     distance_mask_direction: Optional[str] = None
+    # key length from which a training forward recomputes attention in query
+    # chunks during backward instead of keeping [B, H, Tq, Tk] tensors (0: never)
+    attention_recompute_length: int = 256
 
     @classmethod
     def from_args(cls, args) -> "MechanismOptions":
@@ -140,6 +143,9 @@ class MechanismOptions:
         for flag, value in positive.items():
             if not isinstance(value, int) or value <= 0:
                 raise SpecError(flag, value, "must be a positive integer", "an integer >= 1")
+        recompute_length = getattr(args, "attention_recompute_length", cls.attention_recompute_length)
+        if not isinstance(recompute_length, int) or recompute_length < 0:
+            raise SpecError("--attention-recompute-length", recompute_length, "must be a non-negative integer", "an integer >= 0 (0: never recompute)")
         alpha = getattr(args, "distance_mask_alpha", cls.distance_mask_alpha)
         if not alpha >= 0:
             raise SpecError("--distance-mask-alpha", alpha, "must be non-negative", "a number >= 0")
@@ -152,6 +158,7 @@ class MechanismOptions:
             window_segment_size=positive["--window-segment-size"],
             distance_mask_alpha=float(alpha),
             distance_mask_direction=None if direction == "none" else direction,
+            attention_recompute_length=recompute_length,
         )
 
     def check_kind(self, kind: AttentionKind, layers: List[str]):

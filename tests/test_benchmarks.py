@@ -194,6 +194,19 @@ def test_memory_table(quick_run):
         assert all(p > 0 for p in peaks) and peaks == sorted(peaks), f"{key}: peak memory must grow with L: {peaks}"
 
 
+def test_memory_pass_time_table(quick_run):
+    out, _ = quick_run
+    rows = sections((out / "results.md").read_text())["## Time of the memory pass"]
+    assert [r["config"] for r in rows] == (["transformer"] + [c.key for c in MT_PRESETS]
+                                           + ["transformer_lm"] + [c.key for c in LM_PRESETS])
+    for row in rows:
+        for n in (16, 32, 64):
+            assert number(row[f"ms L={n}"]) > 0
+            assert number(row[f"time ratio L={n}"]) > 0
+        if row["config"] in ("transformer", "transformer_lm"):
+            assert row["time ratio L=64"] == "1.000"
+
+
 def test_ops_table(quick_run):
     out, _ = quick_run
     rows = sections((out / "results.md").read_text())["## Attention ops vs scaled_dot_product_attention"]

@@ -94,7 +94,7 @@ def test_all_architectures_registered_through_the_cli():
 PLUGIN_FLAGS = [
     "--encoder-self-attention", "--decoder-self-attention", "--cross-attention",
     "--max-relative-position", "--no-relative-values", "--window-segment-size",
-    "--distance-mask-alpha", "--distance-mask-direction",
+    "--distance-mask-alpha", "--distance-mask-direction", "--attention-recompute-length",
 ]
 
 
@@ -220,6 +220,7 @@ BAD_INPUTS = [
     ("--max-relative-position", "0", ["--encoder-self-attention", "rpr"], ["0"]),
     ("--window-segment-size", "-1", ["--cross-attention", "window-aw-seg"], ["-1"]),
     ("--encoder-self-attention", "rpr@3-1", [], ["3-1"]),
+    ("--attention-recompute-length", "-5", ["--encoder-self-attention", "da"], ["-5"]),
 ]
 
 

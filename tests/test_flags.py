@@ -11,7 +11,8 @@ from .model_helpers import TINY_LM, language_model, parse
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]
 FLAGS = ["--encoder-self-attention", "--decoder-self-attention", "--cross-attention", "--max-relative-position",
-         "--no-relative-values", "--window-segment-size", "--distance-mask-alpha", "--distance-mask-direction"]
+         "--no-relative-values", "--window-segment-size", "--distance-mask-alpha", "--distance-mask-direction",
+         "--attention-recompute-length"]
 
 
 def test_fairseq_train_help_lists_every_flag():

@@ -9,7 +9,7 @@ are ``[B,H,Tq,Tk]``.
 from .differentiable_window import additive_window_attention, multiplicative_window_attention, window_mask
 from .distance_aware import distance_aware_attention
 from .distance_mask import distance_mask_attention
-from .masking import masked_softmax, relative_distance, softmax_attention, visible_keys
+from .masking import logit_mask, masked_softmax, relative_distance, softmax_attention
 from .query_value_interaction import query_aware_values, query_value_interaction_attention
 from .relative_position import relative_position_attention
 
@@ -17,6 +17,7 @@ __all__ = [
     "additive_window_attention",
     "distance_aware_attention",
     "distance_mask_attention",
+    "logit_mask",
     "masked_softmax",
     "multiplicative_window_attention",
     "query_aware_values",
@@ -24,6 +25,5 @@ __all__ = [
     "relative_distance",
     "relative_position_attention",
     "softmax_attention",
-    "visible_keys",
     "window_mask",
 ]

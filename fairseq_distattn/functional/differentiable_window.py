@@ -29,7 +29,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .masking import dropout_probs, fused_attention, masked_softmax, scaled_scores, visible_keys
+from .masking import dropout_probs, fused_attention, logit_mask, masked_scores, masked_softmax, scaled
 
 
 def _cumulative_sums(pointer: Tensor) -> Tuple[Tensor, Tensor]:
@@ -69,9 +69,9 @@ def window_mask(
 ) -> Tensor:
     """Soft window mask M ``[B, H, Tq, Tk]`` of eq. 9 (``segment_size=0``) or eq. 11 (``segment_size=b>0``)."""
     tgt_len, src_len = q_left.size(2), k_left.size(2)
-    visible = visible_keys(key_padding_mask, causal, query_offset, tgt_len, src_len, q_left.device)
-    left_pointer = masked_softmax(scaled_scores(q_left, k_left), visible)
-    right_pointer = masked_softmax(scaled_scores(q_right, k_right), visible)
+    mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q_left.device, q_left.dtype)
+    left_pointer = masked_softmax(masked_scores(scaled(q_left), k_left, mask), hidden)
+    right_pointer = masked_softmax(masked_scores(scaled(q_right), k_right, mask), hidden)
     if segment_size > 0:
         segments = key_segments(key_padding_mask, src_len, segment_size, q_left.device)
         num_segments = (src_len + segment_size - 1) // segment_size
@@ -80,7 +80,7 @@ def window_mask(
     else:
         left_f, left_g = _cumulative_sums(left_pointer)
         right_f, right_g = _cumulative_sums(right_pointer)
-    return left_f * right_g + right_f * left_g
+    return torch.addcmul(left_f * right_g, right_f, left_g)
 
 
 def multiplicative_window_attention(
@@ -95,8 +95,8 @@ def multiplicative_window_attention(
 ) -> Tuple[Tensor, Tensor]:
     """MW, eqs. 12-13. Returns ``(out, weights)``; weights = softmax * M (rows need not sum to 1)."""
     tgt_len, src_len = q.size(2), k.size(2)
-    probs = masked_softmax(scaled_scores(q, k), visible_keys(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device))
-    weights = probs * mask
+    logits_mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, q.dtype)
+    weights = masked_softmax(masked_scores(scaled(q), k, logits_mask), hidden) * mask
     return torch.matmul(dropout_probs(weights, dropout_p), v), weights
 
 
@@ -116,9 +116,10 @@ def additive_window_attention(
     """AW, eqs. 14-17. Returns ``(out, probs)``; the masked local scores are an
     additive bias, so ``need_weights=False`` runs fused and returns ``(out, None)``."""
     tgt_len, src_len = q_global.size(2), k_global.size(2)
-    local_bias = scaled_scores(q_local, k_local) * mask
-    visible = visible_keys(key_padding_mask, causal, query_offset, tgt_len, src_len, q_global.device)
+    local_scores = torch.matmul(scaled(q_local), k_local.transpose(-2, -1))
+    logits_mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q_global.device, q_global.dtype)
     if not need_weights:
-        return fused_attention(q_global, k_global, v, local_bias, visible, dropout_p), None
-    probs = masked_softmax(scaled_scores(q_global, k_global) + local_bias, visible)
+        return fused_attention(q_global, k_global, v, local_scores * mask, logits_mask, hidden, dropout_p), None
+    logits = torch.addcmul(masked_scores(scaled(q_global), k_global, logits_mask), local_scores, mask)
+    probs = masked_softmax(logits, hidden)
     return torch.matmul(dropout_probs(probs, dropout_p), v), probs

@@ -13,13 +13,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .masking import dropout_probs, masked_softmax, relative_distance, scaled_scores, visible_keys
+from .masking import dropout_probs, logit_mask, masked_softmax, position_tensor, relative_distance, scaled
+
+
+@position_tensor
+def absolute_distance(tgt_len: int, src_len: int, query_offset: int, device, dtype) -> Tensor:
+    """``|i - j|`` as a ``[Tq, Tk]`` floating tensor."""
+    return relative_distance(tgt_len, src_len, query_offset, device).abs().to(dtype)
 
 
 def distance_coefficients(distance_weight: Tensor, sharpness: Tensor, tgt_len: int, src_len: int, query_offset: int) -> Tensor:
     """Re-scaled coefficients f(w_h |i-j|; v_h) of eq. (5) as ``[H, Tq, Tk]``."""
-    distance = relative_distance(tgt_len, src_len, query_offset, distance_weight.device).abs()
-    weighted = distance_weight[:, None, None] * distance.to(distance_weight.dtype)
+    distance = absolute_distance(tgt_len, src_len, query_offset, distance_weight.device, distance_weight.dtype)
+    weighted = distance_weight[:, None, None] * distance
     sharpness = sharpness[:, None, None]
     return torch.exp(F.softplus(sharpness) - F.softplus(sharpness - weighted))
 
@@ -39,6 +45,8 @@ def distance_aware_attention(
     Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``."""
     tgt_len, src_len = q.size(2), k.size(2)
     coefficients = distance_coefficients(distance_weight, sharpness, tgt_len, src_len, query_offset)
-    logits = torch.relu(scaled_scores(q, k)) * coefficients
-    probs = masked_softmax(logits, visible_keys(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device))
+    scores = torch.relu(torch.matmul(scaled(q), k.transpose(-2, -1)))  # ReLU commutes with the positive 1/sqrt(d)
+    mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, q.dtype)
+    logits = scores * coefficients if mask is None else torch.addcmul(mask, scores, coefficients)
+    probs = masked_softmax(logits, hidden)
     return torch.matmul(dropout_probs(probs, dropout_p), v), probs

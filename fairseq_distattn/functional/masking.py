@@ -12,12 +12,41 @@ and, where the mechanism is an additive bias on the logits, ``need_weights``:
 with ``need_weights=False`` they run fused ``F.scaled_dot_product_attention``
 and return ``(out, None)``.
 """
-from typing import Optional
+import functools
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
 
+# Position tensors depend only on sizes, offsets, device and dtype; generation
+# asks for the same ones in every layer at every step. Small ones are kept.
+MAX_CACHED_ELEMENTS = 2 ** 14
+POSITION_CACHE_ENTRIES = 256
+
+
+def position_tensor(builder):
+    """Memoise ``builder(tgt_len, src_len, *hashable)`` for small sizes. The
+    result is shared: callers never modify it in place. It is built outside
+    inference mode so a tensor first built while generating can still take
+    part in a later training step."""
+
+    def build(*args):
+        with torch.inference_mode(False):
+            return builder(*args)
+
+    cached = functools.lru_cache(maxsize=POSITION_CACHE_ENTRIES)(build)
+
+    @functools.wraps(builder)
+    def lookup(tgt_len: int, src_len: int, *args):
+        if tgt_len * src_len > MAX_CACHED_ELEMENTS:
+            return build(tgt_len, src_len, *args)
+        return cached(tgt_len, src_len, *args)
+
+    return lookup
+
+
+@position_tensor
 def relative_distance(tgt_len: int, src_len: int, query_offset: int, device) -> Tensor:
     """``[Tq, Tk]`` long tensor of ``j - (query_offset + i)``."""
     query_positions = torch.arange(query_offset, query_offset + tgt_len, device=device)
@@ -25,39 +54,84 @@ def relative_distance(tgt_len: int, src_len: int, query_offset: int, device) -> 
     return key_positions[None, :] - query_positions[:, None]
 
 
-def visible_keys(
+@position_tensor
+def causal_visibility(tgt_len: int, src_len: int, query_offset: int, device) -> Optional[Tensor]:
+    """``[Tq, Tk]`` bool, True where key ``j`` is not after its query; None when
+    no key is (one-token incremental steps)."""
+    if src_len <= query_offset + 1:
+        return None
+    return relative_distance(tgt_len, src_len, query_offset, device) <= 0
+
+
+@position_tensor
+def _causal_logit_mask(tgt_len: int, src_len: int, query_offset: int, device, dtype) -> Optional[Tensor]:
+    return as_logit_mask(causal_visibility(tgt_len, src_len, query_offset, device), dtype)[0]
+
+
+def as_logit_mask(visible: Optional[Tensor], dtype) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """Bool visibility (True = may attend) as ``(mask, hidden)``: an additive
+    mask, 0 where visible and -inf elsewhere, and the bool ``[.., Tq, 1]``
+    rows it would hide completely (a padded query that may only see padded
+    keys), or None when there are none. Hidden rows are left at 0 in
+    ``mask``: an all -inf row would make softmax (and its gradient) NaN;
+    :func:`masked_softmax` and :func:`fused_attention` zero them instead."""
+    if visible is None:
+        return None, None
+    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, float("-inf"))
+    hidden = ~visible.any(dim=-1, keepdim=True)
+    if not bool(hidden.any()):
+        return mask, None
+    return mask.masked_fill_(hidden, 0.0), hidden
+
+
+def logit_mask(
     key_padding_mask: Optional[Tensor],
     causal: bool,
     query_offset: int,
     tgt_len: int,
     src_len: int,
     device,
-) -> Optional[Tensor]:
-    """Bool mask broadcastable to ``[B, H, Tq, Tk]``, True where a query may
-    attend to a key; None when every key is visible."""
-    visible = None
-    if causal:
-        visible = (relative_distance(tgt_len, src_len, query_offset, device) <= 0)[None, None]
-    if key_padding_mask is not None:
-        not_padding = ~key_padding_mask.to(torch.bool)[:, None, None, :]
-        visible = not_padding if visible is None else visible & not_padding
-    return visible
+    dtype,
+) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """``(mask, hidden)`` as in :func:`as_logit_mask` for key padding and the
+    causal mask: ``mask`` broadcasts to ``[B, H, Tq, Tk]`` and is at most
+    ``[B, 1, Tq, Tk]``; both are None when every key is visible. Adding it
+    to the logits (in place, or inside SDPA) replaces a masked_fill over
+    every head."""
+    causal_mask = _causal_logit_mask(tgt_len, src_len, query_offset, device, dtype) if causal else None
+    if key_padding_mask is None:
+        # without padding every query sees at least key 0
+        return (None if causal_mask is None else causal_mask[None, None]), None
+    visible = ~key_padding_mask.to(torch.bool)[:, None, None, :]
+    if causal_mask is not None:
+        visible = visible & causal_visibility(tgt_len, src_len, query_offset, device)
+    return as_logit_mask(visible, dtype)
 
 
-def masked_softmax(logits: Tensor, visible: Optional[Tensor]) -> Tensor:
-    """Softmax over the last dim restricted to ``visible`` entries.
-
-    A row with no visible entry (e.g. a padded query that may only see padded
-    keys) yields zeros instead of NaN, so padding can never poison a batch
-    through ``0 * NaN`` in a later matmul. -inf (not a large negative
-    constant) keeps this exact in half precision.
+def masked_softmax(masked_logits: Tensor, hidden: Optional[Tensor]) -> Tensor:
+    """Softmax over the last dim of logits that already include the additive
+    mask of :func:`logit_mask`: hidden keys get exactly 0 from exp(-inf), and
+    ``hidden`` rows (no visible key) give zeros instead of NaN, so padding
+    can never poison a batch through ``0 * NaN`` in a later matmul. -inf (not
+    a large negative constant) keeps this exact in half precision.
     """
     # half-precision logits are normalised in float32, as fairseq does
-    softmax_dtype = torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
-    if visible is None:
-        return torch.softmax(logits, dim=-1, dtype=softmax_dtype).to(logits.dtype)
-    probs = torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1, dtype=softmax_dtype).to(logits.dtype)
-    return probs.masked_fill(~visible, 0.0)
+    softmax_dtype = torch.float32 if masked_logits.dtype in (torch.float16, torch.bfloat16) else masked_logits.dtype
+    probs = torch.softmax(masked_logits, dim=-1, dtype=softmax_dtype).to(masked_logits.dtype)
+    return probs if hidden is None else probs.masked_fill(hidden, 0.0)
+
+
+def scaled(q: Tensor) -> Tensor:
+    """``q / sqrt(D)``: scaling the queries costs [Tq, D], scaling the scores [Tq, Tk]."""
+    return q * (q.size(-1) ** -0.5)
+
+
+def masked_scores(scaled_q: Tensor, k: Tensor, mask: Optional[Tensor]) -> Tensor:
+    """``scaled_q k^T + mask`` for ``scaled_q`` ``[B,H,Tq,D]`` (see :func:`scaled`),
+    ``k`` ``[B,H,Tk,D]`` and an additive mask broadcastable to ``[B,H,Tq,Tk]``
+    or None. A fresh tensor, so callers may add further terms in place."""
+    scores = torch.matmul(scaled_q, k.transpose(-2, -1))
+    return scores if mask is None else scores.add_(mask)
 
 
 def dropout_probs(probs: Tensor, dropout_p: float) -> Tensor:
@@ -66,11 +140,6 @@ def dropout_probs(probs: Tensor, dropout_p: float) -> Tensor:
     if dropout_p > 0.0:
         return torch.nn.functional.dropout(probs, p=dropout_p, training=True)
     return probs
-
-
-def scaled_scores(q: Tensor, k: Tensor) -> Tensor:
-    """``q k^T / sqrt(D)`` for ``q`` ``[B,H,Tq,D]`` and ``k`` ``[B,H,Tk,D]``."""
-    return torch.matmul(q, k.transpose(-2, -1)) * (q.size(-1) ** -0.5)
 
 
 def softmax_attention(
@@ -85,39 +154,29 @@ def softmax_attention(
 ):
     """Plain ``softmax(q k^T / sqrt(D)) v`` under the same conventions; returns
     ``(out, probs)`` (``probs`` is None when ``need_weights=False``)."""
-    visible = visible_keys(key_padding_mask, causal, query_offset, q.size(2), k.size(2), q.device)
+    tgt_len, src_len = q.size(2), k.size(2)
+    if not need_weights and causal and key_padding_mask is None and query_offset == 0 and tgt_len == src_len:
+        # exactly SDPA's own causal mask: let it pick its causal kernel
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True), None
+    mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, q.dtype)
     if not need_weights:
-        return fused_attention(q, k, v, None, visible, dropout_p), None
-    probs = masked_softmax(scaled_scores(q, k), visible)
+        return fused_attention(q, k, v, None, mask, hidden, dropout_p), None
+    probs = masked_softmax(masked_scores(scaled(q), k, mask), hidden)
     return torch.matmul(dropout_probs(probs, dropout_p), v), probs
 
 
 def fused_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    bias: Optional[Tensor],
-    visible: Optional[Tensor],
+    q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], mask: Optional[Tensor], hidden: Optional[Tensor],
     dropout_p: float = 0.0,
 ) -> Tensor:
-    """``softmax(q k^T / sqrt(D) + bias) v`` through ``F.scaled_dot_product_attention``.
+    """``softmax(q k^T / sqrt(D) + bias + mask) v`` through
+    ``F.scaled_dot_product_attention``; ``mask, hidden`` from :func:`logit_mask`.
 
     The fast path for mechanisms whose math is an additive bias on the
     logits, used when the caller does not need the probabilities. Same
-    semantics as :func:`masked_softmax`: a row with no visible key gives 0.
+    semantics as :func:`masked_softmax`: a hidden row gives 0.
     """
-    attn_mask = bias
-    empty_rows = None
-    if visible is not None:
-        if attn_mask is None:
-            attn_mask = torch.zeros(visible.shape, dtype=q.dtype, device=q.device)
-        attn_mask = attn_mask.masked_fill(~visible, float("-inf"))
-        empty_rows = ~visible.any(dim=-1, keepdim=True)
-        # an all -inf row would make SDPA return NaN; give it any finite row and zero it below
-        attn_mask = attn_mask.masked_fill(empty_rows, 0.0)
-    if attn_mask is not None:
-        attn_mask = attn_mask.to(q.dtype)
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
-    if empty_rows is not None:
-        out = out.masked_fill(empty_rows, 0.0)
-    return out
+    if bias is not None:
+        mask = bias if mask is None else bias + mask
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    return out if hidden is None else out.masked_fill(hidden, 0.0)

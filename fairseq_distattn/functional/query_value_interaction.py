@@ -20,7 +20,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .masking import masked_softmax, relative_distance, scaled_scores, softmax_attention
+from .masking import as_logit_mask, fused_attention, relative_distance, softmax_attention
 
 
 def query_aware_values(
@@ -44,7 +44,8 @@ def query_aware_values(
     if query_padding_mask is not None:
         not_padding = ~query_padding_mask.to(torch.bool)[:, None, None, :]
         visible = not_padding if visible is None else visible & not_padding
-    query_mix = torch.matmul(masked_softmax(scaled_scores(v, queries), visible), queries)  # eq. 7
+    mask, hidden = as_logit_mask(visible, v.dtype)
+    query_mix = fused_attention(v, queries, queries, None, mask, hidden)  # eq. 7: values attend over queries
     interaction = query_mix * torch.einsum("bhtd,hde->bhte", v, value_projection)
     gate_input = torch.cat([interaction, v], dim=-1)
     beta = torch.sigmoid(torch.einsum("bhtc,hc->bht", gate_input, gate_weight) + gate_bias[:, None])[..., None]

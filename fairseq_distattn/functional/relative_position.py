@@ -15,9 +15,13 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .masking import dropout_probs, fused_attention, masked_softmax, relative_distance, scaled_scores, visible_keys
+from .masking import (
+    dropout_probs, fused_attention, logit_mask, masked_scores, masked_softmax, position_tensor, relative_distance,
+    scaled, softmax_attention,
+)
 
 
+@position_tensor
 def relative_position_buckets(tgt_len: int, src_len: int, max_distance: int, query_offset: int, device) -> Tensor:
     """``[Tq, Tk]`` indices ``clip(j - i, -k, k) + k`` into the ``[2k+1, D]`` tables."""
     distance = relative_distance(tgt_len, src_len, query_offset, device)
@@ -25,7 +29,8 @@ def relative_position_buckets(tgt_len: int, src_len: int, max_distance: int, que
 
 
 def relative_position_bias(q: Tensor, rel_keys: Tensor, buckets: Tensor) -> Tensor:
-    """Unscaled ``q_i . a^K_ij`` as ``[B, H, Tq, Tk]`` (the second term of eq. 4)."""
+    """``q_i . a^K_ij`` as ``[B, H, Tq, Tk]`` (the second term of eq. 4, with
+    whatever scale ``q`` carries)."""
     per_bucket = torch.matmul(q, rel_keys.transpose(0, 1))  # [B, H, Tq, 2k+1]
     index = buckets.expand(q.size(0), q.size(1), -1, -1)
     return per_bucket.gather(-1, index)
@@ -57,11 +62,18 @@ def relative_position_attention(
     keys-only with ``need_weights=False`` runs fused and returns ``(out, None)``."""
     tgt_len, src_len = q.size(2), k.size(2)
     buckets = relative_position_buckets(tgt_len, src_len, max_distance, query_offset, q.device)
-    bias = relative_position_bias(q, rel_keys, buckets) * (q.size(-1) ** -0.5)
-    visible = visible_keys(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device)
+    if tgt_len == 1:
+        # One query (an incremental decoding step): eqs. 3-4 as written, k_j + a^K_j
+        # and v_j + a^V_j, cost as much as the bucket form and take half the ops.
+        keys = k + rel_keys[buckets[0]]
+        values = v if rel_values is None else v + rel_values[buckets[0]]
+        return softmax_attention(q, keys, values, key_padding_mask, causal, query_offset, dropout_p, need_weights)
+    mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, q.dtype)
+    scaled_q = scaled(q)  # both terms of eq. 4
+    bias = relative_position_bias(scaled_q, rel_keys, buckets)
     if rel_values is None and not need_weights:
-        return fused_attention(q, k, v, bias, visible, dropout_p), None
-    probs = masked_softmax(scaled_scores(q, k) + bias, visible)
+        return fused_attention(q, k, v, bias, mask, hidden, dropout_p), None
+    probs = masked_softmax(masked_scores(scaled_q, k, mask).add_(bias), hidden)
     attended = dropout_probs(probs, dropout_p)
     out = torch.matmul(attended, v)
     if rel_values is not None:

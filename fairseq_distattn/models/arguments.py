@@ -43,6 +43,10 @@ def add_distattn_args(container, kinds):
         help=f"distance-mask: weight of -|i-j| on the logits (default: {defaults.distance_mask_alpha})")
     add("--distance-mask-direction", type=str, metavar="DIR",
         help="distance-mask: directional mask, one of " + ", ".join(DISTANCE_MASK_DIRECTIONS) + " (default: none)")
+    add("--attention-recompute-length", type=int, metavar="N",
+        help="from this key length on, training keeps no [B, H, Tq, Tk] attention tensor for backward: "
+             "it recomputes the mechanism in query chunks instead (less memory, one more attention "
+             f"forward per layer); 0 = never (default: {defaults.attention_recompute_length})")
 
 
 def show_flags_in_fairseq_help():
@@ -73,6 +77,7 @@ def set_distattn_defaults(args, encoder_self=None, decoder_self=None, cross=None
     args.window_segment_size = getattr(args, "window_segment_size", defaults.window_segment_size)
     args.distance_mask_alpha = getattr(args, "distance_mask_alpha", defaults.distance_mask_alpha)
     args.distance_mask_direction = getattr(args, "distance_mask_direction", "none")
+    args.attention_recompute_length = getattr(args, "attention_recompute_length", defaults.attention_recompute_length)
 
 
 def register_architecture(model_name, name, fairseq_architecture, no_absolute_positions=False,

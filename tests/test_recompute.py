@@ -1,0 +1,121 @@
+"""--attention-recompute-length: from that key length on, a training forward
+keeps no [B, H, Tq, Tk] tensor for backward and recomputes the mechanism in
+blocks of query rows. Values and gradients must not change, dropout included."""
+import pytest
+import torch
+
+from fairseq_distattn import attention
+from fairseq_distattn.mechanisms import MECHANISM_REGISTRY
+from fairseq_distattn.spec import CROSS, DECODER_SELF, ENCODER_SELF
+
+from .model_helpers import TINY, left_pad, random_tokens, right_pad, translation_model
+
+# qvi is not row-wise in the queries; distance-mask's fused path keeps only a [Tq, Tk] bias
+RECOMPUTED = sorted(set(MECHANISM_REGISTRY) - {"qvi", "distance-mask"})
+SOURCE_LENGTHS, TARGET_LENGTHS = [9, 6, 9], [8, 5, 3]
+
+
+def model_flags(mechanism, recompute_length, dropout=0.0):
+    """``mechanism`` in every attention kind that allows it, on both layers."""
+    flags = [*TINY, "--attention-recompute-length", str(recompute_length)]
+    for kind in (ENCODER_SELF, DECODER_SELF, CROSS):
+        if mechanism in kind.allowed:
+            flags += [kind.flag, mechanism]
+    if dropout:
+        flags += ["--attention-dropout", str(dropout)]
+    return flags
+
+
+def batch(d):
+    sources = [random_tokens(d, 1, n, seed=i)[0] for i, n in enumerate(SOURCE_LENGTHS)]
+    targets = [random_tokens(d, 1, n, seed=10 + i)[0] for i, n in enumerate(TARGET_LENGTHS)]
+    return left_pad(sources, d.pad()), torch.tensor(SOURCE_LENGTHS), right_pad(targets, d.pad())
+
+
+def loss_and_gradients(model, d, seed=0):
+    src_tokens, src_lengths, prev_output_tokens = batch(d)
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    out = model(src_tokens, src_lengths, prev_output_tokens)[0]
+    loss = (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum()
+    loss.backward()
+    return out.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    # blocks of 2 query rows at these sizes, so every layer runs several blocks
+    monkeypatch.setattr(attention, "RECOMPUTE_CHUNK_ELEMENTS", 2 * 3 * 2 * 9)
+
+
+@pytest.mark.parametrize("mechanism", RECOMPUTED)
+def test_recomputed_blocks_give_the_same_values_and_gradients(mechanism, small_chunks, monkeypatch):
+    kept, d = translation_model(extra=model_flags(mechanism, 0))
+    recomputed, _ = translation_model(extra=model_flags(mechanism, 4))
+    recomputed.load_state_dict(kept.state_dict())
+    kept_out, kept_grads = loss_and_gradients(kept.train(), d)
+    blocks = []
+    real_checkpoint = attention.checkpoint
+    monkeypatch.setattr(attention, "checkpoint", lambda *args, **kwargs: blocks.append(1) or real_checkpoint(*args, **kwargs))
+    out, grads = loss_and_gradients(recomputed.train(), d)
+    assert len(blocks) > 2 * len(SOURCE_LENGTHS), "the query rows were not split into recomputed blocks"
+    torch.testing.assert_close(out, kept_out, rtol=1e-9, atol=1e-10)
+    assert grads.keys() == kept_grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], kept_grads[name], rtol=1e-9, atol=1e-10, msg=name)
+
+
+@pytest.mark.parametrize("mechanism", ["da", "window-mw"])
+def test_recomputation_replays_the_same_attention_dropout(mechanism, small_chunks, monkeypatch):
+    """With dropout the blocks draw their own masks; backward must replay
+    exactly those masks. Reference: the same blocks without checkpointing."""
+    flags = model_flags(mechanism, 4, dropout=0.3)
+    recomputed, d = translation_model(extra=flags)
+    out, grads = loss_and_gradients(recomputed.train(), d, seed=5)
+    monkeypatch.setattr(attention, "checkpoint", lambda fn, *args, use_reentrant: fn(*args))
+    plain_out, plain_grads = loss_and_gradients(recomputed, d, seed=5)
+    torch.testing.assert_close(out, plain_out, rtol=0, atol=0)
+    for name in grads:
+        torch.testing.assert_close(grads[name], plain_grads[name], rtol=1e-9, atol=1e-10, msg=name)
+    no_dropout_out = recomputed.eval()(*batch(d))[0]
+    assert not torch.allclose(out, no_dropout_out), "attention dropout was not applied"
+
+
+def saved_tensor_sizes(module, query, key):
+    """Numbers of elements of the tensors autograd keeps for backward of one
+    attention call (a checkpointed block keeps none: it is recomputed)."""
+    sizes = []
+
+    def pack(tensor):
+        sizes.append(tensor.numel())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        module(query, key, key, need_weights=False)
+    return sizes
+
+
+@pytest.mark.parametrize("mechanism", ["rpr", "da", "window-aw-seg", "window-mw"])
+def test_no_score_sized_tensor_is_kept_for_backward(mechanism):
+    length, rows, embed_dim, heads = 12, 2, 16, 2
+    generator = torch.Generator().manual_seed(0)
+    inputs = torch.randn(length, rows, embed_dim, generator=generator, dtype=torch.float64, requires_grad=True)
+    scores = rows * heads * length * length  # one [B, H, Tq, Tk] tensor; the largest other tensor is T*B*E
+    for recompute_length, keeps_scores in ((0, True), (length, False)):
+        model, _ = translation_model(extra=model_flags(mechanism, recompute_length))
+        modules = [m for m in model.modules() if isinstance(m, attention.DistanceAwareMultiheadAttention)]
+        assert modules
+        for module in modules:
+            largest = max(saved_tensor_sizes(module.train(), inputs, inputs))
+            assert (largest >= scores) == keeps_scores, (module, recompute_length, largest, scores)
+
+
+def test_generation_and_short_inputs_never_recompute(monkeypatch):
+    calls = []
+    monkeypatch.setattr(attention, "checkpoint", lambda *args, **kwargs: calls.append(1) or (_ for _ in ()).throw(AssertionError))
+    model, d = translation_model(extra=model_flags("rpr", max(SOURCE_LENGTHS) + 1))
+    loss_and_gradients(model.train(), d)  # every key sequence is shorter than the threshold
+    long_model, _ = translation_model(extra=model_flags("rpr", 2))
+    with torch.no_grad():
+        long_model.train()(*batch(d))
+    assert calls == []
