@@ -119,3 +119,16 @@ def test_generation_and_short_inputs_never_recompute(monkeypatch):
     with torch.no_grad():
         long_model.train()(*batch(d))
     assert calls == []
+
+
+def test_recompute_inside_fairseq_checkpoint_activations(small_chunks):
+    """fairseq's own --checkpoint-activations reruns whole layers in backward;
+    the attention blocks nested in them must still give the same gradients."""
+    kept, d = translation_model(extra=model_flags("window-aw", 0))
+    nested, _ = translation_model(extra=[*model_flags("window-aw", 4), "--checkpoint-activations"])
+    nested.load_state_dict(kept.state_dict())
+    _, kept_grads = loss_and_gradients(kept.train(), d)
+    _, grads = loss_and_gradients(nested.train(), d)
+    assert grads.keys() == kept_grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], kept_grads[name], rtol=1e-9, atol=1e-10, msg=name)
