@@ -9,9 +9,9 @@ from typing import Dict, Optional, Tuple
 
 import torch
 from fairseq.modules import MultiheadAttention
-from torch.utils.checkpoint import checkpoint
 from fairseq.modules.quant_noise import quant_noise
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from .mechanisms import MechanismConfig, build_mechanism
 from .spec import MechanismOptions
@@ -151,7 +151,8 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """The mechanism over blocks of query rows, each under activation
         checkpointing: backward recomputes one block at a time, so no
-        [B, H, Tq, Tk] tensor outlives the forward pass."""
+        [B, H, Tq, Tk] tensor outlives the forward pass. Only for full
+        sequences (no incremental state), so block rows start at position 0."""
         bsz, heads, tgt_len, _ = queries["query"].shape
         src_len = keys["key"].size(2)
         rows = max(1, RECOMPUTE_CHUNK_ELEMENTS // (bsz * heads * src_len))
