@@ -207,8 +207,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 profiles = _profile_misses(results, "train", {task: (kept["models"],)}, profile_train)
                 results.setdefault("profiles", {}).update(profiles)
             # Each task is timed without the other's models (and optimizer states)
-            # resident: with the translation models alive, the LM ratios dropped by
-            # up to 10 points in the same run (heap state), which no user would see.
+            # resident, as a user trains one model: with the translation models
+            # alive, lm-da measured 0.89-0.90 in two runs, 0.98 without them.
             del kept
             gc.collect()
 
