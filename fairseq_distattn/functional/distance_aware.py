@@ -13,13 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .masking import dropout_probs, logit_mask, masked_softmax, position_tensor, relative_distance, scaled
-
-
-@position_tensor
-def absolute_distance(tgt_len: int, src_len: int, query_offset: int, device, dtype) -> Tensor:
-    """``|i - j|`` as a ``[Tq, Tk]`` floating tensor."""
-    return relative_distance(tgt_len, src_len, query_offset, device).abs().to(dtype)
+from .masking import absolute_distance, dropout_probs, logit_mask, masked_softmax, scaled
 
 
 def distance_coefficients(distance_weight: Tensor, sharpness: Tensor, tgt_len: int, src_len: int, query_offset: int) -> Tensor:

@@ -55,6 +55,12 @@ def relative_distance(tgt_len: int, src_len: int, query_offset: int, device) -> 
 
 
 @position_tensor
+def absolute_distance(tgt_len: int, src_len: int, query_offset: int, device, dtype) -> Tensor:
+    """``|i - j|`` (query and key positions) as a ``[Tq, Tk]`` floating tensor."""
+    return relative_distance(tgt_len, src_len, query_offset, device).abs().to(dtype)
+
+
+@position_tensor
 def causal_visibility(tgt_len: int, src_len: int, query_offset: int, device) -> Optional[Tensor]:
     """``[Tq, Tk]`` bool, True where key ``j`` is not after its query; None when
     no key is (one-token incremental steps)."""
@@ -92,19 +98,24 @@ def logit_mask(
     src_len: int,
     device,
     dtype,
+    allowed: Optional[Tensor] = None,
 ) -> Tuple[Optional[Tensor], Optional[Tensor]]:
-    """``(mask, hidden)`` as in :func:`as_logit_mask` for key padding and the
-    causal mask: ``mask`` broadcasts to ``[B, H, Tq, Tk]`` and is at most
+    """``(mask, hidden)`` as in :func:`as_logit_mask` for key padding, the
+    causal mask and an optional further bool ``[Tq, Tk]`` restriction
+    ``allowed``: ``mask`` broadcasts to ``[B, H, Tq, Tk]`` and is at most
     ``[B, 1, Tq, Tk]``; both are None when every key is visible. Adding it
     to the logits (in place, or inside SDPA) replaces a masked_fill over
     every head."""
-    causal_mask = _causal_logit_mask(tgt_len, src_len, query_offset, device, dtype) if causal else None
-    if key_padding_mask is None:
-        # without padding every query sees at least key 0
+    if key_padding_mask is None and allowed is None and query_offset >= 0:
+        # every query sees at least key 0: the (cached) causal mask hides no row
+        causal_mask = _causal_logit_mask(tgt_len, src_len, query_offset, device, dtype) if causal else None
         return (None if causal_mask is None else causal_mask[None, None]), None
-    visible = ~key_padding_mask.to(torch.bool)[:, None, None, :]
-    if causal_mask is not None:
-        visible = visible & causal_visibility(tgt_len, src_len, query_offset, device)
+    visible = causal_visibility(tgt_len, src_len, query_offset, device) if causal else None
+    if allowed is not None:
+        visible = allowed if visible is None else visible & allowed
+    if key_padding_mask is not None:
+        not_padding = ~key_padding_mask.to(torch.bool)[:, None, None, :]
+        visible = not_padding if visible is None else visible & not_padding
     return as_logit_mask(visible, dtype)
 
 

@@ -20,7 +20,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .masking import as_logit_mask, fused_attention, relative_distance, softmax_attention
+from .masking import fused_attention, logit_mask, softmax_attention
 
 
 def query_aware_values(
@@ -36,15 +36,8 @@ def query_aware_values(
 ) -> Tensor:
     """g(Q, V) of eqs. 7-9 as ``[B, H, Tv, D]``. ``queries`` are at positions
     ``query_offset + i``, values at ``value_offset + j``."""
-    visible = None
-    if causal:
-        # query position <= value position, i.e. relative distance from the value <= 0
-        distance = relative_distance(v.size(2), queries.size(2), value_offset - query_offset, v.device)
-        visible = (distance <= 0)[None, None]
-    if query_padding_mask is not None:
-        not_padding = ~query_padding_mask.to(torch.bool)[:, None, None, :]
-        visible = not_padding if visible is None else visible & not_padding
-    mask, hidden = as_logit_mask(visible, v.dtype)
+    # values are the rows and queries the keys here: causal = query position <= value position
+    mask, hidden = logit_mask(query_padding_mask, causal, value_offset - query_offset, v.size(2), queries.size(2), v.device, v.dtype)
     query_mix = fused_attention(v, queries, queries, None, mask, hidden)  # eq. 7: values attend over queries
     interaction = query_mix * torch.einsum("bhtd,hde->bhte", v, value_projection)
     gate_input = torch.cat([interaction, v], dim=-1)
