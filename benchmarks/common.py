@@ -124,6 +124,11 @@ class PairedResult:
     def ratio(self) -> Summary:
         return Summary.of(self.ratios)
 
+    def record(self) -> dict:
+        """Raw samples and per-round ratios with their summary, for results.json."""
+        return {"samples": self.throughputs, "ratio": self.ratio.as_dict() if self.ratios else None,
+                "ratios": self.ratios}
+
 
 def run_paired(
     baseline: str,

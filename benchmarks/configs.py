@@ -237,6 +237,18 @@ def attention_layout(built: Built) -> str:
     return "; ".join(parts) if parts else "vanilla"
 
 
+def describe(built: Built) -> dict:
+    """The fields every section records about a model, in results.json."""
+    config = built.config
+    return {
+        "key": config.key,
+        "kind": config.kind,
+        "note": config.note,
+        "task": "lm" if config.task == LM else "translation",
+        "attention": attention_layout(built),
+    }
+
+
 def _compress(names: Sequence[str]) -> str:
     """['rpr','rpr','vanilla'] -> 'rpr@0-1'; all vanilla -> 'vanilla'."""
     runs, start = [], 0

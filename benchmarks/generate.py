@@ -13,7 +13,7 @@ from typing import Callable, Dict, Sequence
 import torch
 
 from .common import profile_min, run_paired, timed
-from .configs import LM, Config, Scale, attention_layout, build
+from .configs import Config, Scale, build, describe
 from .train import to_device
 
 
@@ -76,19 +76,13 @@ def run_generation(
         r = paired[config.key]
         tokens_per_sentence = tokens_out[config.key] / sentences
         results[config.key] = {
-            "key": config.key,
-            "kind": config.kind,
-            "note": config.note,
-            "task": "lm" if config.task == LM else "translation",
-            "attention": attention_layout(built[config.key]),
+            **describe(built[config.key]),
             "sentences": sentences,
             "beam": beam,
             "tokens_per_sentence": tokens_per_sentence,
             "sentences_per_s": r.throughput.as_dict(),
             "tokens_per_s": {k: (v * tokens_per_sentence if k != "n" else v) for k, v in r.throughput.as_dict().items()},
-            "samples": r.throughputs,
-            "ratio": r.ratio.as_dict() if r.ratios else None,
-            "ratios": r.ratios,
+            **r.record(),
         }
     # kept for profiling; removed before serialising
     results["_built"] = {"models": built, "length": length, "sample": sample, "prefix_tokens": prefix_tokens}

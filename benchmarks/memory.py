@@ -17,7 +17,7 @@ from typing import Callable, Dict, Sequence
 import torch
 
 from .common import timed
-from .configs import LM, Config, Scale, attention_layout, build
+from .configs import Config, Scale, build, describe
 from .train import to_device
 
 TIMED_PASSES = 3  # the same pass, unprofiled: what the memory costs in time
@@ -102,11 +102,7 @@ def run_memory(
             seconds[length] = pass_seconds(built, sample, device, seed)
         log(f"  {config.key}: " + ", ".join(f"L={n} {peaks[n] / 2 ** 20:.1f} MiB {seconds[n]:.2f} s" for n in lengths))
         results[config.key] = {
-            "key": config.key,
-            "kind": config.kind,
-            "note": config.note,
-            "task": "lm" if config.task == LM else "translation",
-            "attention": attention_layout(built),
+            **describe(built),
             "rows": scale.memory_rows,
             "peak_bytes": {str(n): peaks[n] for n in lengths},
             "pass_seconds": {str(n): seconds[n] for n in lengths},

@@ -8,7 +8,7 @@ from typing import Callable, Dict, List, Sequence
 import torch
 
 from .common import profile_min, run_paired, timed
-from .configs import Built, Config, Scale, attention_layout, build
+from .configs import Built, Config, Scale, attention_layout, build, describe
 
 
 def to_device(sample, device):
@@ -91,18 +91,13 @@ def run_training(
         b = built[config.key]
         r = paired[config.key]
         results[config.key] = {
-            "key": config.key,
-            "kind": config.kind,
-            "note": config.note,
+            **describe(b),
             "arch": config.arch,
             "flags": list(config.flags),
-            "attention": attention_layout(b),
             "parameters": b.parameters,
             "tokens_per_measurement": sum(float(x["ntokens"]) for x in batches),
             "throughput": r.throughput.as_dict(),
-            "samples": r.throughputs,
-            "ratio": r.ratio.as_dict() if r.ratios else None,
-            "ratios": r.ratios,
+            **r.record(),
         }
     results["_built"] = {"models": built, "steps": steps}  # kept for profiling; removed before serialising
     return results
