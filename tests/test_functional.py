@@ -195,103 +195,87 @@ def as_tensors(*arrays):
 # --------------------------------------------------------------------------
 
 
-def reference_softmax_attention(params, padding, causal, query_offset):
-    """Plain scaled dot-product attention softmax(QK^T / sqrt(d)) V (Vaswani et al.)."""
-    q, k, v = to_numpy(params["q"]), to_numpy(params["k"]), to_numpy(params["v"])
+def naive_attention(q, k, padding, causal, query_offset, logit, value, allowed=None, weight=None):
+    """The loop every attention reference shares. For query row i at
+    ``position = query_offset + i``: logits over keys j from
+    ``logit(b, h, i, position, j)``, softmax over the keys ``key_is_visible``
+    (and ``allowed(position, j)``) lets it see, then
+    out_i = sum_j w_ij value(b, h, position, j) with w_ij = alpha_ij, or
+    ``weight(b, h, i, j, alpha_ij)``. Returns (out, w) as tensors."""
     batch, heads, tgt_len, dim = q.shape
     src_len = k.shape[2]
     out = np.zeros((batch, heads, tgt_len, dim))
-    probs = np.zeros((batch, heads, tgt_len, src_len))
+    weights = np.zeros((batch, heads, tgt_len, src_len))
     for b in range(batch):
         for h in range(heads):
             for i in range(tgt_len):
                 position = query_offset + i
-                logits = [dot(q[b, h, i], k[b, h, j]) / math.sqrt(dim) for j in range(src_len)]
-                visible = [key_is_visible(padding, causal, b, position, j) for j in range(src_len)]
+                logits = [logit(b, h, i, position, j) for j in range(src_len)]
+                visible = [key_is_visible(padding, causal, b, position, j) and (allowed is None or allowed(position, j))
+                           for j in range(src_len)]
                 alpha = naive_softmax(logits, visible)
                 for j in range(src_len):
-                    out[b, h, i] += alpha[j] * v[b, h, j]
-                    probs[b, h, i, j] = alpha[j]
-    return as_tensors(out, probs)
+                    weights[b, h, i, j] = alpha[j] if weight is None else weight(b, h, i, j, alpha[j])
+                    out[b, h, i] += weights[b, h, i, j] * value(b, h, position, j)
+    return as_tensors(out, weights)
+
+
+def reference_softmax_attention(params, padding, causal, query_offset):
+    """Plain scaled dot-product attention softmax(QK^T / sqrt(d)) V (Vaswani et al.)."""
+    q, k, v = to_numpy(params["q"]), to_numpy(params["k"]), to_numpy(params["v"])
+    dim = q.shape[-1]
+    return naive_attention(
+        q, k, padding, causal, query_offset,
+        logit=lambda b, h, i, position, j: dot(q[b, h, i], k[b, h, j]) / math.sqrt(dim),
+        value=lambda b, h, position, j: v[b, h, j],
+    )
 
 
 def reference_relative_position(params, padding, causal, query_offset):
     """Shaw eqs. 3-4: e_ij = q_i (k_j + a^K_ij) / sqrt(d), z_i = sum_j a_ij (v_j + a^V_ij)."""
     q, k, v = to_numpy(params["q"]), to_numpy(params["k"]), to_numpy(params["v"])
     rel_keys, rel_values = to_numpy(params["rel_keys"]), to_numpy(params.get("rel_values"))
-    batch, heads, tgt_len, dim = q.shape
-    src_len = k.shape[2]
-    out = np.zeros((batch, heads, tgt_len, dim))
-    probs = np.zeros((batch, heads, tgt_len, src_len))
-    for b in range(batch):
-        for h in range(heads):
-            for i in range(tgt_len):
-                position = query_offset + i
-                logits, visible = [], []
-                for j in range(src_len):
-                    a_key = rel_keys[clip(j - position, MAX_DISTANCE) + MAX_DISTANCE]
-                    logits.append(dot(q[b, h, i], k[b, h, j] + a_key) / math.sqrt(dim))
-                    visible.append(key_is_visible(padding, causal, b, position, j))
-                alpha = naive_softmax(logits, visible)
-                for j in range(src_len):
-                    value = v[b, h, j].copy()
-                    if rel_values is not None:
-                        value = value + rel_values[clip(j - position, MAX_DISTANCE) + MAX_DISTANCE]
-                    out[b, h, i] += alpha[j] * value
-                    probs[b, h, i, j] = alpha[j]
-    return as_tensors(out, probs)
+    dim = q.shape[-1]
+
+    def bucket(position, j):
+        return clip(j - position, MAX_DISTANCE) + MAX_DISTANCE
+
+    def value(b, h, position, j):
+        return v[b, h, j] if rel_values is None else v[b, h, j] + rel_values[bucket(position, j)]
+
+    return naive_attention(
+        q, k, padding, causal, query_offset,
+        logit=lambda b, h, i, position, j: dot(q[b, h, i], k[b, h, j] + rel_keys[bucket(position, j)]) / math.sqrt(dim),
+        value=value,
+    )
 
 
 def reference_distance_aware(params, padding, causal, query_offset):
     """DA eq. 5 f = (1+exp(v))/(1+exp(v - w|i-j|)), eq. 6 softmax(ReLU(QK^T) * f / sqrt(d)) V."""
     q, k, v = to_numpy(params["q"]), to_numpy(params["k"]), to_numpy(params["v"])
     weight, sharpness = to_numpy(params["distance_weight"]), to_numpy(params["sharpness"])
-    batch, heads, tgt_len, dim = q.shape
-    src_len = k.shape[2]
-    out = np.zeros((batch, heads, tgt_len, dim))
-    probs = np.zeros((batch, heads, tgt_len, src_len))
-    for b in range(batch):
-        for h in range(heads):
-            for i in range(tgt_len):
-                position = query_offset + i
-                logits, visible = [], []
-                for j in range(src_len):
-                    distance = weight[h] * abs(position - j)
-                    coefficient = (1.0 + math.exp(sharpness[h])) / (1.0 + math.exp(sharpness[h] - distance))
-                    logits.append(max(0.0, dot(q[b, h, i], k[b, h, j])) * coefficient / math.sqrt(dim))
-                    visible.append(key_is_visible(padding, causal, b, position, j))
-                alpha = naive_softmax(logits, visible)
-                for j in range(src_len):
-                    out[b, h, i] += alpha[j] * v[b, h, j]
-                    probs[b, h, i, j] = alpha[j]
-    return as_tensors(out, probs)
+    dim = q.shape[-1]
+
+    def logit(b, h, i, position, j):
+        distance = weight[h] * abs(position - j)
+        coefficient = (1.0 + math.exp(sharpness[h])) / (1.0 + math.exp(sharpness[h] - distance))
+        return max(0.0, dot(q[b, h, i], k[b, h, j])) * coefficient / math.sqrt(dim)
+
+    return naive_attention(q, k, padding, causal, query_offset, logit, value=lambda b, h, position, j: v[b, h, j])
 
 
 def reference_distance_mask(params, padding, causal, query_offset, direction):
     """softmax(QK^T/sqrt(d) + M_dir - alpha |i-j|) V; forward: j <= i, backward: j >= i."""
     q, k, v = to_numpy(params["q"]), to_numpy(params["k"]), to_numpy(params["v"])
-    batch, heads, tgt_len, dim = q.shape
-    src_len = k.shape[2]
-    out = np.zeros((batch, heads, tgt_len, dim))
-    probs = np.zeros((batch, heads, tgt_len, src_len))
-    for b in range(batch):
-        for h in range(heads):
-            for i in range(tgt_len):
-                position = query_offset + i
-                logits, visible = [], []
-                for j in range(src_len):
-                    logits.append(dot(q[b, h, i], k[b, h, j]) / math.sqrt(dim) - ALPHA * abs(position - j))
-                    allowed = key_is_visible(padding, causal, b, position, j)
-                    if direction == "forward":
-                        allowed = allowed and j <= position
-                    elif direction == "backward":
-                        allowed = allowed and j >= position
-                    visible.append(allowed)
-                alpha = naive_softmax(logits, visible)
-                for j in range(src_len):
-                    out[b, h, i] += alpha[j] * v[b, h, j]
-                    probs[b, h, i, j] = alpha[j]
-    return as_tensors(out, probs)
+    dim = q.shape[-1]
+    allowed = {None: None, "forward": lambda position, j: j <= position,
+               "backward": lambda position, j: j >= position}[direction]
+    return naive_attention(
+        q, k, padding, causal, query_offset,
+        logit=lambda b, h, i, position, j: dot(q[b, h, i], k[b, h, j]) / math.sqrt(dim) - ALPHA * abs(position - j),
+        value=lambda b, h, position, j: v[b, h, j],
+        allowed=allowed,
+    )
 
 
 def one_based_positions(padding, b: int, src_len: int):
@@ -341,21 +325,13 @@ def reference_multiplicative_window(params, padding, causal, query_offset, mask)
     """MW eqs. 12-13: (S(QK^T/sqrt(d)) * M) V; returns (out, weights)."""
     q, k, v = to_numpy(params["q"]), to_numpy(params["k"]), to_numpy(params["v"])
     mask = to_numpy(mask)
-    batch, heads, tgt_len, dim = q.shape
-    src_len = k.shape[2]
-    out = np.zeros((batch, heads, tgt_len, dim))
-    weights = np.zeros((batch, heads, tgt_len, src_len))
-    for b in range(batch):
-        for h in range(heads):
-            for i in range(tgt_len):
-                position = query_offset + i
-                logits = [dot(q[b, h, i], k[b, h, j]) / math.sqrt(dim) for j in range(src_len)]
-                visible = [key_is_visible(padding, causal, b, position, j) for j in range(src_len)]
-                alpha = naive_softmax(logits, visible)
-                for j in range(src_len):
-                    weights[b, h, i, j] = alpha[j] * mask[b, h, i, j]
-                    out[b, h, i] += weights[b, h, i, j] * v[b, h, j]
-    return as_tensors(out, weights)
+    dim = q.shape[-1]
+    return naive_attention(
+        q, k, padding, causal, query_offset,
+        logit=lambda b, h, i, position, j: dot(q[b, h, i], k[b, h, j]) / math.sqrt(dim),
+        value=lambda b, h, position, j: v[b, h, j],
+        weight=lambda b, h, i, j, alpha: alpha * mask[b, h, i, j],
+    )
 
 
 def reference_additive_window(params, padding, causal, query_offset, mask):
@@ -363,25 +339,15 @@ def reference_additive_window(params, padding, causal, query_offset, mask):
     q_global, k_global = to_numpy(params["q_global"]), to_numpy(params["k_global"])
     q_local, k_local = to_numpy(params["q_local"]), to_numpy(params["k_local"])
     v, mask = to_numpy(params["v"]), to_numpy(mask)
-    batch, heads, tgt_len, dim = q_global.shape
-    src_len = k_global.shape[2]
-    out = np.zeros((batch, heads, tgt_len, dim))
-    probs = np.zeros((batch, heads, tgt_len, src_len))
-    for b in range(batch):
-        for h in range(heads):
-            for i in range(tgt_len):
-                position = query_offset + i
-                logits, visible = [], []
-                for j in range(src_len):
-                    global_score = dot(q_global[b, h, i], k_global[b, h, j])
-                    local_score = dot(q_local[b, h, i], k_local[b, h, j]) * mask[b, h, i, j]
-                    logits.append((global_score + local_score) / math.sqrt(dim))
-                    visible.append(key_is_visible(padding, causal, b, position, j))
-                alpha = naive_softmax(logits, visible)
-                for j in range(src_len):
-                    out[b, h, i] += alpha[j] * v[b, h, j]
-                    probs[b, h, i, j] = alpha[j]
-    return as_tensors(out, probs)
+    dim = q_global.shape[-1]
+
+    def logit(b, h, i, position, j):
+        global_score = dot(q_global[b, h, i], k_global[b, h, j])
+        local_score = dot(q_local[b, h, i], k_local[b, h, j]) * mask[b, h, i, j]
+        return (global_score + local_score) / math.sqrt(dim)
+
+    return naive_attention(q_global, k_global, padding, causal, query_offset, logit,
+                           value=lambda b, h, position, j: v[b, h, j])
 
 
 def reference_query_aware_values(params, query_padding, causal, query_offset, value_offset):
@@ -421,23 +387,14 @@ def reference_query_aware_values(params, query_padding, causal, query_offset, va
 def reference_query_value_interaction(params, padding, causal, query_offset):
     """QVI eq. 10: softmax(QK^T/sqrt(d)) g(Q, V), queries padded where their own position is."""
     q, k = to_numpy(params["q"]), to_numpy(params["k"])
-    batch, heads, tgt_len, dim = q.shape
-    src_len = k.shape[2]
-    query_padding = None if padding is None else padding[:, query_offset:query_offset + tgt_len]
+    dim = q.shape[-1]
+    query_padding = None if padding is None else padding[:, query_offset:query_offset + q.shape[2]]
     values = reference_query_aware_values(params, query_padding, causal, query_offset, 0)
-    out = np.zeros((batch, heads, tgt_len, dim))
-    probs = np.zeros((batch, heads, tgt_len, src_len))
-    for b in range(batch):
-        for h in range(heads):
-            for i in range(tgt_len):
-                position = query_offset + i
-                logits = [dot(q[b, h, i], k[b, h, j]) / math.sqrt(dim) for j in range(src_len)]
-                visible = [key_is_visible(padding, causal, b, position, j) for j in range(src_len)]
-                alpha = naive_softmax(logits, visible)
-                for j in range(src_len):
-                    out[b, h, i] += alpha[j] * values[b, h, j]
-                    probs[b, h, i, j] = alpha[j]
-    return as_tensors(out, probs)
+    return naive_attention(
+        q, k, padding, causal, query_offset,
+        logit=lambda b, h, i, position, j: dot(q[b, h, i], k[b, h, j]) / math.sqrt(dim),
+        value=lambda b, h, position, j: values[b, h, j],
+    )
 
 
 # --------------------------------------------------------------------------
