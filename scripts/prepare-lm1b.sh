@@ -58,28 +58,17 @@ Rerunning skips finished steps; a killed or failed run resumes where it stopped.
 USAGE
 }
 
-OUT_DIR="${OUT_DIR:-work/lm1b}"
-RAW_DIR="${RAW_DIR:-}"
+common_option_defaults work/lm1b
 VALID_SHARD="${VALID_SHARD:-1}"
 TEST_SHARD="${TEST_SHARD:-0}"
 VOCAB_SIZE="${VOCAB_SIZE:-0}"
-WORKERS="${WORKERS:-$(default_workers)}"
-CHECKSUMS_FILE="${CHECKSUMS_FILE:-}"
-MIRROR="${MIRROR:-}"
-OFFLINE="${OFFLINE:-0}"
-FORCE="${FORCE:-0}"
 while [ $# -gt 0 ]; do
+    common_option "$@"
+    if [ "$OPTION_WORDS" -gt 0 ]; then shift "$OPTION_WORDS"; continue; fi
     case "$1" in
-        --out) OUT_DIR="$2"; shift 2 ;;
-        --raw-dir) RAW_DIR="$2"; shift 2 ;;
         --valid-shard) VALID_SHARD="$2"; shift 2 ;;
         --test-shard) TEST_SHARD="$2"; shift 2 ;;
         --vocab-size) VOCAB_SIZE="$2"; shift 2 ;;
-        --workers) WORKERS="$2"; shift 2 ;;
-        --checksums) CHECKSUMS_FILE="$2"; shift 2 ;;
-        --mirror) MIRROR="$2"; shift 2 ;;
-        --offline) OFFLINE=1; shift ;;
-        --force) FORCE=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) usage >&2; die "unknown option $1" ;;
     esac
@@ -88,15 +77,8 @@ for n in "$VALID_SHARD" "$TEST_SHARD"; do
     [[ "$n" =~ ^[0-9]+$ ]] && [ "$((10#$n))" -lt 50 ] || die "held-out shards are 0..49, not '$n'"
 done
 [ "$((10#$VALID_SHARD))" != "$((10#$TEST_SHARD))" ] || warn "validating on the test shard ($TEST_SHARD)"
-[[ "$WORKERS" =~ ^[0-9]+$ ]] && [ "$WORKERS" -ge 1 ] || die "--workers must be >= 1"
 [[ "$VOCAB_SIZE" =~ ^[0-9]+$ ]] || die "--vocab-size must be a number, not '$VOCAB_SIZE'"
-if [ -n "$RAW_DIR" ]; then
-    [ -d "$RAW_DIR" ] || die "--raw-dir $RAW_DIR is not a directory"
-    RAW_DIR="$(cd "$RAW_DIR" && pwd)"
-fi
-[ -z "$CHECKSUMS_FILE" ] || load_checksums_file "$CHECKSUMS_FILE"
-mkdir -p "$OUT_DIR"
-OUT_DIR="$(cd "$OUT_DIR" && pwd)"
+check_common_options
 TEXT="$OUT_DIR/text"
 BIN="$OUT_DIR/data-bin"
 mkdir -p "$TEXT" "$OUT_DIR/logs"

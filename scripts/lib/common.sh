@@ -78,6 +78,48 @@ preplib() { "$PYTHON" "$LIB_DIR/preplib.py" "$@"; }
 
 default_workers() { nproc 2>/dev/null || echo 2; }
 
+# --------------------------------------------------------------------------- options
+# The options every prepare script takes, each also an environment variable:
+# --out, --raw-dir, --workers, --checksums, --mirror, --offline, --force.
+
+common_option_defaults() {  # common_option_defaults DEFAULT_OUT_DIR
+    OUT_DIR="${OUT_DIR:-$1}"
+    RAW_DIR="${RAW_DIR:-}"
+    WORKERS="${WORKERS:-$(default_workers)}"
+    CHECKSUMS_FILE="${CHECKSUMS_FILE:-}"
+    MIRROR="${MIRROR:-}"
+    OFFLINE="${OFFLINE:-0}"
+    FORCE="${FORCE:-0}"
+}
+
+# common_option "$@": takes the first word if it is a shared option and sets
+# OPTION_WORDS to the number of words it used (0: not a shared option)
+common_option() {
+    OPTION_WORDS=2
+    case "$1" in
+        --out) OUT_DIR="$2" ;;
+        --raw-dir) RAW_DIR="$2" ;;
+        --workers) WORKERS="$2" ;;
+        --checksums) CHECKSUMS_FILE="$2" ;;
+        --mirror) MIRROR="$2" ;;
+        --offline) OFFLINE=1; OPTION_WORDS=1 ;;
+        --force) FORCE=1; OPTION_WORDS=1 ;;
+        *) OPTION_WORDS=0 ;;
+    esac
+}
+
+# validates the shared options, loads --checksums, creates OUT_DIR; paths become absolute
+check_common_options() {
+    [[ "$WORKERS" =~ ^[0-9]+$ ]] && [ "$WORKERS" -ge 1 ] || die "--workers must be >= 1"
+    if [ -n "$RAW_DIR" ]; then
+        [ -d "$RAW_DIR" ] || die "--raw-dir $RAW_DIR is not a directory"
+        RAW_DIR="$(cd "$RAW_DIR" && pwd)"
+    fi
+    [ -z "$CHECKSUMS_FILE" ] || load_checksums_file "$CHECKSUMS_FILE"
+    mkdir -p "$OUT_DIR"
+    OUT_DIR="$(cd "$OUT_DIR" && pwd)"
+}
+
 # --------------------------------------------------------------------------- steps
 
 STEPS_RUN_ALL=0   # set to 1 once any step ran: later steps must run too

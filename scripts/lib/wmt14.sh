@@ -49,28 +49,17 @@ EOF
 }
 
 wmt14_parse_args() {
-    OUT_DIR="${OUT_DIR:-$DEFAULT_OUT}"
-    RAW_DIR="${RAW_DIR:-}"
+    common_option_defaults "$DEFAULT_OUT"
     TEST_SET="${TEST_SET:-full}"
     BPE_TOKENS="${BPE_TOKENS:-$DEFAULT_BPE_TOKENS}"
     SPM_TYPE="${SPM_TYPE:-}"
-    WORKERS="${WORKERS:-$(default_workers)}"
-    CHECKSUMS_FILE="${CHECKSUMS_FILE:-}"
-    MIRROR="${MIRROR:-}"
-    OFFLINE="${OFFLINE:-0}"
-    FORCE="${FORCE:-0}"
     while [ $# -gt 0 ]; do
+        common_option "$@"
+        if [ "$OPTION_WORDS" -gt 0 ]; then shift "$OPTION_WORDS"; continue; fi
         case "$1" in
-            --out) OUT_DIR="$2"; shift 2 ;;
-            --raw-dir) RAW_DIR="$2"; shift 2 ;;
             --test) TEST_SET="$2"; shift 2 ;;
             --bpe-tokens) BPE_TOKENS="$2"; shift 2 ;;
             --spm) SPM_TYPE="$2"; shift 2 ;;
-            --workers) WORKERS="$2"; shift 2 ;;
-            --checksums) CHECKSUMS_FILE="$2"; shift 2 ;;
-            --mirror) MIRROR="$2"; shift 2 ;;
-            --offline) OFFLINE=1; shift ;;
-            --force) FORCE=1; shift ;;
             -h|--help) wmt14_usage; exit 0 ;;
             *) wmt14_usage >&2; die "unknown option $1" ;;
         esac
@@ -78,14 +67,7 @@ wmt14_parse_args() {
     case "$TEST_SET" in full|filtered) ;; *) die "--test must be full or filtered, not '$TEST_SET'" ;; esac
     case "$SPM_TYPE" in ''|unigram|bpe) ;; *) die "--spm must be unigram or bpe, not '$SPM_TYPE'" ;; esac
     [[ "$BPE_TOKENS" =~ ^[0-9]+$ ]] || die "--bpe-tokens must be a number, not '$BPE_TOKENS'"
-    [[ "$WORKERS" =~ ^[0-9]+$ ]] && [ "$WORKERS" -ge 1 ] || die "--workers must be >= 1"
-    if [ -n "$RAW_DIR" ]; then
-        [ -d "$RAW_DIR" ] || die "--raw-dir $RAW_DIR is not a directory"
-        RAW_DIR="$(cd "$RAW_DIR" && pwd)"
-    fi
-    [ -z "$CHECKSUMS_FILE" ] || load_checksums_file "$CHECKSUMS_FILE"
-    mkdir -p "$OUT_DIR"
-    OUT_DIR="$(cd "$OUT_DIR" && pwd)"
+    check_common_options
 }
 
 # the file that holds MEMBER-PREFIX.LANG[.gz] inside the extracted archive directory
