@@ -273,22 +273,28 @@ def averaged_checkpoint(args, out_dir: Path) -> str:
     return str(output)
 
 
-def cmd_mt(args, passthrough: List[str]) -> int:
-    setup = Setup(args, args.data)
+def checkpoint_and_output_dir(args, setup: Setup, out_name: str):
+    """(checkpoint path for fairseq, output directory): ``--path``, or the average
+    of the last ``--average-last`` checkpoints of ``--checkpoint-dir``; outputs go
+    to ``--output-dir`` or ``OUT_NAME-SUBSET`` beside the checkpoints."""
     if setup.data_bin is None or not setup.data_bin.is_dir():
         raise EvalError(f"no data-bin directory at {setup.data_bin}")
-    src, tgt = setup.languages()
     if not args.path and not args.checkpoint_dir:
         raise EvalError("give --path CHECKPOINT or --checkpoint-dir DIR (with --average-last N)")
     out_dir = Path(args.output_dir) if args.output_dir else (
-        Path(args.checkpoint_dir or Path(args.path.split(":")[0]).parent) / f"evaluate-{setup.subset}")
+        Path(args.checkpoint_dir or Path(args.path.split(":")[0]).parent) / f"{out_name}-{setup.subset}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    if args.checkpoint_dir:
-        if not args.average_last:
-            raise EvalError("--checkpoint-dir needs --average-last N (or use --path)")
-        path = averaged_checkpoint(args, out_dir)
-    else:
-        path = args.path
+    if not args.checkpoint_dir:
+        return args.path, out_dir
+    if not args.average_last:
+        raise EvalError("--checkpoint-dir needs --average-last N (or use --path)")
+    return averaged_checkpoint(args, out_dir), out_dir
+
+
+def cmd_mt(args, passthrough: List[str]) -> int:
+    setup = Setup(args, args.data)
+    path, out_dir = checkpoint_and_output_dir(args, setup, "evaluate")
+    src, tgt = setup.languages()
 
     remove_bpe = "sentencepiece" if setup.segmentation == "sentencepiece" else "subword_nmt"
     cmd = [tool("fairseq-generate"), str(setup.data_bin),
@@ -325,19 +331,7 @@ def cmd_score(args, passthrough: List[str]) -> int:
 
 def cmd_lm(args, passthrough: List[str]) -> int:
     setup = Setup(args, args.data)
-    if setup.data_bin is None or not setup.data_bin.is_dir():
-        raise EvalError(f"no data-bin directory at {setup.data_bin}")
-    out_dir = Path(args.output_dir) if args.output_dir else (
-        Path(args.checkpoint_dir or Path(args.path.split(":")[0]).parent) / f"evaluate-lm-{setup.subset}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if args.checkpoint_dir:
-        if not args.average_last:
-            raise EvalError("--checkpoint-dir needs --average-last N (or use --path)")
-        path = averaged_checkpoint(args, out_dir)
-    elif args.path:
-        path = args.path
-    else:
-        raise EvalError("give --path CHECKPOINT or --checkpoint-dir DIR (with --average-last N)")
+    path, out_dir = checkpoint_and_output_dir(args, setup, "evaluate-lm")
     cmd = [tool("fairseq-eval-lm"), str(setup.data_bin),
            "--user-dir", str(USER_DIR), "--task", "language_modeling",
            "--path", path, "--gen-subset", setup.subset,
