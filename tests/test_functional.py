@@ -478,36 +478,35 @@ def ref_window_mask(segment_size):
     return reference
 
 
-def run_multiplicative_pipeline(segment_size):
-    """window_mask -> multiplicative_window_attention (learnable q_left... included)."""
+def run_window_pipeline(segment_size, attention, reference_attention):
+    """window_mask -> a window attention (learnable q_left... included);
+    ``attention(params, mask, padding, causal, query_offset)``."""
 
     def run(params, padding, causal, query_offset):
         mask = window_mask(*_window_inputs(params), segment_size=segment_size, key_padding_mask=padding,
                            causal=causal, query_offset=query_offset)
-        return multiplicative_window_attention(params["q"], params["k"], params["v"], mask, padding, causal,
-                                               query_offset)
+        return attention(params, mask, padding, causal, query_offset)
 
     def reference(params, padding, causal, query_offset):
         (mask,) = reference_window_mask(params, to_numpy(padding), causal, query_offset, segment_size)
-        return reference_multiplicative_window(params, to_numpy(padding), causal, query_offset, mask)
+        return reference_attention(params, to_numpy(padding), causal, query_offset, mask)
 
     return run, reference
+
+
+def run_multiplicative_pipeline(segment_size):
+    def attention(params, mask, *conventions):
+        return multiplicative_window_attention(params["q"], params["k"], params["v"], mask, *conventions)
+
+    return run_window_pipeline(segment_size, attention, reference_multiplicative_window)
 
 
 def run_additive_pipeline(segment_size):
-    """window_mask -> additive_window_attention (learnable q_left... included)."""
-
-    def run(params, padding, causal, query_offset):
-        mask = window_mask(*_window_inputs(params), segment_size=segment_size, key_padding_mask=padding,
-                           causal=causal, query_offset=query_offset)
+    def attention(params, mask, *conventions):
         return additive_window_attention(params["q_global"], params["k_global"], params["q_local"],
-                                         params["k_local"], params["v"], mask, padding, causal, query_offset)
+                                         params["k_local"], params["v"], mask, *conventions)
 
-    def reference(params, padding, causal, query_offset):
-        (mask,) = reference_window_mask(params, to_numpy(padding), causal, query_offset, segment_size)
-        return reference_additive_window(params, to_numpy(padding), causal, query_offset, mask)
-
-    return run, reference
+    return run_window_pipeline(segment_size, attention, reference_additive_window)
 
 
 def run_distance_mask(direction):
