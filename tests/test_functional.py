@@ -897,6 +897,50 @@ def test_relative_position_rows_sum_to_one_over_visible_keys(case: Case, with_va
     assert torch.equal(out[~has_key], torch.zeros_like(out[~has_key]))
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("tgt_len,src_len,max_distance,query_offset", [
+    (6, 6, 2, 0), (7, 4, 2, 0), (3, 9, 3, 0), (1, 8, 2, 7), (4, 9, 2, 5), (5, 5, 9, 0), (5, 5, 1, 0), (6, 6, 0, 0),
+], ids=lambda value: str(value))
+def test_relative_position_bucket_terms_match_per_pair_tables_and_gradcheck(
+    tgt_len, src_len, max_distance, query_offset, causal
+):
+    """The bias ``q_i . a^K_ij`` and value term ``sum_j alpha_ij a^V_ij`` (read
+    per bucket, without gather/scatter over [Tq, Tk]) against the per-pair
+    tables a_ij built outright, with causal inputs zero after each query as
+    relative_position_attention gives them; gradcheck covers both adjoints."""
+    if causal and query_offset + tgt_len > src_len:
+        pytest.skip("causal queries see keys 0..query_offset+i")
+    from fairseq_distattn.functional.relative_position import (
+        relative_position_bias, relative_position_buckets, relative_position_values,
+    )
+
+    gen = generator_for("rpr-buckets", tgt_len, src_len, max_distance, query_offset, causal)
+    dim, buckets_count = 3, 2 * max_distance + 1
+    q = randn(gen, 2, 2, tgt_len, dim).requires_grad_()
+    probs = randn(gen, 2, 2, tgt_len, src_len).requires_grad_()
+    rel_keys = randn(gen, buckets_count, dim).requires_grad_()
+    rel_values = randn(gen, buckets_count, dim).requires_grad_()
+    buckets = relative_position_buckets(tgt_len, src_len, max_distance, query_offset, q.device)
+    distance = torch.arange(src_len)[None, :] - torch.arange(query_offset, query_offset + tgt_len)[:, None]
+    after_query = (distance > 0) if causal else torch.zeros_like(distance, dtype=torch.bool)
+    pair_index = distance.clamp(-max_distance, max_distance) + max_distance
+
+    def bias(q, rel_keys):
+        got = relative_position_bias(q, rel_keys, buckets, max_distance, query_offset, causal)
+        return got.masked_fill(after_query, 0.0)  # as the caller's mask hides them
+
+    def values(probs, rel_values):
+        return relative_position_values(probs.masked_fill(after_query, 0.0), rel_values, buckets, max_distance,
+                                        query_offset, causal)
+
+    want_bias = torch.einsum("bhid,ijd->bhij", q, rel_keys[pair_index]).masked_fill(after_query, 0.0)
+    want_values = torch.einsum("bhij,ijd->bhid", probs.masked_fill(after_query, 0.0), rel_values[pair_index])
+    assert_close(bias(q, rel_keys), want_bias, **TIGHT)
+    assert_close(values(probs, rel_values), want_values, **TIGHT)
+    assert gradcheck(bias, (q, rel_keys), eps=1e-6, atol=1e-7, rtol=1e-5)
+    assert gradcheck(values, (probs, rel_values), eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
 @pytest.mark.parametrize("sharpness", [-30.0, 30.0])
 @pytest.mark.parametrize("weight", [50.0, -50.0])
 @pytest.mark.parametrize("causal,query_offset", [(False, 0), (True, 4095)], ids=["first_query", "last_query"])

@@ -39,6 +39,42 @@ def _cumulative_sums(pointer: Tensor) -> Tuple[Tensor, Tensor]:
     return rightward, leftward
 
 
+class _TokenWindowMask(torch.autograd.Function):
+    """Eq. 9, ``m = f_l g_r + f_r g_l`` with ``f = cumsum(p)`` and
+    ``g = sum(p) - f + p``, with its gradient in closed form.
+
+    Autograd's own backward of this expression flips every cumsum twice and
+    runs a dozen more passes over ``[B, H, Tq, Tk]``. Here, with ``dM`` the
+    incoming gradient, ``F = dM g_r`` and ``G = dM f_r`` for the left pointer:
+    ``dp_l = F + sum_j F - cumsum(F - G)`` (and the same with l and r swapped).
+    Only the two cumsums ``f`` are kept; ``g`` is rebuilt in backward.
+    """
+
+    @staticmethod
+    def forward(ctx, left_pointer: Tensor, right_pointer: Tensor) -> Tensor:
+        left_f, left_g = _cumulative_sums(left_pointer)
+        right_f, right_g = _cumulative_sums(right_pointer)
+        ctx.save_for_backward(left_pointer, right_pointer, left_f, right_f)
+        return torch.addcmul(left_f * right_g, right_f, left_g)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_mask: Tensor):
+        left_pointer, right_pointer, left_f, right_f = ctx.saved_tensors
+        return (
+            _pointer_gradient(grad_mask, right_pointer, right_f),
+            _pointer_gradient(grad_mask, left_pointer, left_f),
+        )
+
+
+def _pointer_gradient(grad_mask: Tensor, other_pointer: Tensor, other_f: Tensor) -> Tensor:
+    """Gradient for one pointer of :class:`_TokenWindowMask`, given the other's ``p`` and ``f``."""
+    other_g = (other_pointer.sum(dim=-1, keepdim=True) - other_f).add_(other_pointer)
+    through_f = grad_mask * other_g
+    through_f_minus_g = other_g.sub_(other_f).mul_(grad_mask)
+    return through_f.add_(through_f.sum(dim=-1, keepdim=True)).sub_(torch.cumsum(through_f_minus_g, dim=-1))
+
+
 def key_segments(key_padding_mask: Optional[Tensor], src_len: int, segment_size: int, device) -> Tensor:
     """Segment index of every key, ``[B|1, 1, 1, Tk]``, counted from the first real token."""
     if key_padding_mask is None:
@@ -77,10 +113,8 @@ def window_mask(
         num_segments = (src_len + segment_size - 1) // segment_size
         left_f, left_g = _segment_cumulative_sums(left_pointer, segments, num_segments)
         right_f, right_g = _segment_cumulative_sums(right_pointer, segments, num_segments)
-    else:
-        left_f, left_g = _cumulative_sums(left_pointer)
-        right_f, right_g = _cumulative_sums(right_pointer)
-    return torch.addcmul(left_f * right_g, right_f, left_g)
+        return torch.addcmul(left_f * right_g, right_f, left_g)
+    return _TokenWindowMask.apply(left_pointer, right_pointer)
 
 
 def multiplicative_window_attention(

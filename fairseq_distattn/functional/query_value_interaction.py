@@ -20,7 +20,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .masking import fused_attention, logit_mask, softmax_attention
+from .masking import softmax_attention
 
 
 def query_aware_values(
@@ -37,12 +37,16 @@ def query_aware_values(
     """g(Q, V) of eqs. 7-9 as ``[B, H, Tv, D]``. ``queries`` are at positions
     ``query_offset + i``, values at ``value_offset + j``."""
     # values are the rows and queries the keys here: causal = query position <= value position
-    mask, hidden = logit_mask(query_padding_mask, causal, value_offset - query_offset, v.size(2), queries.size(2), v.device, v.dtype)
-    query_mix = fused_attention(v, queries, queries, None, mask, hidden)  # eq. 7: values attend over queries
+    query_mix, _ = softmax_attention(v, queries, queries, query_padding_mask, causal, value_offset - query_offset,
+                                     need_weights=False)  # eq. 7: values attend over queries
+    # one [B*T, D] x [D, D] product per head (matmul would run B*H small ones)
     interaction = query_mix * torch.einsum("bhtd,hde->bhte", v, value_projection)
-    gate_input = torch.cat([interaction, v], dim=-1)
-    beta = torch.sigmoid(torch.einsum("bhtc,hc->bht", gate_input, gate_weight) + gate_bias[:, None])[..., None]
-    return (1 - beta) * interaction + beta * v  # eq. 8
+    # eq. 9 with u split into its halves: [a; b] u = a u_1 + b u_2 needs no [.., 2D] copy
+    dim = v.size(-1)
+    gate_on_interaction, gate_on_values = gate_weight[:, None, :dim], gate_weight[:, None, dim:]
+    gate = (interaction * gate_on_interaction).sum(-1, keepdim=True) + (v * gate_on_values).sum(-1, keepdim=True)
+    beta = torch.sigmoid(gate + gate_bias[:, None, None])
+    return torch.lerp(interaction, v, beta)  # eq. 8: (1 - beta) interaction + beta v
 
 
 def query_value_interaction_attention(

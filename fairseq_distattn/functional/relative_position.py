@@ -10,6 +10,7 @@ q @ (w^K)^T over the 2k+1 buckets, then gathered per (i, j); the relative term
 of eq. (3) sums alpha per bucket and multiplies by w^V. Nothing of size
 [Tq, Tk, D] is ever built.
 """
+import functools
 from typing import Optional, Tuple
 
 import torch
@@ -28,19 +29,99 @@ def relative_position_buckets(tgt_len: int, src_len: int, max_distance: int, que
     return distance.clamp(-max_distance, max_distance) + max_distance
 
 
-def relative_position_bias(q: Tensor, rel_keys: Tensor, buckets: Tensor) -> Tensor:
+@functools.lru_cache(maxsize=256)
+def _band_diagonals(tgt_len: int, src_len: int, max_distance: int, query_offset: int, causal: bool):
+    """``(bucket, diagonal, first_row, rows)`` of every unclipped bucket
+    ``|j - i| < k``: its keys are the diagonal ``j = query_offset + i + d``.
+    Under ``causal`` the buckets after the query are left out."""
+    last = 0 if causal else max_distance - 1
+    diagonals = []
+    for distance in range(-(max_distance - 1), last + 1):
+        diagonal = query_offset + distance
+        first_row = max(0, -diagonal)
+        rows = min(tgt_len, src_len - diagonal) - first_row
+        if rows > 0:
+            diagonals.append((distance + max_distance, diagonal, first_row, rows))
+    return tuple(diagonals)
+
+
+@position_tensor
+def _clipped_left(tgt_len: int, src_len: int, max_distance: int, query_offset: int, device) -> Tensor:
+    """``[Tq, Tk]`` bool, True where ``j - i <= -k`` (bucket 0)."""
+    return relative_position_buckets(tgt_len, src_len, max_distance, query_offset, device) == 0
+
+
+def _bucket_sums(scores: Tensor, max_distance: int, query_offset: int, causal: bool) -> Tensor:
+    """``[.., Tq, Tk] -> [.., Tq, 2k+1]``: each row summed per bucket. The
+    unclipped buckets are diagonals, read as strided views; the two clipped
+    ones are what is left of the row total (scatter_add is several times
+    slower). ``causal``: nothing after the query is nonzero, so bucket 2k is 0."""
+    tgt_len, src_len = scores.shape[-2:]
+    sums = scores.new_zeros(scores.shape[:-1] + (2 * max_distance + 1,))
+    for bucket, diagonal, first_row, rows in _band_diagonals(tgt_len, src_len, max_distance, query_offset, causal):
+        sums[..., first_row:first_row + rows, bucket] = torch.diagonal(scores, diagonal, -2, -1)
+    clipped = scores.sum(dim=-1) - sums.sum(dim=-1)
+    if causal or max_distance == 0:  # one clipped bucket holds the rest
+        sums[..., 0] = clipped
+    else:
+        left = _clipped_left(tgt_len, src_len, max_distance, query_offset, scores.device)
+        sums[..., 0] = torch.where(left, scores, 0).sum(dim=-1)
+        sums[..., -1] = clipped - sums[..., 0]
+    return sums
+
+
+def _bucket_gather(per_bucket: Tensor, buckets: Tensor) -> Tensor:
+    """``[.., Tq, 2k+1] -> [.., Tq, Tk]``: ``out_ij = per_bucket[i, bucket_ij]``."""
+    return per_bucket.gather(-1, buckets.expand(per_bucket.shape[:-1] + buckets.shape[-1:]))
+
+
+class _BucketSums(torch.autograd.Function):
+    """:func:`_bucket_sums`, whose adjoint is :func:`_bucket_gather`."""
+
+    @staticmethod
+    def forward(ctx, scores, buckets, max_distance, query_offset, causal):
+        ctx.save_for_backward(buckets)
+        ctx.layout = (max_distance, query_offset, causal)
+        return _bucket_sums(scores, *ctx.layout)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (buckets,) = ctx.saved_tensors
+        return _BucketGather.apply(grad, buckets, *ctx.layout), None, None, None, None
+
+
+class _BucketGather(torch.autograd.Function):
+    """:func:`_bucket_gather`, whose adjoint is :func:`_bucket_sums` (autograd's
+    own gather backward is a scatter_add)."""
+
+    @staticmethod
+    def forward(ctx, per_bucket, buckets, max_distance, query_offset, causal):
+        ctx.save_for_backward(buckets)
+        ctx.layout = (max_distance, query_offset, causal)
+        return _bucket_gather(per_bucket, buckets)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (buckets,) = ctx.saved_tensors
+        return _BucketSums.apply(grad, buckets, *ctx.layout), None, None, None, None
+
+
+def relative_position_bias(
+    q: Tensor, rel_keys: Tensor, buckets: Tensor, max_distance: int, query_offset: int = 0, causal: bool = False,
+) -> Tensor:
     """``q_i . a^K_ij`` as ``[B, H, Tq, Tk]`` (the second term of eq. 4, with
-    whatever scale ``q`` carries)."""
+    whatever scale ``q`` carries). ``causal``: the caller hides the keys after
+    each query, so no gradient flows back from there."""
     per_bucket = torch.matmul(q, rel_keys.transpose(0, 1))  # [B, H, Tq, 2k+1]
-    index = buckets.expand(q.size(0), q.size(1), -1, -1)
-    return per_bucket.gather(-1, index)
+    return _BucketGather.apply(per_bucket, buckets, max_distance, query_offset, causal)
 
 
-def relative_position_values(probs: Tensor, rel_values: Tensor, buckets: Tensor) -> Tensor:
-    """``sum_j alpha_ij a^V_ij`` as ``[B, H, Tq, D]`` (the second term of eq. 3)."""
-    bsz, heads, tgt_len, _ = probs.shape
-    per_bucket = probs.new_zeros(bsz, heads, tgt_len, rel_values.size(0))
-    per_bucket.scatter_add_(-1, buckets.expand(bsz, heads, -1, -1), probs)
+def relative_position_values(
+    probs: Tensor, rel_values: Tensor, buckets: Tensor, max_distance: int, query_offset: int = 0, causal: bool = False,
+) -> Tensor:
+    """``sum_j alpha_ij a^V_ij`` as ``[B, H, Tq, D]`` (the second term of eq. 3).
+    ``causal``: ``probs`` are 0 after each query."""
+    per_bucket = _BucketSums.apply(probs, buckets, max_distance, query_offset, causal)
     return torch.matmul(per_bucket, rel_values)
 
 
@@ -70,12 +151,12 @@ def relative_position_attention(
         return softmax_attention(q, keys, values, key_padding_mask, causal, query_offset, dropout_p, need_weights)
     mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, q.dtype)
     scaled_q = scaled(q)  # both terms of eq. 4
-    bias = relative_position_bias(scaled_q, rel_keys, buckets)
+    bias = relative_position_bias(scaled_q, rel_keys, buckets, max_distance, query_offset, causal)
     if rel_values is None and not need_weights:
         return fused_attention(q, k, v, bias, mask, hidden, dropout_p), None
     probs = masked_softmax(masked_scores(scaled_q, k, mask).add_(bias), hidden)
     attended = dropout_probs(probs, dropout_p)
     out = torch.matmul(attended, v)
     if rel_values is not None:
-        out = out + relative_position_values(attended, rel_values, buckets)
+        out = out + relative_position_values(attended, rel_values, buckets, max_distance, query_offset, causal)
     return out, probs
