@@ -7,7 +7,8 @@ tables shared across heads (sec. 3.1-3.2).
 
 Efficient form (sec. 3.3): the relative term of eq. (4) is computed as
 q @ (w^K)^T over the 2k+1 buckets, then gathered per (i, j); the relative term
-of eq. (3) sums alpha per bucket and multiplies by w^V. Nothing of size
+of eq. (3) sums alpha per bucket (each unclipped bucket is one diagonal of
+alpha) and multiplies by w^V. Nothing of size
 [Tq, Tk, D] is ever built.
 """
 import functools
