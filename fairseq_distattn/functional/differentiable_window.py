@@ -35,8 +35,12 @@ from .masking import dropout_probs, fused_attention, logit_mask, masked_scores, 
 def _cumulative_sums(pointer: Tensor) -> Tuple[Tensor, Tensor]:
     """(f, g): inclusive cumulative and reverse cumulative sums over keys."""
     rightward = torch.cumsum(pointer, dim=-1)
-    leftward = pointer.sum(dim=-1, keepdim=True) - rightward + pointer
-    return rightward, leftward
+    return rightward, _leftward(pointer, rightward)
+
+
+def _leftward(pointer: Tensor, rightward: Tensor) -> Tensor:
+    """g = sum(p) - f + p, the reverse cumulative sum, from f; a fresh tensor."""
+    return (pointer.sum(dim=-1, keepdim=True) - rightward).add_(pointer)
 
 
 class _TokenWindowMask(torch.autograd.Function):
@@ -69,7 +73,7 @@ class _TokenWindowMask(torch.autograd.Function):
 
 def _pointer_gradient(grad_mask: Tensor, other_pointer: Tensor, other_f: Tensor) -> Tensor:
     """Gradient for one pointer of :class:`_TokenWindowMask`, given the other's ``p`` and ``f``."""
-    other_g = (other_pointer.sum(dim=-1, keepdim=True) - other_f).add_(other_pointer)
+    other_g = _leftward(other_pointer, other_f)
     through_f = grad_mask * other_g
     through_f_minus_g = other_g.sub_(other_f).mul_(grad_mask)
     return through_f.add_(through_f.sum(dim=-1, keepdim=True)).sub_(torch.cumsum(through_f_minus_g, dim=-1))
