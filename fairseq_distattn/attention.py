@@ -119,6 +119,12 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
                 )
                 saved_state.update((f"prev_{name}", tensor) for name, tensor in keys.items())
                 saved_state["prev_key_padding_mask"] = key_padding_mask
+                if key_padding_mask is not None and not bool(key_padding_mask.any()):
+                    # fairseq keeps extending a key padding mask once one was passed,
+                    # also after beam reordering has dropped every padded row; masking
+                    # with it changes no logit but costs several passes per step
+                    # (fairseq's encoder drops an all-False mask the same way)
+                    key_padding_mask = None
         if key_padding_mask is not None:
             key_padding_mask = key_padding_mask.to(torch.bool)
 

@@ -1045,6 +1045,25 @@ def test_window_mask_rows_identical_with_zero_or_three_left_pads_in_one_batch(se
     assert_close(unpadded_rows, alone, **TIGHT)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_window_mask_without_autograd_equals_the_closed_form_function(causal):
+    """Eq. 9 runs through ``_TokenWindowMask`` when a pointer needs a gradient
+    and as plain tensor code otherwise (generation): both give the same bits,
+    so the reference checks of either path hold for the other."""
+    gen = generator_for("window-no-grad", causal)
+    tgt_len, src_len = 5, 7
+    inputs = [randn(gen, 2, 3, length, 4, scale=1.5) for length in (tgt_len, src_len, tgt_len, src_len)]
+    padding = torch.zeros(2, src_len, dtype=torch.bool)
+    padding[1, :2] = True
+    tracked = window_mask(*(t.clone().requires_grad_() for t in inputs), key_padding_mask=padding, causal=causal,
+                          query_offset=src_len - tgt_len)
+    assert type(tracked.grad_fn).__name__ == "_TokenWindowMaskBackward"
+    with torch.no_grad():
+        plain = window_mask(*inputs, key_padding_mask=padding, causal=causal, query_offset=src_len - tgt_len)
+    assert plain.grad_fn is None
+    assert_close(plain, tracked.detach(), rtol=0, atol=0)
+
+
 # --------------------------------------------------------------------------
 # query_aware_values directly (eqs. 7-9), incl. cross shapes and offsets
 # --------------------------------------------------------------------------

@@ -1,10 +1,12 @@
 """Model-level guarantees: incremental (beam) decoding equals the full forward
-pass, padding never changes a sentence's output, and a vanilla SPEC is
-exactly fairseq's transformer."""
+pass, padding never changes a sentence's output (and a mask without padding
+changes nothing), and a vanilla SPEC is exactly fairseq's transformer."""
 import pytest
 import torch
 
-from fairseq_distattn.spec import CROSS, DECODER_SELF, ENCODER_SELF, MECHANISMS
+from fairseq_distattn.attention import DistanceAwareMultiheadAttention
+from fairseq_distattn.mechanisms import MECHANISM_REGISTRY
+from fairseq_distattn.spec import CROSS, DECODER_SELF, ENCODER_SELF, MECHANISMS, MechanismOptions
 
 from .model_helpers import TINY, TINY_LM, language_model, left_pad, random_tokens, right_pad, translation_model
 
@@ -110,3 +112,34 @@ def test_mechanisms_land_on_the_named_layers_only():
     assert encoder_kinds == ["MultiheadAttention", "DistanceAwareMultiheadAttention"]
     assert cross_kinds == ["DistanceAwareMultiheadAttention", "MultiheadAttention"]
     assert model.decoder.layers[0].encoder_attn.mechanism.segment_size == 2
+
+
+@pytest.mark.parametrize("mechanism", sorted(MECHANISM_REGISTRY))
+def test_a_carried_all_false_padding_mask_reaches_the_mechanism_as_none(mechanism, monkeypatch):
+    """Once a decoding step passed a key padding mask, fairseq extends it at
+    every later step, also when no row has padding (left). The module hands
+    the mechanism None then, which must not change a single value; a mask
+    with padding still arrives and still masks."""
+    module = DistanceAwareMultiheadAttention(8, 2, mechanism, MechanismOptions(), causal=True, self_attention=True)
+    module = module.double().eval()
+    received = []
+    real_forward = module.mechanism.forward
+    monkeypatch.setattr(module.mechanism, "forward",
+                        lambda q, k, pad, *rest: received.append(pad) or real_forward(q, k, pad, *rest))
+    steps = torch.randn(4, 3, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+
+    def decode(first_step_padding):
+        received.clear()
+        state = {}
+        with torch.no_grad():
+            outputs = [module(steps[t:t + 1], None, None, incremental_state=state,
+                              key_padding_mask=first_step_padding if t == 0 else None)[0] for t in range(len(steps))]
+        return torch.cat(outputs), list(received)
+
+    unmasked, _ = decode(None)
+    masked_nothing, received_nothing = decode(torch.zeros(3, 1, dtype=torch.bool))
+    assert received_nothing == [None] * len(steps)
+    torch.testing.assert_close(masked_nothing, unmasked, rtol=0, atol=0)
+    masked, received_masks = decode(torch.tensor([[False], [True], [False]]))
+    assert all(pad is not None and pad[1, 0] and pad.sum() == 1 for pad in received_masks)
+    assert not torch.allclose(masked, unmasked), "the padded key was not masked"

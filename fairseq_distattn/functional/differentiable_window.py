@@ -56,10 +56,9 @@ class _TokenWindowMask(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, left_pointer: Tensor, right_pointer: Tensor) -> Tensor:
-        left_f, left_g = _cumulative_sums(left_pointer)
-        right_f, right_g = _cumulative_sums(right_pointer)
+        mask, left_f, right_f = _token_window_mask(left_pointer, right_pointer)
         ctx.save_for_backward(left_pointer, right_pointer, left_f, right_f)
-        return torch.addcmul(left_f * right_g, right_f, left_g)
+        return mask
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -69,6 +68,18 @@ class _TokenWindowMask(torch.autograd.Function):
             _pointer_gradient(grad_mask, right_pointer, right_f),
             _pointer_gradient(grad_mask, left_pointer, left_f),
         )
+
+
+def _window_from_sums(left_sums: Tuple[Tensor, Tensor], right_sums: Tuple[Tensor, Tensor]) -> Tensor:
+    """``m = f_l g_r + f_r g_l`` (eqs. 9 and 11) from each pointer's ``(f, g)``."""
+    (left_f, left_g), (right_f, right_g) = left_sums, right_sums
+    return torch.addcmul(left_f * right_g, right_f, left_g)
+
+
+def _token_window_mask(left_pointer: Tensor, right_pointer: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(m, f_l, f_r)``: eq. 9 and the two cumulative sums its gradient needs."""
+    left_sums, right_sums = _cumulative_sums(left_pointer), _cumulative_sums(right_pointer)
+    return _window_from_sums(left_sums, right_sums), left_sums[0], right_sums[0]
 
 
 def _pointer_gradient(grad_mask: Tensor, other_pointer: Tensor, other_f: Tensor) -> Tensor:
@@ -115,10 +126,14 @@ def window_mask(
     if segment_size > 0:
         segments = key_segments(key_padding_mask, src_len, segment_size, q_left.device)
         num_segments = (src_len + segment_size - 1) // segment_size
-        left_f, left_g = _segment_cumulative_sums(left_pointer, segments, num_segments)
-        right_f, right_g = _segment_cumulative_sums(right_pointer, segments, num_segments)
-        return torch.addcmul(left_f * right_g, right_f, left_g)
-    return _TokenWindowMask.apply(left_pointer, right_pointer)
+        return _window_from_sums(
+            _segment_cumulative_sums(left_pointer, segments, num_segments),
+            _segment_cumulative_sums(right_pointer, segments, num_segments),
+        )
+    if torch.is_grad_enabled() and (left_pointer.requires_grad or right_pointer.requires_grad):
+        return _TokenWindowMask.apply(left_pointer, right_pointer)
+    # generation calls this once per windowed layer and step: skip autograd's bookkeeping
+    return _token_window_mask(left_pointer, right_pointer)[0]
 
 
 def multiplicative_window_attention(
