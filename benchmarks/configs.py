@@ -106,7 +106,7 @@ class Config:
     task: str  # MT or LM
     arch: str  # fairseq --arch
     flags: Tuple[str, ...] = ()
-    kind: str = "mechanism"  # baseline | preset | mechanism
+    kind: str = "mechanism"  # baseline | preset | mechanism | floor
     note: str = ""
 
     @property
@@ -128,6 +128,12 @@ LM_PRESETS = [
     Config("lm-rpr-preset", LM, "distattn_lm_rpr_gbw", kind="preset", note="distattn_lm_rpr_gbw"),
     Config("lm-da-preset", LM, "distattn_lm_da_gbw", kind="preset", note="distattn_lm_da_gbw"),
     Config("lm-window-preset", LM, "distattn_lm_window_gbw", kind="preset", note="distattn_lm_window_gbw"),
+]
+# Generation only, no target: vanilla transformer_lm plus the tensor work the
+# MW window adds per decoding step, without the plugin (benchmarks/floor.py).
+LM_FLOORS = [
+    Config("lm-window-floor", LM, "transformer_lm_gbw", kind="floor",
+           note="cost floor of distattn_lm_window_gbw: fairseq `transformer_lm` + MW window tensor work, not a model"),
 ]
 
 
@@ -158,6 +164,10 @@ def translation_configs(include_mechanisms: bool = True) -> List[Config]:
 
 def lm_configs() -> List[Config]:
     return [LM_BASELINE, *LM_PRESETS]
+
+
+def lm_generation_configs() -> List[Config]:
+    return [*lm_configs(), *LM_FLOORS]
 
 
 def select(configs: Sequence[Config], only: Optional[Sequence[str]]) -> List[Config]:
@@ -215,6 +225,10 @@ def build(config: Config, scale: Scale, dictionary, device, seed: int = 1, max_p
     else:
         task = LanguageModelingTask(args, dictionary)
     model = task.build_model(args).to(device)
+    if config.kind == "floor":
+        from .floor import add_window_work
+
+        add_window_work(model)
     criterion = task.build_criterion(args).to(device)
     parameters = sum(p.numel() for p in model.parameters())
     return Built(config, model, criterion, task, args, parameters)
@@ -222,6 +236,10 @@ def build(config: Config, scale: Scale, dictionary, device, seed: int = 1, max_p
 
 def attention_layout(built: Built) -> str:
     """Human-readable mechanism per layer (from the plugin's plans), or 'vanilla'."""
+    if built.config.kind == "floor":
+        from .floor import WINDOW_FLOOR_LAYERS
+
+        return "vanilla + window-mw tensor work in dec layers " + ",".join(map(str, WINDOW_FLOOR_LAYERS))
     parts = []
     encoder = getattr(built.model, "encoder", None)
     decoder = getattr(built.model, "decoder", None)

@@ -146,8 +146,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     mt_train_configs = C.select(C.translation_configs(include_mechanisms=not args.no_mechanisms), args.configs)
     mt_preset_configs = C.select([C.MT_BASELINE, *C.MT_PRESETS], args.configs)
     lm_configs = C.select(C.lm_configs(), args.configs)
+    lm_generation_configs = C.select(C.lm_generation_configs(), args.configs)
     if args.configs:
-        known = {c.key for c in [*C.translation_configs(), *C.lm_configs()]}
+        known = {c.key for c in [*C.translation_configs(), *C.lm_generation_configs()]}
         unknown = [c for c in args.configs if c not in known]
         if unknown:
             log(f"error: unknown --configs {','.join(unknown)}; known: {','.join(sorted(known))}")
@@ -156,12 +157,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     run_mt_train = len(mt_train_configs) > 1
     run_mt_presets = len(mt_preset_configs) > 1
     run_lm = len(lm_configs) > 1
+    run_lm_generation = len(lm_generation_configs) > 1
 
     model_sections = [s for s in args.sections if s != "ops"]
     need_mt = "translation" in args.tasks and (
         ("train" in model_sections and run_mt_train) or
         (("generate" in model_sections or "memory" in model_sections) and run_mt_presets))
-    need_lm = "lm" in args.tasks and bool(model_sections) and run_lm
+    need_lm = "lm" in args.tasks and (
+        (("train" in model_sections or "memory" in model_sections) and run_lm) or
+        ("generate" in model_sections and run_lm_generation))
     mt = lm = None
     if need_mt:
         from .data import translation_data
@@ -192,7 +196,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             tasks.append(("translation", mt_train_configs, mt.dictionary, mt.train_batches))
             meta["train_note"] = (f"{len(mt.train_batches)} real batch(es) of at most {scale.max_tokens} tokens "
                                   f"(fairseq --max-tokens), label-smoothed cross-entropy 0.1, fairseq's Adam.")
-        if lm is not None:
+        if lm is not None and run_lm:
             tasks.append(("lm", lm_configs, lm.dictionary, lm.train_batches))
         for task, configs, dictionary, batches in tasks:
             log(f"train/{task}: {len(configs)} models")
@@ -225,14 +229,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             meta["generate_note"] = (f"fairseq SequenceGenerator, beam {args.beam}, {scale.gen_sentences} real source "
                                      f"sentences of median length, exactly {scale.gen_max_len} target tokens each "
                                      f"(min_len = max_len), untrained weights, incremental decoding.")
-        if lm is not None:
-            log(f"generate/lm: {len(lm_configs)} models")
+        if lm is not None and run_lm_generation:
+            log(f"generate/lm: {len(lm_generation_configs)} models")
             prompts = lm.prompts
             sample = {"id": torch.arange(len(prompts)),
                       "net_input": {"src_tokens": prompts, "src_lengths": torch.full((len(prompts),), prompts.size(1))}}
             new_tokens = max(1, scale.gen_max_len - prompts.size(1))
-            generate["lm"] = run_generation(lm_configs, scale, lm.dictionary, sample, device, args.repeats, args.warmup,
-                                            args.seed, log, beam=args.beam, prefix_tokens=prompts, new_tokens=new_tokens)
+            generate["lm"] = run_generation(lm_generation_configs, scale, lm.dictionary, sample, device, args.repeats,
+                                            args.warmup, args.seed, log, beam=args.beam, prefix_tokens=prompts,
+                                            new_tokens=new_tokens)
             generation_built["lm"] = (generate["lm"].pop("_built"), lm.dictionary)
             meta["generate_lm_note"] = (f"fairseq SequenceGenerator, beam {args.beam}, {len(prompts)} real sentence "
                                         f"beginnings of {prompts.size(1)} tokens as prefix_tokens, {new_tokens} more "
@@ -260,12 +265,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return lm.block_batch(length, scale.memory_rows)
 
         mt_memory = mt is not None and run_mt_presets
-        memory_configs = ([*mt_preset_configs] if mt_memory else []) + ([*lm_configs] if lm is not None else [])
+        lm_memory = lm is not None and run_lm
+        memory_configs = ([*mt_preset_configs] if mt_memory else []) + ([*lm_configs] if lm_memory else [])
         log(f"memory: {len(memory_configs)} models at L={','.join(map(str, scale.memory_lengths))}")
         memory: Dict[str, object] = {}
         if mt_memory:
             memory.update(run_memory(mt_preset_configs, scale, mt.dictionary, make_batch, device, args.seed, log))
-        if lm is not None:
+        if lm_memory:
             memory.update(run_memory(lm_configs, scale, lm.dictionary, make_batch, device, args.seed, log))
         results["memory"] = memory
         how = "torch.cuda.max_memory_allocated" if device.type == "cuda" else \

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks.common import Summary, fit_exponent, run_paired
-from benchmarks.configs import LM_PRESETS, MT_PRESETS, mt_mechanism_configs
+from benchmarks import configs as C
+from benchmarks.configs import LM_FLOORS, LM_PRESETS, MT_PRESETS, mt_mechanism_configs
+from benchmarks.floor import WINDOW_FLOOR_LAYERS
 from benchmarks.report import TRAIN_TARGETS, md_table
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -167,7 +169,8 @@ def test_generation_tables(quick_run):
     out, _ = quick_run
     tables = sections((out / "results.md").read_text())
     for heading, baseline, presets in (("## Generation: translation, beam 5", "transformer", MT_PRESETS),
-                                       ("## Generation: language model, beam 5", "transformer_lm", LM_PRESETS)):
+                                       ("## Generation: language model, beam 5", "transformer_lm",
+                                        [*LM_PRESETS, *LM_FLOORS])):
         rows = tables[heading]
         assert [r["config"] for r in rows] == [baseline] + [c.key for c in presets]
         lengths = {r["tokens/sentence"] for r in rows}
@@ -175,6 +178,41 @@ def test_generation_tables(quick_run):
         for row in rows:
             assert number(row["sentences/s median"]) > 0 and number(row["tokens/s median"]) > 0
             assert number(row["ratio median"]) > 0
+
+
+def test_window_floor_is_vanilla_plus_the_window_work_of_the_preset_layers():
+    """lm-window-floor: fairseq's transformer_lm, unchanged outputs, with the
+    MW window's per-step work (cached pointer keys) in exactly the layers
+    that distattn_lm_window_gbw windows."""
+    import torch
+    from fairseq.data import Dictionary
+
+    dictionary = Dictionary()
+    for i in range(20):
+        dictionary.add_symbol(f"w{i}")
+    scale = C.SCALES["tiny"]
+    preset = C.build(next(c for c in LM_PRESETS if c.key == "lm-window-preset"), scale, dictionary, "cpu").model
+    windowed = tuple(i for i, plan in enumerate(preset.decoder.layer_plans) if plan.self_attention == "window-mw")
+    assert windowed == WINDOW_FLOOR_LAYERS
+    vanilla = C.build(C.LM_BASELINE, scale, dictionary, "cpu").model.eval()
+    floor = C.build(LM_FLOORS[0], scale, dictionary, "cpu").model.eval()
+    tokens = torch.randint(dictionary.nspecial, len(dictionary), (2, 5), generator=torch.Generator().manual_seed(0))
+    vanilla_state, floor_state = {}, {}
+    with torch.no_grad():
+        for step in range(tokens.size(1)):
+            if step == 3:
+                for model, state in ((vanilla, vanilla_state), (floor, floor_state)):
+                    model.decoder.reorder_incremental_state_scripting(state, torch.tensor([1, 1]))
+                tokens[0] = tokens[1]
+            expected = vanilla.decoder(tokens[:, :step + 1], incremental_state=vanilla_state)[0]
+            out = floor.decoder(tokens[:, :step + 1], incremental_state=floor_state)[0]
+            torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    for index, layer in enumerate(floor.decoder.layers):
+        buffer = layer.self_attn._get_input_buffer(floor_state)
+        assert ("prev_left_key" in buffer) == (index in WINDOW_FLOOR_LAYERS)
+        if index in WINDOW_FLOOR_LAYERS:
+            assert buffer["prev_left_key"].shape == buffer["prev_key"].shape
+            torch.testing.assert_close(buffer["prev_right_key"][0], buffer["prev_right_key"][1], rtol=0, atol=0)
 
 
 def test_memory_table(quick_run):
