@@ -15,9 +15,10 @@ any code of this plugin:
   attention does not expose its weights, so the pointer stands in for them).
 
 Its outputs are vanilla fairseq's, so it is not a model, and it only adds
-work in incremental decoding (generation). Its ratio to vanilla is what any
-implementation of the paper's MW decoding step can reach on the machine at
-most; the preset's distance to it is this plugin's own overhead.
+work in incremental decoding (generation). Its ratio to vanilla is what the
+paper's MW decoding step costs when written as plainly as fairseq's own
+attention (one op per operation of the equations, no fused kernels); the
+preset's distance to it is this plugin's own overhead.
 """
 from __future__ import annotations
 
