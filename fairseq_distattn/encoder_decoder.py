@@ -7,21 +7,34 @@ from an iterator prepared beforehand (no layer is ever built twice).
 from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase, TransformerEncoderBase
 
 from .layers import DistAttnDecoderLayer, DistAttnEncoderLayer, LayerAttentionPlan, wrap_layer
-from .spec import CROSS, DECODER_SELF, ENCODER_SELF, MechanismOptions, parse_spec
+from .spec import CROSS, DECODER_SELF, ENCODER_SELF, MechanismOptions, SpecError, parse_spec
+
+
+def mechanism_options(cfg, decoder_only: bool = False) -> MechanismOptions:
+    """The options of a ``TransformerConfig``; ``--max-relative-position`` is
+    bounded by the longest sequence the model accepts (a decoder-only model
+    has no source side, whatever ``max_source_positions`` says)."""
+    positions = [cfg.max_target_positions] if decoder_only else [cfg.max_source_positions, cfg.max_target_positions]
+    return MechanismOptions.from_args(cfg, max(p or 0 for p in positions) or None)
 
 
 def encoder_plans(cfg):
-    options = MechanismOptions.from_args(cfg)
+    options = mechanism_options(cfg)
     layers = parse_spec(ENCODER_SELF, getattr(cfg, "encoder_self_attention", None), cfg.encoder.layers)
     options.check_kind(ENCODER_SELF, layers)
     return [LayerAttentionPlan(mechanism, "vanilla", options) for mechanism in layers]
 
 
-def decoder_plans(cfg, no_encoder_attn: bool):
-    options = MechanismOptions.from_args(cfg)
+def decoder_plans(cfg, no_encoder_attn: bool, decoder_only: bool = False):
+    options = mechanism_options(cfg, decoder_only)
     self_layers = parse_spec(DECODER_SELF, getattr(cfg, "decoder_self_attention", None), cfg.decoder.layers)
     options.check_kind(DECODER_SELF, self_layers)
-    cross_spec = None if no_encoder_attn else getattr(cfg, "cross_attention", None)
+    cross_spec = getattr(cfg, "cross_attention", None)
+    if no_encoder_attn:
+        if cross_spec not in (None, "vanilla"):
+            raise SpecError(CROSS.flag, cross_spec, "the decoder has no cross-attention (--no-cross-attention)",
+                            "vanilla, or leave out --no-cross-attention")
+        cross_spec = None
     cross_layers = parse_spec(CROSS, cross_spec, cfg.decoder.layers)
     return [LayerAttentionPlan(mine, cross, options) for mine, cross in zip(self_layers, cross_layers)]
 
@@ -38,10 +51,12 @@ class DistAttnTransformerEncoder(TransformerEncoderBase):
 
 
 class DistAttnTransformerDecoder(TransformerDecoderBase):
+    decoder_only = False  # True for a language model's decoder
+
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
         self.args = cfg  # fairseq's legacy decoder exposes its args; some callers read them
         cfg = TransformerConfig.from_namespace(cfg)
-        self.layer_plans = decoder_plans(cfg, no_encoder_attn)
+        self.layer_plans = decoder_plans(cfg, no_encoder_attn, self.decoder_only)
         self._plans_to_build = iter(self.layer_plans)
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn, output_projection=output_projection)
 

@@ -7,7 +7,9 @@ vanilla. Example: ``window-aw@0-2,rpr@3``.
 Invalid input is reported the way argparse reports a bad flag: one line on
 stderr naming the flag, the bad value and what is allowed, exit status 2.
 """
+import math
 import os
+import re
 import sys
 from dataclasses import dataclass
 from typing import FrozenSet, List, Optional
@@ -60,12 +62,24 @@ CROSS = AttentionKind(
 )
 
 
+# The largest finite float32: the dtype in which (at least) the logits are formed.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _is_integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 class SpecError(ValueError):
     """A bad flag value; ``str()`` is the one-line message."""
 
     def __init__(self, flag: str, value, problem: str, allowed: str):
         super().__init__(f"argument {flag}: invalid value {str(value)!r}: {problem}; allowed: {allowed}")
-        self.flag = flag
+        self.flag, self.value, self.problem, self.allowed = flag, value, problem, allowed
+
+    def with_note(self, note: str) -> "SpecError":
+        """The same error with ``note`` appended to its problem."""
+        return SpecError(self.flag, self.value, f"{self.problem} ({note})", self.allowed)
 
 
 def exit_on_spec_error(error: SpecError):
@@ -80,39 +94,49 @@ def _ordered(names) -> str:
     return ", ".join(m for m in MECHANISMS if m in names)
 
 
+# Only ASCII digits: int() would also take "+1", "1_0" and other scripts' digits.
+LAYERS_PATTERN = re.compile(r"([0-9]+)(?:-([0-9]+))?", re.ASCII)
+
+
 def _parse_layers(kind: AttentionKind, spec: str, item: str, text: str, num_layers: int) -> range:
     grammar = f"a layer i or range i-j with 0 <= i <= j <= {num_layers - 1}"
-    try:
-        bounds = [int(part) for part in text.split("-")]
-    except ValueError:
+    if not text:
+        raise SpecError(kind.flag, spec, f"{item!r} has an empty layer list after '@'", grammar + " (or no '@' for every layer)")
+    match = LAYERS_PATTERN.fullmatch(text)
+    if match is None:
         raise SpecError(kind.flag, spec, f"{item!r} has layers {text!r}, which is not a number or range", grammar)
-    if len(bounds) == 1:
-        bounds = bounds * 2
-    if len(bounds) != 2 or bounds[0] > bounds[1]:
+    first = int(match.group(1))
+    last = first if match.group(2) is None else int(match.group(2))
+    if first > last:
         raise SpecError(kind.flag, spec, f"{item!r} has an invalid layer range {text!r}", grammar)
-    if bounds[0] < 0 or bounds[1] >= num_layers:
+    if last >= num_layers:
         raise SpecError(kind.flag, spec, f"{item!r} names layers outside the model's {num_layers} layers", grammar)
-    return range(bounds[0], bounds[1] + 1)
+    return range(first, last + 1)
 
 
 def parse_spec(kind: AttentionKind, spec: Optional[str], num_layers: int) -> List[str]:
     """Mechanism name for every layer ``0..num_layers-1`` of this attention kind."""
     layers = ["vanilla"] * num_layers
     owner: List[Optional[str]] = [None] * num_layers
-    spec = "vanilla" if spec is None or not spec.strip() else spec
+    if spec is None:
+        return layers
+    grammar = f"MECH[@i|@i-j],... with MECH one of {_ordered(MECHANISMS)}"
     for raw_item in spec.split(","):
         item = raw_item.strip()
-        name, _, layer_text = item.partition("@")
+        if not item:
+            # an empty value (an unset shell variable) or a stray comma must not mean "vanilla"
+            raise SpecError(kind.flag, spec, "empty item", grammar)
+        name, at, layer_text = item.partition("@")
         name = name.strip()
         if name not in MECHANISMS:
-            raise SpecError(kind.flag, spec, f"unknown mechanism {name!r}", f"MECH[@i|@i-j],... with MECH one of {_ordered(MECHANISMS)}")
+            raise SpecError(kind.flag, spec, f"unknown mechanism {name!r}", grammar)
         if name not in kind.allowed:
             raise SpecError(
                 kind.flag, spec,
                 f"{name} does not apply to {kind.description} ({kind.disallowed_reason})",
                 _ordered(kind.allowed),
             )
-        covered = _parse_layers(kind, spec, item, layer_text.strip(), num_layers) if layer_text else range(num_layers)
+        covered = _parse_layers(kind, spec, item, layer_text.strip(), num_layers) if at else range(num_layers)
         for layer in covered:
             if owner[layer] is not None:
                 raise SpecError(kind.flag, spec, f"{owner[layer]!r} and {item!r} both set layer {layer}", "non-overlapping layer ranges")
@@ -135,25 +159,39 @@ class MechanismOptions:
     attention_recompute_length: int = 256
 
     @classmethod
-    def from_args(cls, args) -> "MechanismOptions":
+    def from_args(cls, args, max_positions: Optional[int] = None) -> "MechanismOptions":
+        """Options from parsed flags (absent flags take the defaults above).
+        ``max_positions``: the longest sequence the model accepts, which bounds
+        ``--max-relative-position`` (no distance beyond it ever occurs)."""
         positive = {
             "--max-relative-position": getattr(args, "max_relative_position", cls.max_relative_position),
             "--window-segment-size": getattr(args, "window_segment_size", cls.window_segment_size),
         }
         for flag, value in positive.items():
-            if not isinstance(value, int) or value <= 0:
+            if not _is_integer(value) or value <= 0:
                 raise SpecError(flag, value, "must be a positive integer", "an integer >= 1")
+        max_distance = positive["--max-relative-position"]
+        if max_positions is not None and max_distance > max_positions:
+            raise SpecError(
+                "--max-relative-position", max_distance,
+                f"larger than the longest sequence the model accepts ({max_positions} positions, "
+                "--max-source-positions/--max-target-positions), so no distance ever reaches it",
+                f"an integer 1 <= K <= {max_positions}",
+            )
         recompute_length = getattr(args, "attention_recompute_length", cls.attention_recompute_length)
-        if not isinstance(recompute_length, int) or recompute_length < 0:
+        if not _is_integer(recompute_length) or recompute_length < 0:
             raise SpecError("--attention-recompute-length", recompute_length, "must be a non-negative integer", "an integer >= 0 (0: never recompute)")
         alpha = getattr(args, "distance_mask_alpha", cls.distance_mask_alpha)
-        if not alpha >= 0:
-            raise SpecError("--distance-mask-alpha", alpha, "must be non-negative", "a number >= 0")
-        direction = getattr(args, "distance_mask_direction", "none") or "none"
+        # alpha multiplies float32 (or half) logits: a value that is inf there
+        # (1e39 is finite in Python) turns 0 * alpha on the diagonal into NaN
+        if not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or not 0 <= alpha <= FLOAT32_MAX:
+            raise SpecError("--distance-mask-alpha", alpha, "must be a finite non-negative number", f"a number 0 <= ALPHA <= {FLOAT32_MAX:.4g}")
+        direction = getattr(args, "distance_mask_direction", None)
+        direction = "none" if direction is None else direction
         if direction not in DISTANCE_MASK_DIRECTIONS:
             raise SpecError("--distance-mask-direction", direction, "unknown direction", ", ".join(DISTANCE_MASK_DIRECTIONS))
         return cls(
-            max_relative_position=positive["--max-relative-position"],
+            max_relative_position=max_distance,
             relative_values=not getattr(args, "no_relative_values", False),
             window_segment_size=positive["--window-segment-size"],
             distance_mask_alpha=float(alpha),

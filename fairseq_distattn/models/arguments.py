@@ -46,7 +46,9 @@ def add_distattn_args(container, kinds):
     add("--attention-recompute-length", type=int, metavar="N",
         help="from this key length on, training keeps no [B, H, Tq, Tk] attention tensor for backward: "
              "it recomputes the mechanism in query chunks instead (less memory, one more attention "
-             f"forward per layer); 0 = never (default: {defaults.attention_recompute_length})")
+             f"forward per layer); 0 = never (default: {defaults.attention_recompute_length}). With "
+             "--attention-dropout > 0 the recomputed blocks draw their own dropout masks, so one --seed "
+             "gives a different (equally valid) run for each value of this flag")
 
 
 def show_flags_in_fairseq_help():
@@ -67,23 +69,47 @@ def show_flags_in_fairseq_help():
     options.add_model_args = add_model_args
 
 
-def set_distattn_defaults(args, encoder_self=None, decoder_self=None, cross=None):
-    """Architecture defaults: a flag the user gave always wins."""
-    for flag_attr, spec in (("encoder_self_attention", encoder_self), ("decoder_self_attention", decoder_self), ("cross_attention", cross)):
-        setattr(args, flag_attr, getattr(args, flag_attr, None) or spec or "vanilla")
+SPEC_ATTRIBUTES = {kind.flag[2:].replace("-", "_"): kind for kind in (ENCODER_SELF, DECODER_SELF, CROSS)}
+
+
+def _option_defaults():
     defaults = MechanismOptions()
-    args.max_relative_position = getattr(args, "max_relative_position", defaults.max_relative_position)
-    args.no_relative_values = getattr(args, "no_relative_values", False)
-    args.window_segment_size = getattr(args, "window_segment_size", defaults.window_segment_size)
-    args.distance_mask_alpha = getattr(args, "distance_mask_alpha", defaults.distance_mask_alpha)
-    args.distance_mask_direction = getattr(args, "distance_mask_direction", "none")
-    args.attention_recompute_length = getattr(args, "attention_recompute_length", defaults.attention_recompute_length)
+    return {
+        "max_relative_position": defaults.max_relative_position,
+        "no_relative_values": False,
+        "window_segment_size": defaults.window_segment_size,
+        "distance_mask_alpha": defaults.distance_mask_alpha,
+        "distance_mask_direction": "none",
+        "attention_recompute_length": defaults.attention_recompute_length,
+    }
+
+
+# attribute -> default of every option flag (the SPEC flags default to "vanilla")
+OPTION_DEFAULTS = _option_defaults()
+
+
+def set_distattn_defaults(args, encoder_self=None, decoder_self=None, cross=None):
+    """Architecture defaults: a flag the user gave always wins (an empty one
+    too, which the SPEC check then refuses)."""
+    if getattr(args, "no_cross_attention", False):
+        cross = None  # a preset's cross-attention default has nothing to apply to
+    for flag_attr, spec in zip(SPEC_ATTRIBUTES, (encoder_self, decoder_self, cross)):
+        if getattr(args, flag_attr, None) is None:
+            setattr(args, flag_attr, spec or "vanilla")
+    for attr, default in OPTION_DEFAULTS.items():
+        setattr(args, attr, getattr(args, attr, default))
+
+
+# --arch name -> (fairseq architecture function it extends, its SPEC defaults by attribute)
+ARCHITECTURES = {}
 
 
 def register_architecture(model_name, name, fairseq_architecture, no_absolute_positions=False,
                           encoder_self=None, decoder_self=None, cross=None):
     """Register ``name``: fairseq's architecture defaults plus attention defaults
     (architectures only set defaults; a flag the user gives always wins)."""
+    specs = {attr: spec for attr, spec in zip(SPEC_ATTRIBUTES, (encoder_self, decoder_self, cross)) if spec}
+    ARCHITECTURES[name] = (fairseq_architecture, specs)
 
     def set_defaults(args):
         if no_absolute_positions:
@@ -96,12 +122,84 @@ def register_architecture(model_name, name, fairseq_architecture, no_absolute_po
     return set_defaults
 
 
-def build_or_exit(build):
-    """Run a model build; a bad flag value exits like argparse (status 2, one line)."""
+def with_preset_note(error: SpecError, args) -> SpecError:
+    """Say so when the refused SPEC is the ``--arch`` preset's own default (the
+    user may never have typed it, e.g. window presets with fewer layers)."""
+    arch = getattr(args, "arch", None)
+    preset_specs = ARCHITECTURES.get(arch, (None, {}))[1]
+    attr = error.flag[2:].replace("-", "_")
+    if attr in preset_specs and preset_specs[attr] == error.value:
+        return error.with_note(f"{error.value!r} is the default of --arch {arch}; give {error.flag} to override it")
+    return error
+
+
+def build_or_exit(build, args):
+    """Run a model build (or check); a bad flag value exits like argparse
+    (status 2, one line)."""
     try:
         return build()
     except SpecError as error:
-        exit_on_spec_error(error)
+        exit_on_spec_error(with_preset_note(error, args))
 
 
-__all__ = ["add_distattn_args", "show_flags_in_fairseq_help", "set_distattn_defaults", "register_architecture", "build_or_exit", "ENCODER_SELF", "DECODER_SELF", "CROSS"]
+def plugin_flags_given(args):
+    """``(flag, value)`` of each plugin flag on ``args`` whose value differs
+    from its default (absent flags were not given: their defaults are suppressed)."""
+    for attr, default in {**dict.fromkeys(SPEC_ATTRIBUTES, "vanilla"), **OPTION_DEFAULTS}.items():
+        value = getattr(args, attr, default)
+        if value != default:
+            yield "--" + attr.replace("_", "-"), value
+
+
+def plugin_architecture_for(fairseq_arch: str) -> str:
+    """The plugin architecture with vanilla attention that extends ``fairseq_arch``, if any."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    for name, (fairseq_architecture, specs) in ARCHITECTURES.items():
+        if not specs and ARCH_CONFIG_REGISTRY.get(fairseq_arch) is fairseq_architecture:
+            return f"--arch {name}"
+    return "--arch distattn_transformer (translation) or --arch distattn_lm (language modelling), or one of their presets"
+
+
+def check_parsed_args(args):
+    """Validate the plugin's flags as soon as fairseq-train has parsed them:
+    before any data is loaded or directory written, and also when ``--arch``
+    names a model that is not the plugin's, which would silently ignore them."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    arch = getattr(args, "arch", None)
+    model = ARCH_MODEL_REGISTRY.get(arch)
+    if model is None:
+        return
+    if hasattr(model, "check_attention_args"):
+        build_or_exit(lambda: model.check_attention_args(args), args)
+        return
+    for flag, value in plugin_flags_given(args):
+        exit_on_spec_error(SpecError(
+            flag, value, f"--arch {arch} builds fairseq's own {model.__name__}, which has no distance-aware attention",
+            f"this flag with {plugin_architecture_for(arch)}",
+        ))
+
+
+def check_flags_after_parsing():
+    """Wrap fairseq's ``options.parse_args_and_arch`` with :func:`check_parsed_args`.
+
+    fairseq-train imports ``--user-dir`` while it builds its parser, before it
+    calls ``parse_args_and_arch``, so the wrapper is in place for that call."""
+    fairseq_parse = options.parse_args_and_arch
+    if getattr(fairseq_parse, "checks_distattn_flags", False):
+        return
+
+    def parse_args_and_arch(*args, **kwargs):
+        parsed = fairseq_parse(*args, **kwargs)
+        check_parsed_args(parsed[0] if isinstance(parsed, tuple) else parsed)
+        return parsed
+
+    parse_args_and_arch.checks_distattn_flags = True
+    options.parse_args_and_arch = parse_args_and_arch
+
+
+__all__ = [
+    "add_distattn_args", "show_flags_in_fairseq_help", "check_flags_after_parsing", "set_distattn_defaults",
+    "register_architecture", "build_or_exit", "ENCODER_SELF", "DECODER_SELF", "CROSS",
+]

@@ -1,13 +1,15 @@
 """Language model ``distattn_lm`` and its architectures."""
+from argparse import Namespace
 from contextlib import contextmanager
 
 from fairseq.models import register_model
 from fairseq.models import transformer_lm as fairseq_lm
 from fairseq.dataclass.utils import gen_parser_from_dataclass
+from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig
 
-from ..encoder_decoder import DistAttnTransformerDecoder
-from ..spec import SpecError, exit_on_spec_error
+from ..encoder_decoder import DistAttnTransformerDecoder, decoder_plans
+from ..spec import SpecError
 from .arguments import CROSS, DECODER_SELF, ENCODER_SELF, add_distattn_args, build_or_exit, register_architecture, set_distattn_defaults
 
 
@@ -24,6 +26,10 @@ def _decoder_class(decoder_class):
         fairseq_lm.TransformerDecoder = fairseq_decoder
 
 
+class DistAttnLanguageModelDecoder(DistAttnTransformerDecoder):
+    decoder_only = True
+
+
 @register_model("distattn_lm")
 class DistAttnLanguageModel(TransformerLanguageModel):
     """fairseq's ``transformer_lm`` with a distance-aware mechanism chosen per decoder layer."""
@@ -36,18 +42,26 @@ class DistAttnLanguageModel(TransformerLanguageModel):
         add_distattn_args(parser, (DECODER_SELF,))
 
     @classmethod
-    def build_model(cls, args, task):
+    def check_attention_args(cls, args):
+        """Raise SpecError for any bad attention flag (what building would find)."""
         set_distattn_defaults(args)
         for kind in (ENCODER_SELF, CROSS):  # listed by --help for every model, but the LM has neither
             spec = getattr(args, kind.flag[2:].replace("-", "_"))
             if spec != "vanilla":
-                exit_on_spec_error(SpecError(kind.flag, spec, f"distattn_lm is decoder-only and has no {kind.description}", "vanilla (or leave it out)"))
+                raise SpecError(kind.flag, spec, f"distattn_lm is decoder-only and has no {kind.description}", "vanilla (or leave it out)")
+        # fairseq's LM build_model takes the positions from --tokens-per-sample when not given
+        max_target_positions = getattr(args, "max_target_positions", None) or getattr(args, "tokens_per_sample", None)
+        cfg = TransformerConfig.from_namespace(Namespace(**{**vars(args), "max_target_positions": max_target_positions}))
+        decoder_plans(cfg, no_encoder_attn=True, decoder_only=True)
 
+    @classmethod
+    def build_model(cls, args, task):
         def build():
-            with _decoder_class(DistAttnTransformerDecoder):
+            cls.check_attention_args(args)
+            with _decoder_class(DistAttnLanguageModelDecoder):
                 return super(DistAttnLanguageModel, cls).build_model(args, task)
 
-        return build_or_exit(build)
+        return build_or_exit(build, args)
 
 
 def architecture(name, fairseq_architecture, **attention):

@@ -1,9 +1,9 @@
 """Translation model ``distattn_transformer`` and its architectures."""
 from fairseq.models import register_model
-from fairseq.models.transformer import TransformerModel
+from fairseq.models.transformer import TransformerConfig, TransformerModel
 from fairseq.models.transformer import transformer_legacy as fairseq_transformer
 
-from ..encoder_decoder import DistAttnTransformerDecoder, DistAttnTransformerEncoder
+from ..encoder_decoder import DistAttnTransformerDecoder, DistAttnTransformerEncoder, decoder_plans, encoder_plans
 from .arguments import CROSS, DECODER_SELF, ENCODER_SELF, add_distattn_args, build_or_exit, register_architecture, set_distattn_defaults
 
 
@@ -18,9 +18,17 @@ class DistAttnTransformerModel(TransformerModel):
         add_distattn_args(parser, (ENCODER_SELF, DECODER_SELF, CROSS))
 
     @classmethod
+    def check_attention_args(cls, args):
+        """Raise SpecError for any bad attention flag (what building would find)."""
+        set_distattn_defaults(args)
+        cfg = TransformerConfig.from_namespace(args)
+        encoder_plans(cfg)
+        decoder_plans(cfg, no_encoder_attn=cfg.no_cross_attention)
+
+    @classmethod
     def build_model(cls, args, task):
         set_distattn_defaults(args)
-        return build_or_exit(lambda: super(DistAttnTransformerModel, cls).build_model(args, task))
+        return build_or_exit(lambda: super(DistAttnTransformerModel, cls).build_model(args, task), args)
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):

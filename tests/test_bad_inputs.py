@@ -1,0 +1,144 @@
+"""Every malformed command line stops fairseq-train the way argparse does.
+
+Each case runs the real ``fairseq-train`` with ``--user-dir fairseq_distattn``
+and one mistake, and checks what a user must get: exit status 2, exactly one
+error line on stderr (the last one) naming the flag and the bad value, no
+traceback, and nothing written (the plugin checks its flags right after
+fairseq parses them, before any data is read or directory made). The
+functional API's ``ValueError`` table is in test_functional_errors.py.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import List
+
+import pytest
+
+try:  # tests/ is a package (tests/__init__.py)
+    from .conftest import run_cli
+except ImportError:  # rootdir-relative import mode without the package
+    from conftest import run_cli
+
+# distattn_transformer has 6 encoder and 6 decoder layers; the tiny widths keep a
+# wrongly accepted case (which then trains one update) fast.
+TINY_MT = [
+    "--task", "translation", "--source-lang", "en", "--target-lang", "de",
+    "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+]
+TINY_LM = [
+    "--task", "language_modeling", "--tokens-per-sample", "64", "--decoder-layers", "2",
+    "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2",
+]
+MT, LM = "mt", "lm"
+WINDOW_PRESET_NOTE = "is the default of --arch"
+
+# (task, arguments, flag the error names, substrings of which one must be in it)
+BAD_INPUTS = [
+    # SPEC grammar
+    (MT, ["--encoder-self-attention", "foo"], "--encoder-self-attention", ["foo"]),
+    (MT, ["--encoder-self-attention", "RPR"], "--encoder-self-attention", ["RPR"]),
+    (MT, ["--encoder-self-attention", ""], "--encoder-self-attention", ["empty"]),
+    (MT, ["--encoder-self-attention", "rpr,"], "--encoder-self-attention", ["rpr,"]),
+    (MT, ["--encoder-self-attention", "rpr@"], "--encoder-self-attention", ["rpr@"]),
+    (MT, ["--encoder-self-attention", "rpr@ "], "--encoder-self-attention", ["rpr@ "]),
+    (MT, ["--encoder-self-attention", "rpr@\u0661"], "--encoder-self-attention", ["\u0661"]),
+    (MT, ["--encoder-self-attention", "rpr@+1"], "--encoder-self-attention", ["+1"]),
+    (MT, ["--encoder-self-attention", "rpr@0_1"], "--encoder-self-attention", ["0_1"]),
+    (MT, ["--encoder-self-attention", "rpr@0-"], "--encoder-self-attention", ["0-"]),
+    (MT, ["--encoder-self-attention", "rpr@-1"], "--encoder-self-attention", ["-1"]),
+    (MT, ["--encoder-self-attention", "rpr@9"], "--encoder-self-attention", ["rpr@9"]),
+    (MT, ["--encoder-self-attention", "rpr@3-1"], "--encoder-self-attention", ["3-1"]),
+    (MT, ["--encoder-self-attention", "rpr@0-3,da@2-4"], "--encoder-self-attention", ["rpr@0-3"]),
+    (MT, ["--decoder-self-attention", "bogus@1"], "--decoder-self-attention", ["bogus"]),
+    # mechanisms that do not apply to an attention kind
+    (MT, ["--cross-attention", "rpr"], "--cross-attention", ["rpr"]),
+    (MT, ["--cross-attention", "da"], "--cross-attention", ["da"]),
+    (MT, ["--cross-attention", "distance-mask"], "--cross-attention", ["distance-mask"]),
+    (MT, ["--cross-attention", "qvi"], "--cross-attention", ["qvi"]),
+    (MT, ["--decoder-self-attention", "window-mw-seg"], "--decoder-self-attention", ["window-mw-seg"]),
+    (MT, ["--decoder-self-attention", "window-aw-seg@0"], "--decoder-self-attention", ["window-aw-seg"]),
+    (MT, ["--no-cross-attention", "--cross-attention", "window-aw"], "--cross-attention", ["window-aw"]),
+    # option values
+    (MT, ["--max-relative-position", "0"], "--max-relative-position", ["'0'"]),
+    (MT, ["--max-relative-position", "-3"], "--max-relative-position", ["-3"]),
+    (MT, ["--max-relative-position", "1000000000"], "--max-relative-position", ["1000000000"]),
+    (MT, ["--window-segment-size", "0"], "--window-segment-size", ["'0'"]),
+    (MT, ["--window-segment-size", "-1"], "--window-segment-size", ["-1"]),
+    (MT, ["--attention-recompute-length", "-5"], "--attention-recompute-length", ["-5"]),
+    (MT, ["--distance-mask-alpha", "inf"], "--distance-mask-alpha", ["inf"]),
+    (MT, ["--distance-mask-alpha", "1e39"], "--distance-mask-alpha", ["1e+39"]),
+    (MT, ["--distance-mask-alpha", "nan"], "--distance-mask-alpha", ["nan"]),
+    (MT, ["--distance-mask-alpha", "-1"], "--distance-mask-alpha", ["-1"]),
+    (MT, ["--distance-mask-direction", "sideways"], "--distance-mask-direction", ["sideways"]),
+    (MT, ["--decoder-self-attention", "distance-mask", "--distance-mask-direction", "backward"],
+     "--distance-mask-direction", ["backward"]),
+    # presets whose own defaults name layers the model does not have
+    (MT, ["--arch", "distattn_window_wmt_en_de", "--encoder-layers", "2", "--decoder-layers", "2"],
+     "--encoder-self-attention", [WINDOW_PRESET_NOTE]),
+    (MT, ["--arch", "distattn_window_wmt_en_de", "--encoder-layers", "3", "--decoder-layers", "2"],
+     "--decoder-self-attention", [WINDOW_PRESET_NOTE]),
+    # plugin flags with a model that is not the plugin's would be silently ignored
+    (MT, ["--arch", "transformer_iwslt_de_en", "--encoder-self-attention", "rpr"],
+     "--encoder-self-attention", ["distattn_transformer_iwslt_de_en"]),
+    (MT, ["--arch", "transformer_iwslt_de_en", "--encoder-self-attention", "bogus@7"],
+     "--encoder-self-attention", ["bogus@7"]),
+    (MT, ["--arch", "transformer", "--max-relative-position", "8"], "--max-relative-position", ["distattn_transformer"]),
+    (MT, ["--arch", "transformer", "--no-relative-values"], "--no-relative-values", ["distattn_transformer"]),
+    # the language model
+    (LM, ["--encoder-self-attention", "rpr"], "--encoder-self-attention", ["rpr"]),
+    (LM, ["--cross-attention", "window-aw"], "--cross-attention", ["window-aw"]),
+    (LM, ["--decoder-self-attention", "window-aw-seg"], "--decoder-self-attention", ["window-aw-seg"]),
+    (LM, ["--decoder-self-attention", "rpr", "--max-relative-position", "65"], "--max-relative-position", ["65"]),
+    (LM, ["--decoder-self-attention", "distance-mask", "--distance-mask-direction", "backward"],
+     "--distance-mask-direction", ["backward"]),
+    (LM, ["--arch", "distattn_lm_window_gbw"], "--decoder-self-attention", [WINDOW_PRESET_NOTE]),
+    (LM, ["--arch", "transformer_lm", "--decoder-self-attention", "rpr"], "--decoder-self-attention", ["distattn_lm"]),
+]
+
+
+def error_lines(stderr: str) -> List[str]:
+    """stderr lines that report an error (fairseq's multi-line hydra warnings,
+    where any come first, are not error reports)."""
+    return [line for line in stderr.splitlines() if re.search(r"\berror\b", line, re.I)]
+
+
+def case_id(case) -> str:
+    task, arguments = case[0], case[1]
+    return f"{task}:" + " ".join(arguments).replace(" ", "=", 1)
+
+
+@pytest.mark.parametrize("task,arguments,flag,expected", BAD_INPUTS, ids=[case_id(c) for c in BAD_INPUTS])
+def test_bad_input_exits_2_with_one_error_line_and_writes_nothing(task, arguments, flag, expected, request, workdir):
+    data = request.getfixturevalue("mt_data" if task == MT else "lm_data")
+    default_arch = ["--arch", "distattn_transformer" if task == MT else "distattn_lm"]
+    save_dir = workdir / "checkpoints"
+    proc = run_cli(
+        ["fairseq-train", data["bin"], "--user-dir", "fairseq_distattn", *default_arch,
+         *(TINY_MT if task == MT else TINY_LM), *arguments,
+         "--optimizer", "adam", "--lr", "1e-4", "--max-tokens", "1024", "--max-update", "1",
+         "--disable-validation", "--num-workers", "0", "--save-dir", save_dir],
+        check=False,
+    )
+    stderr = proc.stderr
+    context = f"\n--- stderr ---\n{stderr[-3000:]}\n--- stdout ---\n{proc.stdout[-1500:]}"
+    assert proc.returncode == 2, f"exit status {proc.returncode}, expected 2" + context
+    assert "Traceback" not in stderr + proc.stdout, context
+    lines = error_lines(stderr)
+    assert len(lines) == 1, f"expected one error line on stderr, got {len(lines)}" + context
+    message = lines[0]
+    assert stderr.rstrip().splitlines()[-1] == message, "the error is not the last line" + context
+    assert message.startswith("fairseq-train: error: argument "), context
+    assert flag in message, f"{flag} not named in the error line" + context
+    assert any(s in message for s in expected), f"none of {expected} in the error line" + context
+    assert not save_dir.exists(), "a refused command wrote its save directory" + context
+
+
+def test_the_table_covers_every_plugin_flag():
+    from fairseq_distattn.models.arguments import OPTION_DEFAULTS, SPEC_ATTRIBUTES
+
+    flags = {"--" + attr.replace("_", "-") for attr in [*SPEC_ATTRIBUTES, *OPTION_DEFAULTS]}
+    assert flags <= {case[2] for case in BAD_INPUTS}
+    assert len(BAD_INPUTS) >= 40
