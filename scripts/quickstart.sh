@@ -24,6 +24,7 @@
 #   MAX_TOKENS  fairseq-train --max-tokens (default 2048)
 #   WORK     work directory (default work/quickstart)
 #   DATA     directory with {train,val,test_2016_flickr}.{en,de}[.gz] (default data/multi30k)
+#   PREPARE_ONLY  set to stop after binarising (steps 1-3)
 # Extra arguments to this script are passed on to fairseq-train.
 #
 # Steps: sacremoses tokenisation -> subword-nmt joint BPE -> fairseq-preprocess
@@ -146,6 +147,10 @@ if [ ! -f "$BIN/.done" ]; then
         --destdir "$BIN" --joined-dictionary --workers 2 > "$WORK/preprocess.log" 2>&1 \
         || { tail -20 "$WORK/preprocess.log" >&2; exit 1; }
     touch "$BIN/.done"
+fi
+if [ -n "${PREPARE_ONLY:-}" ]; then  # benchmarks/quality.py prepares its data this way
+    log "prepared $PREP and $BIN (PREPARE_ONLY: no training)"
+    exit 0
 fi
 
 # --- 4. train (fairseq-train) -----------------------------------------------------

@@ -1,0 +1,375 @@
+"""Model quality on real data: ``python -m benchmarks.quality``.
+
+Trains every configuration of a grid on Multi30k En-De with the quickstart's
+preprocessing and recipe (same model size, updates and lr schedule for all),
+averages the last 5 update checkpoints, translates test_2016_flickr with beam 5
+(``--required-batch-size-multiple 1``), scores tokenised BLEU (with compound
+splitting, the papers' En-De metric) and sacreBLEU, and measures validation
+perplexity of the averaged model with ``fairseq-validate``.
+
+Each run writes one JSON file, ``<out>/runs/<config>-seed<seed>.json``; a run
+whose file exists is skipped, and an interrupted run resumes from its
+``checkpoint_last.pt`` under ``--work``, so the grid can be spread over several
+sessions. ``--report`` (and the end of every invocation) rebuilds
+``<out>/quality.md`` (mean +- std per config, delta vs vanilla) and
+``<out>/valid_loss.png`` from whatever JSON files exist.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+if __package__ in (None, ""):  # `python benchmarks/quality.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    __package__ = "benchmarks"
+
+from benchmarks.common import REPO_ROOT, cpu_model, git_revision  # noqa: E402
+
+DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "quality"
+DEFAULT_WORK = REPO_ROOT / "work" / "quality"
+BIN_DIR = Path(sys.executable).parent
+
+
+@dataclass(frozen=True)
+class QualityConfig:
+    """One model of the grid: attention flags on top of the shared recipe."""
+
+    name: str
+    attention: Tuple[str, ...]
+    absolute_positions: bool
+    note: str
+
+    def arch_args(self) -> List[str]:
+        if not self.attention and self.absolute_positions:
+            # the baseline is fairseq's own model, not the plugin's with vanilla layers
+            return ["--arch", "transformer_iwslt_de_en"]
+        positions = [] if self.absolute_positions else ["--no-token-positional-embeddings"]
+        return ["--arch", "distattn_transformer_iwslt_de_en", *self.attention, *positions]
+
+
+def both_self(mechanism: str) -> Tuple[str, ...]:
+    return ("--encoder-self-attention", mechanism, "--decoder-self-attention", mechanism)
+
+
+WINDOW_PAPER = ("--encoder-self-attention", "window-aw@0-2", "--decoder-self-attention", "window-mw@0-2",
+                "--cross-attention", "window-aw-seg@0-2")
+CONFIGS = {c.name: c for c in [
+    QualityConfig("vanilla", (), True, "fairseq transformer_iwslt_de_en, sinusoidal positions"),
+    QualityConfig("rpr", both_self("rpr"), False, "Shaw et al.: relative positions replace absolute ones (k = 16)"),
+    QualityConfig("rpr+abs", both_self("rpr"), True, "rpr with sinusoidal positions kept"),
+    QualityConfig("da", both_self("da"), False, "Wu et al. 2021: real distances replace position embeddings"),
+    QualityConfig("da+abs", both_self("da"), True, "da with sinusoidal positions kept"),
+    QualityConfig("window", WINDOW_PAPER, True,
+                  "Nguyen et al.'s best: Enc AW, Dec MW, Cross AW-seg (b = 5) in layers 0-2, positions kept"),
+    QualityConfig("window-mw", (*both_self("window-mw"), "--cross-attention", "window-mw"), True,
+                  "MW in every layer of all three kinds"),
+    QualityConfig("qvi", both_self("qvi"), True, "Wu et al. QVI in every self-attention layer"),
+    QualityConfig("distance-mask", both_self("distance-mask"), True, "Im & Cho: -|i-j| on the logits, positions kept"),
+    QualityConfig("distance-mask-noabs", both_self("distance-mask"), False, "distance-mask without position embeddings"),
+]}
+GRIDS = {"default": list(CONFIGS)}
+
+# Model size and budget. small: the quickstart's CPU model; base: IWSLT-size for a GPU.
+SCALES = {
+    "tiny": dict(layers=3, dim=16, ffn=32, heads=2, updates=6, max_tokens=512, merges=None),  # a smoke test
+    "small": dict(layers=3, dim=256, ffn=512, heads=4, updates=2400, max_tokens=2048, merges=6000),
+    "base": dict(layers=6, dim=512, ffn=1024, heads=4, updates=20000, max_tokens=4096, merges=10000),
+}
+CHECKPOINTS_AVERAGED = 5
+# an update checkpoint every 1/20 of training: the 5 averaged span its last quarter
+CHECKPOINT_FRACTION = 20
+
+
+def log(message: str) -> None:
+    print(f"[quality {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def tool(name: str) -> str:
+    path = BIN_DIR / name
+    return str(path) if path.exists() else name
+
+
+def run(cmd: Sequence, log_path: Path, env: Dict[str, str], stdout_path: Optional[Path] = None) -> str:
+    """Run a command, its stderr (and stdout unless ``stdout_path``) appended to ``log_path``;
+    returns stdout. A failure raises with the end of the log."""
+    cmd = [str(c) for c in cmd]
+    with open(log_path, "a", encoding="utf-8") as log_file:
+        log_file.write("$ " + shlex.join(cmd) + "\n")
+        log_file.flush()
+        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=log_file)
+        if stdout_path is not None:
+            stdout_path.write_text(proc.stdout, encoding="utf-8")
+        else:
+            log_file.write(proc.stdout)
+    if proc.returncode != 0:
+        tail = "".join(log_path.read_text(encoding="utf-8").splitlines(keepends=True)[-20:])
+        raise RuntimeError(f"{cmd[0]} failed (exit {proc.returncode}); end of {log_path}:\n{tail}")
+    return proc.stdout
+
+
+def prepare(data: Path, work: Path, merges: int, env: Dict[str, str]) -> Tuple[Path, Path]:
+    """The quickstart's steps 1-3 (sacremoses, joint BPE, fairseq-preprocess) into ``work``."""
+    env = {**env, "WORK": str(work), "DATA": str(data), "MERGES": str(merges), "PREPARE_ONLY": "1",
+           "PATH": f"{BIN_DIR}{os.pathsep}{env.get('PATH', '')}"}
+    work.mkdir(parents=True, exist_ok=True)
+    run(["bash", REPO_ROOT / "scripts" / "quickstart.sh"], work / "prepare.log", env)
+    return work / "prep", work / "data-bin"
+
+
+VALID_LINE = re.compile(r"valid on 'valid' subset \| loss ([\d.]+) \| nll_loss ([\d.]+) \| ppl ([\d.]+).*?"
+                        r"\| num_updates (\d+)")
+
+
+def validation_curve(train_log: str) -> List[Dict[str, float]]:
+    """(updates, loss, nll_loss, ppl) of every validation in a fairseq-train log, by update."""
+    points = {}
+    for match in VALID_LINE.finditer(train_log):
+        loss, nll_loss, ppl, updates = match.groups()
+        points[int(updates)] = {"updates": int(updates), "loss": float(loss), "nll_loss": float(nll_loss),
+                                "ppl": float(ppl)}
+    return [points[u] for u in sorted(points)]
+
+
+def train_run(config: QualityConfig, seed: int, scale: Dict, prep: Path, data_bin: Path, run_dir: Path,
+              env: Dict[str, str]) -> Dict[str, object]:
+    """Train, average, translate, score and validate one run; returns its record."""
+    updates = scale["updates"]
+    save_every = max(1, updates // CHECKPOINT_FRACTION)
+    checkpoints = run_dir / "checkpoints"
+    train_log = run_dir / "train.log"
+    started = time.time()
+    run([
+        tool("fairseq-train"), data_bin, "--user-dir", "fairseq_distattn",
+        "--task", "translation", "--source-lang", "en", "--target-lang", "de", *config.arch_args(),
+        "--encoder-layers", scale["layers"], "--decoder-layers", scale["layers"],
+        "--encoder-embed-dim", scale["dim"], "--decoder-embed-dim", scale["dim"],
+        "--encoder-ffn-embed-dim", scale["ffn"], "--decoder-ffn-embed-dim", scale["ffn"],
+        "--encoder-attention-heads", scale["heads"], "--decoder-attention-heads", scale["heads"],
+        "--share-all-embeddings", "--dropout", "0.1",
+        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+        "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "1.0",
+        "--lr", "1e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", max(1, min(updates // 4, 400)),
+        "--warmup-init-lr", "1e-7", "--max-tokens", scale["max_tokens"], "--max-update", updates,
+        "--save-dir", checkpoints, "--no-epoch-checkpoints", "--save-interval-updates", save_every,
+        "--keep-interval-updates", CHECKPOINTS_AVERAGED, "--validate-interval-updates", save_every,
+        "--required-batch-size-multiple", "1", "--seed", seed, "--num-workers", "0",
+        "--log-format", "simple", "--log-interval", "50",
+    ], train_log, env)
+    train_wall = time.time() - started
+    curve = validation_curve(train_log.read_text(encoding="utf-8"))
+
+    averaged = run_dir / "averaged.pt"
+    eval_log = run_dir / "eval.log"
+    run([sys.executable, REPO_ROOT / "scripts" / "average_checkpoints.py", "--inputs", checkpoints,
+         "--num-update-checkpoints", CHECKPOINTS_AVERAGED, "--output", averaged], eval_log, env)
+    generated = run_dir / "generate-test.txt"
+    run([tool("fairseq-generate"), data_bin, "--user-dir", "fairseq_distattn", "--task", "translation",
+         "--source-lang", "en", "--target-lang", "de", "--path", averaged, "--gen-subset", "test",
+         "--beam", "5", "--remove-bpe", "--batch-size", "64", "--required-batch-size-multiple", "1",
+         "--num-workers", "0"], eval_log, env, stdout_path=generated)
+    run([sys.executable, REPO_ROOT / "scripts" / "evaluate.py", "score", generated, "--source-lang", "en",
+         "--target-lang", "de", "--segmentation", "subword_nmt", "--src-raw", prep / "test.raw.en",
+         "--ref-raw", prep / "test.raw.de", "--ref-tok", prep / "test.tok.de", "--output-dir", run_dir / "eval"],
+        eval_log, env)
+    bleu = json.loads((run_dir / "eval" / "bleu.json").read_text(encoding="utf-8"))
+    validated = run([tool("fairseq-validate"), data_bin, "--user-dir", "fairseq_distattn", "--task", "translation",
+                     "--source-lang", "en", "--target-lang", "de", "--path", averaged, "--valid-subset", "valid",
+                     "--max-tokens", scale["max_tokens"], "--required-batch-size-multiple", "1",
+                     "--num-workers", "0"], eval_log, env)
+    # fairseq-validate logs to stderr (the log); the last line is this run's, not an interrupted one's
+    valid = re.findall(r"valid on 'valid' subset \| loss ([\d.]+) \| nll_loss ([\d.]+) \| ppl ([\d.]+)",
+                       validated + eval_log.read_text(encoding="utf-8"))
+    if not valid:
+        raise RuntimeError(f"fairseq-validate printed no loss; see {eval_log}")
+    valid_loss, _, valid_ppl = valid[-1]
+    # the averaged model is kept (for the extrapolation and inspection tools); the
+    # training checkpoints with their optimizer state are several times its size
+    shutil.rmtree(checkpoints)
+    return {
+        "config": config.name,
+        "note": config.note,
+        "train_args": config.arch_args(),
+        "seed": seed,
+        "updates": updates,
+        "train_wall_s": round(train_wall, 1),
+        "wall_s": round(time.time() - started, 1),
+        "valid_curve": curve,
+        "test_set": "Multi30k test_2016_flickr en-de",
+        "test_sentences": bleu["sentences"],
+        "tokenized_bleu_compound_split": bleu["tokenized_bleu_compound_split"],
+        "tokenized_bleu": bleu["tokenized_bleu"],
+        "sacrebleu": bleu["sacrebleu"],
+        "sacrebleu_signature": bleu["sacrebleu_signature"],
+        "averaged_checkpoints": CHECKPOINTS_AVERAGED,
+        "valid_loss_averaged": float(valid_loss),
+        "valid_ppl_averaged": float(valid_ppl),
+    }
+
+
+# ------------------------------------------------------------------ report
+
+
+def load_runs(out: Path) -> List[Dict[str, object]]:
+    return [json.loads(path.read_text(encoding="utf-8")) for path in sorted((out / "runs").glob("*.json"))]
+
+
+def mean_std(values: Sequence[float]) -> Tuple[float, float]:
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def report(out: Path) -> str:
+    """Rebuild ``quality.md`` and ``valid_loss.png`` from the run files; returns the markdown."""
+    runs = load_runs(out)
+    by_config: Dict[str, List[Dict]] = {}
+    for record in runs:
+        by_config.setdefault(record["config"], []).append(record)
+    order = [name for name in CONFIGS if name in by_config] + sorted(set(by_config) - set(CONFIGS))
+    baseline = by_config.get("vanilla")
+    metrics = ("tokenized_bleu_compound_split", "sacrebleu", "valid_ppl_averaged")
+    lines = [
+        "| config | runs (seeds) | BLEU tok+compound | delta vs vanilla | sacreBLEU | delta vs vanilla | valid ppl | what |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in order:
+        records = by_config[name]
+        cells = [name, f"{len(records)} ({','.join(str(r['seed']) for r in sorted(records, key=lambda r: r['seed']))})"]
+        for metric in metrics:
+            mean, std = mean_std([r[metric] for r in records])
+            cells.append(f"{mean:.2f} +- {std:.2f}")
+            if metric != "valid_ppl_averaged":
+                if baseline and name != "vanilla":
+                    cells.append(f"{mean - mean_std([r[metric] for r in baseline])[0]:+.2f}")
+                else:
+                    cells.append("-")
+        cells.append(records[0]["note"])
+        lines.append("| " + " | ".join(cells) + " |")
+    budgets = sorted({(r["updates"], r.get("scale", "?")) for r in runs})
+    machines = sorted({r.get("machine", "?") for r in runs})
+    header = [
+        "# Model quality on Multi30k En-De (generated by `python -m benchmarks.quality --report`)",
+        "",
+        f"Budget: {', '.join(f'{u} updates (scale {s})' for u, s in budgets) or 'no runs yet'}; "
+        f"machine: {'; '.join(machines) or '-'}. Test set: test_2016_flickr "
+        f"({', '.join(str(n) for n in sorted({r['test_sentences'] for r in runs})) or '-'} sentences), "
+        f"average of the last {CHECKPOINTS_AVERAGED} update checkpoints, beam 5. Mean +- sample std over seeds.",
+        "",
+    ]
+    markdown = "\n".join(header + lines) + "\n"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "quality.md").write_text(markdown, encoding="utf-8")
+    if runs:
+        plot_curves(by_config, order, out / "valid_loss.png")
+    return markdown
+
+
+def plot_curves(by_config: Dict[str, List[Dict]], order: Sequence[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(8, 5))
+    for index, name in enumerate(order):
+        color = f"C{index % 10}"
+        for number, record in enumerate(by_config[name]):
+            curve = record["valid_curve"]
+            axes.plot([p["updates"] for p in curve], [p["loss"] for p in curve], color=color,
+                      label=name if number == 0 else None, alpha=0.8, linewidth=1)
+    axes.set_xlabel("updates")
+    axes.set_ylabel("validation loss (label-smoothed, base 2)")
+    axes.set_title("Multi30k En-De validation loss, one line per seed")
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+# -------------------------------------------------------------------- main
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.quality", description=__doc__.split("\n\n")[0])
+    p.add_argument("--grid", choices=sorted(GRIDS), default="default", help="which configurations (default: default)")
+    p.add_argument("--configs", default="", help="comma-separated subset of the grid's configurations")
+    p.add_argument("--seeds", default="1,2", help="comma-separated seeds (default: 1,2)")
+    p.add_argument("--scale", choices=sorted(SCALES), default="small",
+                   help="model size and budget: small = 3+3 layers x 256, 4 heads (CPU); base = IWSLT size (GPU)")
+    p.add_argument("--updates", type=int, default=None, help="training updates (default: the scale's)")
+    p.add_argument("--data", type=Path, default=None,
+                   help="Multi30k {train,val,test_2016_flickr}.{en,de}[.gz] (default: ../shared/data/multi30k "
+                        "when present, else the shipped data/multi30k)")
+    p.add_argument("--merges", type=int, default=None, help="joint BPE merges (default: the scale's)")
+    p.add_argument("--work", type=Path, default=DEFAULT_WORK, help=f"checkpoints and logs (default: {DEFAULT_WORK})")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"result files (default: {DEFAULT_OUT})")
+    p.add_argument("--jobs", type=int, default=2, help="runs at a time (default: 2)")
+    p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run (default: 1)")
+    p.add_argument("--report", action="store_true", help="only rebuild the table and plot from the run files")
+    args = p.parse_args(argv)
+    grid = GRIDS[args.grid]
+    args.config_names = [c for c in args.configs.split(",") if c] or grid
+    unknown = [c for c in args.config_names if c not in CONFIGS]
+    if unknown:
+        p.error(f"argument --configs: unknown {', '.join(unknown)}; choose from {', '.join(CONFIGS)}")
+    try:
+        args.seed_list = [int(s) for s in args.seeds.split(",") if s]
+    except ValueError:
+        p.error(f"argument --seeds: {args.seeds!r} is not a comma-separated list of integers")
+    if args.data is None:
+        shared = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+        args.data = shared if (shared / "train.en").is_file() else REPO_ROOT / "data" / "multi30k"
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    if not args.report:
+        scale = dict(SCALES[args.scale])
+        if args.updates is not None:
+            scale["updates"] = args.updates
+        merges = args.merges or scale["merges"] or 500
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1"}
+        env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+        prep, data_bin = prepare(args.data, args.work / f"data-{merges}", merges, env)
+        todo = [(CONFIGS[name], seed) for seed in args.seed_list for name in args.config_names
+                if not (args.out / "runs" / f"{name}-seed{seed}.json").is_file()]
+        log(f"{len(todo)} runs to do ({args.scale}, {scale['updates']} updates, {args.jobs} at a time)")
+        machine = f"{cpu_model()}, {args.threads} thread(s) per run, {args.jobs} runs at a time"
+        revision = git_revision()
+
+        def one(job):
+            config, seed = job
+            run_dir = args.work / args.scale / f"{config.name}-seed{seed}"
+            run_dir.mkdir(parents=True, exist_ok=True)
+            log(f"start {config.name} seed {seed} ({run_dir})")
+            record = train_run(config, seed, scale, prep, data_bin, run_dir, env)
+            record.update(scale=args.scale, machine=machine, git_revision=revision,
+                          data=args.data.name, bpe_merges=merges, max_tokens=scale["max_tokens"],
+                          model=f"{scale['layers']}+{scale['layers']} layers x {scale['dim']}, "
+                                f"FFN {scale['ffn']}, {scale['heads']} heads")
+            path = args.out / "runs" / f"{config.name}-seed{seed}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+            log(f"done {config.name} seed {seed}: BLEU {record['tokenized_bleu_compound_split']}, "
+                f"sacreBLEU {record['sacrebleu']}, {record['wall_s']:.0f}s")
+
+        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            for future in [pool.submit(one, job) for job in todo]:
+                future.result()
+    print(report(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
