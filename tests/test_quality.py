@@ -1,0 +1,51 @@
+"""The quality harness end to end at a tiny size: it checks that the harness
+works and its outputs are well formed, not what the models score."""
+
+from __future__ import annotations
+
+import json
+
+try:  # tests/ is a package (tests/__init__.py)
+    from .conftest import read_lines, write_lines
+except ImportError:  # rootdir-relative import mode without the package
+    from conftest import read_lines, write_lines
+
+from benchmarks import quality
+
+SPLITS = ("train", "val", "test_2016_flickr")
+
+
+def test_quality_grid_writes_one_json_per_run_skips_done_runs_and_reports(real_text, tmp_path):
+    data = tmp_path / "multi30k"
+    names = {"train": "train", "val": "valid", "test_2016_flickr": "test"}
+    for split in SPLITS:
+        for lang in ("en", "de"):
+            write_lines(data / f"{split}.{lang}", read_lines(real_text[f"{names[split]}.{lang}"], limit=120))
+    out, work = tmp_path / "out", tmp_path / "work"
+    argv = ["--scale", "tiny", "--updates", "5", "--configs", "vanilla,window", "--seeds", "3",
+            "--data", str(data), "--work", str(work), "--out", str(out), "--jobs", "1"]
+    assert quality.main(argv) == 0
+
+    records = {path.stem: json.loads(path.read_text()) for path in (out / "runs").glob("*.json")}
+    assert set(records) == {"vanilla-seed3", "window-seed3"}
+    for name, record in records.items():
+        assert record["config"] == name.rsplit("-seed", 1)[0] and record["seed"] == 3 and record["updates"] == 5
+        assert record["test_sentences"] == 120
+        assert 0 <= record["sacrebleu"] <= 100 and record["sacrebleu_signature"].startswith("nrefs:1")
+        assert record["valid_ppl_averaged"] > 1
+        assert [p["updates"] for p in record["valid_curve"]] == [1, 2, 3, 4, 5]
+        assert record["git_revision"] and record["machine"]
+    assert records["vanilla-seed3"]["train_args"] == ["--arch", "transformer_iwslt_de_en"]
+    assert "--cross-attention" in records["window-seed3"]["train_args"]
+    assert (work / "tiny" / "window-seed3" / "averaged.pt").is_file()
+    assert not (work / "tiny" / "window-seed3" / "checkpoints").exists()
+
+    table = (out / "quality.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| window ")]
+    assert len(rows) == 1 and "| 1 (3) |" in rows[0]
+    assert (out / "valid_loss.png").stat().st_size > 1000
+
+    # a second invocation finds both runs done: nothing is trained again
+    before = {path: path.stat().st_mtime_ns for path in (out / "runs").glob("*.json")}
+    assert quality.main(argv) == 0
+    assert {path: path.stat().st_mtime_ns for path in (out / "runs").glob("*.json")} == before
