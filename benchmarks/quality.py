@@ -84,7 +84,7 @@ GRIDS = {"default": list(CONFIGS)}
 # Model size and budget. small: the quickstart's CPU model; base: IWSLT-size for a GPU.
 SCALES = {
     "tiny": dict(layers=3, dim=16, ffn=32, heads=2, updates=6, max_tokens=512, merges=None),  # a smoke test
-    "small": dict(layers=3, dim=256, ffn=512, heads=4, updates=2400, max_tokens=2048, merges=6000),
+    "small": dict(layers=3, dim=256, ffn=512, heads=4, updates=2000, max_tokens=2048, merges=6000),
     "base": dict(layers=6, dim=512, ffn=1024, heads=4, updates=20000, max_tokens=4096, merges=10000),
 }
 CHECKPOINTS_AVERAGED = 5
@@ -101,22 +101,20 @@ def tool(name: str) -> str:
     return str(path) if path.exists() else name
 
 
-def run(cmd: Sequence, log_path: Path, env: Dict[str, str], stdout_path: Optional[Path] = None) -> str:
-    """Run a command, its stderr (and stdout unless ``stdout_path``) appended to ``log_path``;
-    returns stdout. A failure raises with the end of the log."""
+def run(cmd: Sequence, log_path: Path, env: Dict[str, str], stdout_path: Optional[Path] = None) -> None:
+    """Run a command with its stderr, and its stdout unless ``stdout_path``,
+    appended to ``log_path`` as it runs (fairseq logs progress to stdout); a
+    failure raises with the end of the log."""
     cmd = [str(c) for c in cmd]
     with open(log_path, "a", encoding="utf-8") as log_file:
         log_file.write("$ " + shlex.join(cmd) + "\n")
         log_file.flush()
-        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=log_file)
-        if stdout_path is not None:
-            stdout_path.write_text(proc.stdout, encoding="utf-8")
-        else:
-            log_file.write(proc.stdout)
+        with open(stdout_path or os.devnull, "w", encoding="utf-8") as stdout_file:
+            proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, text=True,
+                                  stdout=stdout_file if stdout_path else log_file, stderr=log_file)
     if proc.returncode != 0:
         tail = "".join(log_path.read_text(encoding="utf-8").splitlines(keepends=True)[-20:])
         raise RuntimeError(f"{cmd[0]} failed (exit {proc.returncode}); end of {log_path}:\n{tail}")
-    return proc.stdout
 
 
 def prepare(data: Path, work: Path, merges: int, env: Dict[str, str]) -> Tuple[Path, Path]:
@@ -184,13 +182,13 @@ def train_run(config: QualityConfig, seed: int, scale: Dict, prep: Path, data_bi
          "--ref-raw", prep / "test.raw.de", "--ref-tok", prep / "test.tok.de", "--output-dir", run_dir / "eval"],
         eval_log, env)
     bleu = json.loads((run_dir / "eval" / "bleu.json").read_text(encoding="utf-8"))
-    validated = run([tool("fairseq-validate"), data_bin, "--user-dir", "fairseq_distattn", "--task", "translation",
+    run([tool("fairseq-validate"), data_bin, "--user-dir", "fairseq_distattn", "--task", "translation",
                      "--source-lang", "en", "--target-lang", "de", "--path", averaged, "--valid-subset", "valid",
                      "--max-tokens", scale["max_tokens"], "--required-batch-size-multiple", "1",
                      "--num-workers", "0"], eval_log, env)
-    # fairseq-validate logs to stderr (the log); the last line is this run's, not an interrupted one's
+    # the last validation in the log is this run's, not an interrupted earlier attempt's
     valid = re.findall(r"valid on 'valid' subset \| loss ([\d.]+) \| nll_loss ([\d.]+) \| ppl ([\d.]+)",
-                       validated + eval_log.read_text(encoding="utf-8"))
+                       eval_log.read_text(encoding="utf-8"))
     if not valid:
         raise RuntimeError(f"fairseq-validate printed no loss; see {eval_log}")
     valid_loss, _, valid_ppl = valid[-1]
