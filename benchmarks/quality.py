@@ -93,7 +93,7 @@ CHECKPOINT_FRACTION = 20
 
 
 def log(message: str) -> None:
-    print(f"[quality {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+    print(f"[benchmarks {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def tool(name: str) -> str:

@@ -1,4 +1,4 @@
-"""The quality harness end to end at a tiny size: it checks that the harness
+"""The quality and extrapolation harnesses end to end at a tiny size: it checks that the harness
 works and its outputs are well formed, not what the models score."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from benchmarks import quality
 SPLITS = ("train", "val", "test_2016_flickr")
 
 
-def test_quality_grid_writes_one_json_per_run_skips_done_runs_and_reports(real_text, tmp_path):
+def test_quality_and_extrapolation_harnesses_write_one_json_per_run_skip_done_runs_and_report(real_text, tmp_path):
     data = tmp_path / "multi30k"
     names = {"train": "train", "val": "valid", "test_2016_flickr": "test"}
     for split in SPLITS:
@@ -49,3 +49,19 @@ def test_quality_grid_writes_one_json_per_run_skips_done_runs_and_reports(real_t
     before = {path: path.stat().st_mtime_ns for path in (out / "runs").glob("*.json")}
     assert quality.main(argv) == 0
     assert {path: path.stat().st_mtime_ns for path in (out / "runs").glob("*.json")} == before
+
+    # length extrapolation of the same models: one JSON per (run, factor), table and plot
+    from benchmarks import extrapolation
+
+    extra = tmp_path / "extrapolation"
+    assert extrapolation.main(["--quality-work", str(work), "--scale", "tiny", "--factors", "1,4",
+                               "--out", str(extra)]) == 0
+    records = {path.stem: json.loads(path.read_text()) for path in (extra / "runs").glob("*.json")}
+    assert set(records) == {f"{run}-x{factor}" for run in ("vanilla-seed3", "window-seed3") for factor in (1, 4)}
+    single, grouped = records["window-seed3-x1"], records["window-seed3-x4"]
+    assert single["sentences"] == 120 and grouped["sentences"] == 30
+    assert grouped["mean_source_bpe_tokens"] > 3 * single["mean_source_bpe_tokens"]
+    assert sum(bucket["sentences"] for bucket in grouped["per_source_length"].values()) == 30
+    rows = [line for line in (extra / "extrapolation.md").read_text().splitlines() if line.startswith("| window |")]
+    assert len(rows) == 1 and rows[0].count("|") == 1 + 2 + 1 + 1  # name, x1, x4, x4/x1
+    assert (extra / "bleu_vs_length.png").stat().st_size > 1000
