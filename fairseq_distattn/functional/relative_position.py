@@ -52,13 +52,38 @@ def _clipped_left(tgt_len: int, src_len: int, max_distance: int, query_offset: i
     return relative_position_buckets(tgt_len, src_len, max_distance, query_offset, device) == 0
 
 
+def _unclipped_view(per_bucket: Tensor, src_len: int, max_distance: int, query_offset: int) -> Optional[Tensor]:
+    """``[.., Tq, Tk]`` view of a contiguous ``[.., Tq, 2k+1]`` tensor with
+    ``view_ij = per_bucket[i, j - (query_offset + i) + k]``, or None when some
+    distance is clipped (or rows would overlap).
+
+    When no distance reaches k, every (i, j) has its own bucket, and bucket
+    ``j - i + k`` of row i sits at flat position ``i (2k+1) + j - i + k - offset
+    = 2k i + j + k - offset``: one strided view with row stride 2k (the skewing
+    of Huang et al.'s Music Transformer), instead of one diagonal per bucket.
+    """
+    tgt_len = per_bucket.size(-2)
+    longest = max(query_offset + tgt_len - 1, src_len - 1 - query_offset)
+    if longest > max_distance or (tgt_len > 1 and 2 * max_distance < src_len):
+        return None
+    return per_bucket.as_strided(
+        per_bucket.shape[:-1] + (src_len,), per_bucket.stride()[:-2] + (2 * max_distance, 1),
+        per_bucket.storage_offset() + max_distance - query_offset,
+    )
+
+
 def _bucket_sums(scores: Tensor, max_distance: int, query_offset: int, causal: bool) -> Tensor:
-    """``[.., Tq, Tk] -> [.., Tq, 2k+1]``: each row summed per bucket. The
-    unclipped buckets are diagonals, read as strided views; the two clipped
+    """``[.., Tq, Tk] -> [.., Tq, 2k+1]``: each row summed per bucket. Without
+    clipping, one strided copy (:func:`_unclipped_view`). Otherwise the
+    unclipped buckets are diagonals, read as strided views, and the two clipped
     ones are what is left of the row total (scatter_add is several times
     slower). ``causal``: nothing after the query is nonzero, so bucket 2k is 0."""
     tgt_len, src_len = scores.shape[-2:]
     sums = scores.new_zeros(scores.shape[:-1] + (2 * max_distance + 1,))
+    skewed = _unclipped_view(sums, src_len, max_distance, query_offset)
+    if skewed is not None:
+        skewed.copy_(scores)
+        return sums
     for bucket, diagonal, first_row, rows in _band_diagonals(tgt_len, src_len, max_distance, query_offset, causal):
         sums[..., first_row:first_row + rows, bucket] = torch.diagonal(scores, diagonal, -2, -1)
     clipped = scores.sum(dim=-1) - sums.sum(dim=-1)
@@ -71,8 +96,11 @@ def _bucket_sums(scores: Tensor, max_distance: int, query_offset: int, causal: b
     return sums
 
 
-def _bucket_gather(per_bucket: Tensor, buckets: Tensor) -> Tensor:
+def _bucket_gather(per_bucket: Tensor, buckets: Tensor, max_distance: int, query_offset: int) -> Tensor:
     """``[.., Tq, 2k+1] -> [.., Tq, Tk]``: ``out_ij = per_bucket[i, bucket_ij]``."""
+    skewed = _unclipped_view(per_bucket.contiguous(), buckets.size(-1), max_distance, query_offset)
+    if skewed is not None:
+        return skewed.contiguous()
     return per_bucket.gather(-1, buckets.expand(per_bucket.shape[:-1] + buckets.shape[-1:]))
 
 
@@ -99,7 +127,7 @@ class _BucketGather(torch.autograd.Function):
     def forward(ctx, per_bucket, buckets, max_distance, query_offset, causal):
         ctx.save_for_backward(buckets)
         ctx.layout = (max_distance, query_offset, causal)
-        return _bucket_gather(per_bucket, buckets)
+        return _bucket_gather(per_bucket, buckets, max_distance, query_offset)
 
     @staticmethod
     def backward(ctx, grad):
@@ -126,6 +154,23 @@ def relative_position_values(
     return torch.matmul(per_bucket, rel_values)
 
 
+def rows_within_reach(
+    rel_keys: Tensor, rel_values: Optional[Tensor], max_distance: int, tgt_len: int, src_len: int, query_offset: int,
+) -> Tuple[Tensor, Optional[Tensor], int]:
+    """The table rows of the distances these positions can have, and their clipping distance.
+
+    No |j - i| exceeds the longest distance between a query and a key here, so
+    clipping at ``k' = min(k, longest)`` and using rows ``k - k' .. k + k'`` of the
+    ``[2k+1, D]`` tables gives exactly eqs. 3-4 with ``k``: work then depends on
+    the sequence, not on ``k`` (rows never reached get no gradient either way).
+    """
+    longest = max(query_offset + tgt_len - 1, src_len - 1 - query_offset, 1)
+    if longest >= max_distance:
+        return rel_keys, rel_values, max_distance
+    rows = slice(max_distance - longest, max_distance + longest + 1)
+    return rel_keys[rows], None if rel_values is None else rel_values[rows], longest
+
+
 def relative_position_attention(
     q: Tensor,
     k: Tensor,
@@ -143,6 +188,8 @@ def relative_position_attention(
     (``rel_values=None``: keys only). Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``;
     keys-only with ``need_weights=False`` runs fused and returns ``(out, None)``."""
     tgt_len, src_len = q.size(2), k.size(2)
+    rel_keys, rel_values, max_distance = rows_within_reach(rel_keys, rel_values, max_distance, tgt_len, src_len,
+                                                           query_offset)
     buckets = relative_position_buckets(tgt_len, src_len, max_distance, query_offset, q.device)
     if tgt_len == 1:
         # One query (an incremental decoding step): eqs. 3-4 as written, k_j + a^K_j
