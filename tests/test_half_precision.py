@@ -7,6 +7,8 @@ import torch
 from fairseq_distattn import functional as DF
 from fairseq_distattn.spec import MECHANISMS
 
+from benchmarks import precision
+
 from .model_helpers import TINY, left_pad, random_tokens, right_pad, translation_model
 
 
@@ -32,3 +34,82 @@ def test_padding_gets_exactly_zero_probability_in_half_precision(dtype):
     _, probs = DF.distance_mask_attention(q, k, v, 1000.0, key_padding_mask=padding)
     assert torch.isfinite(probs).all()
     assert (probs[0, :, :, 0] == 0).all() and (probs[1, :, :, 3] == 0).all()
+
+
+# unit roundoff of each half dtype: an error below it is as exact as the dtype allows
+UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
+
+
+@pytest.mark.parametrize("scale", precision.SCALES, ids=lambda s: f"logits_x{s:g}")
+@pytest.mark.parametrize("dtype", precision.HALF, ids=str)
+def test_every_op_in_half_precision_is_within_2x_of_vanilla_error(dtype, scale):
+    errors = precision.op_errors(dtype, scale)
+    bound = 2 * max(errors["vanilla"], UNIT_ROUNDOFF[dtype])
+    worse = {name: error for name, error in errors.items() if not error <= bound}  # nan fails too
+    assert not worse, f"relative error above {bound:.2e} (2x vanilla's or the unit roundoff): {worse}"
+
+
+@pytest.mark.parametrize("scale", precision.SCALES, ids=lambda s: f"logits_x{s:g}")
+@pytest.mark.parametrize("dtype", precision.HALF, ids=str)
+@pytest.mark.parametrize("mechanism", list(precision.op_table()))
+def test_every_op_in_half_precision_has_finite_outputs_and_gradients(mechanism, dtype, scale):
+    """Finite wherever the exact value fits the dtype: the float64 gradient of the
+    same rounded inputs says which (QVI's values grow with its queries, so at
+    logits x1e4 the true gradient of v exceeds 65504 and float16 rightly says inf)."""
+    def run(compute_dtype):
+        inputs = {name: tensor.to(dtype).to(compute_dtype).requires_grad_()
+                  for name, tensor in precision.make_inputs(scale).items()}
+        out = precision.op_table()[mechanism](inputs, precision.padding_mask())
+        out.float().square().mean().backward()
+        return out, {name: tensor.grad for name, tensor in inputs.items() if tensor.grad is not None}
+
+    out, gradients = run(dtype)
+    _, exact = run(torch.float64)
+    assert out.dtype == dtype and torch.isfinite(out).all()
+    for name, gradient in gradients.items():
+        representable = exact[name].abs() < torch.finfo(dtype).max
+        assert torch.isfinite(gradient[representable]).all(), f"gradient of {name} is not finite"
+
+
+def test_distance_aware_logits_beyond_the_float16_range_stay_finite():
+    """ReLU(q k^T) x (1 + e^v) exceeds 65504 with q, k scaled by 100 (NaN before
+    the logits were formed in float32); vanilla is finite on the same inputs."""
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 6, 16, generator=generator) for _ in range(3))
+    q, k = (q * 100).half(), (k * 100).half()
+    sharpness = torch.full((2,), 3.0).half()  # f up to 1 + e^3 = 21
+    assert torch.isfinite(DF.softmax_attention(q, k, v.half())[0]).all()
+    out, probs = DF.distance_aware_attention(q, k, v.half(), torch.zeros(2).half(), sharpness)
+    assert torch.isfinite(out).all() and torch.isfinite(probs).all()
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+@pytest.mark.parametrize("alpha", [1e4, 1e30, 3e38])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_distance_mask_with_a_huge_alpha_gives_no_nan(dtype, alpha, need_weights):
+    """-alpha |i - j| overflows every dtype here; a query whose own position is
+    padding then sees only far keys, which must not make its row NaN (nor 0 x inf
+    on the diagonal)."""
+    q, k, v = (torch.randn(2, 2, 5, 8).to(dtype) for _ in range(3))
+    padding = torch.tensor([[True, True, False, False, False], [False] * 5])
+    out, probs = DF.distance_mask_attention(q, k, v, alpha, key_padding_mask=padding, need_weights=need_weights)
+    assert torch.isfinite(out).all()
+    if need_weights:
+        assert torch.isfinite(probs).all() and (probs[0, :, :, :2] == 0).all()
+        # a visible diagonal takes all the mass
+        assert torch.equal(probs[1, 0], torch.eye(5, dtype=dtype))
+
+
+# Measured with benchmarks/precision.py (a tiny model, weights rounded to the
+# dtype in both runs): the mechanisms whose extra half-precision projections or
+# query reuse amplify activation rounding beyond 2x of vanilla's, at their
+# measured level, so that any further loss is caught.
+MODEL_ERROR_BOUNDS = {"qvi": 4.5, "window-mw": 5.0, "window-aw-seg": 3.0}
+
+
+@pytest.mark.parametrize("dtype", precision.HALF, ids=str)
+def test_whole_model_in_half_precision_against_float64(dtype):
+    errors = precision.model_errors(dtype)
+    worse = {name: round(error / errors["vanilla"], 2) for name, error in errors.items()
+             if not error <= MODEL_ERROR_BOUNDS.get(name, 2.0) * max(errors["vanilla"], UNIT_ROUNDOFF[dtype])}
+    assert not worse, f"error ratio to vanilla above its bound: {worse}"

@@ -29,7 +29,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .masking import dropout_probs, fused_attention, logit_mask, masked_scores, masked_softmax, scaled
+from .masking import dropout_probs, fused_attention, logit_dtype, logit_mask, masked_scores, masked_softmax, scaled
 
 
 def _cumulative_sums(pointer: Tensor) -> Tuple[Tensor, Tensor]:
@@ -118,9 +118,13 @@ def window_mask(
     causal: bool = False,
     query_offset: int = 0,
 ) -> Tensor:
-    """Soft window mask M ``[B, H, Tq, Tk]`` of eq. 9 (``segment_size=0``) or eq. 11 (``segment_size=b>0``)."""
+    """Soft window mask M ``[B, H, Tq, Tk]`` of eq. 9 (``segment_size=0``) or eq. 11
+    (``segment_size=b>0``); float32 for half inputs."""
     tgt_len, src_len = q_left.size(2), k_left.size(2)
-    mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q_left.device, q_left.dtype)
+    # pointers, their cumulative sums and eq. 9's products stay in float32 for
+    # half inputs: a float16 cumsum over Tk keys loses ~Tk ulps
+    compute = logit_dtype(q_left.dtype)
+    mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q_left.device, compute)
     left_pointer = masked_softmax(masked_scores(scaled(q_left), k_left, mask), hidden)
     right_pointer = masked_softmax(masked_scores(scaled(q_right), k_right, mask), hidden)
     if segment_size > 0:
@@ -148,8 +152,9 @@ def multiplicative_window_attention(
 ) -> Tuple[Tensor, Tensor]:
     """MW, eqs. 12-13. Returns ``(out, weights)``; weights = softmax * M (rows need not sum to 1)."""
     tgt_len, src_len = q.size(2), k.size(2)
-    logits_mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, q.dtype)
-    weights = masked_softmax(masked_scores(scaled(q), k, logits_mask), hidden) * mask
+    logits_mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device,
+                                     logit_dtype(q.dtype))
+    weights = (masked_softmax(masked_scores(scaled(q), k, logits_mask), hidden) * mask).to(q.dtype)
     return torch.matmul(dropout_probs(weights, dropout_p), v), weights
 
 
@@ -169,10 +174,14 @@ def additive_window_attention(
     """AW, eqs. 14-17. Returns ``(out, probs)``; the masked local scores are an
     additive bias, so ``need_weights=False`` runs fused and returns ``(out, None)``."""
     tgt_len, src_len = q_global.size(2), k_global.size(2)
-    local_scores = torch.matmul(scaled(q_local), k_local.transpose(-2, -1))
-    logits_mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q_global.device, q_global.dtype)
+    # the local scores times M are formed in float32 for half inputs (M is, see window_mask)
+    local_scores = masked_scores(scaled(q_local), k_local, None)
     if not need_weights:
+        logits_mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q_global.device,
+                                         q_global.dtype)
         return fused_attention(q_global, k_global, v, local_scores * mask, logits_mask, hidden, dropout_p), None
+    logits_mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q_global.device,
+                                     logit_dtype(q_global.dtype))
     logits = torch.addcmul(masked_scores(scaled(q_global), k_global, logits_mask), local_scores, mask)
-    probs = masked_softmax(logits, hidden)
+    probs = masked_softmax(logits, hidden).to(q_global.dtype)
     return torch.matmul(dropout_probs(probs, dropout_p), v), probs

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .masking import absolute_distance, dropout_probs, logit_mask, masked_softmax, scaled
+from .masking import absolute_distance, dropout_probs, logit_dtype, logit_mask, masked_softmax, scaled
 
 
 def distance_coefficients(distance_weight: Tensor, sharpness: Tensor, tgt_len: int, src_len: int, query_offset: int) -> Tensor:
@@ -38,9 +38,13 @@ def distance_aware_attention(
     """DA eqs. (5)-(6); ``distance_weight`` (w) and ``sharpness`` (v) are ``[H]``.
     Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``."""
     tgt_len, src_len = q.size(2), k.size(2)
-    coefficients = distance_coefficients(distance_weight, sharpness, tgt_len, src_len, query_offset)
-    scores = torch.relu(torch.matmul(scaled(q), k.transpose(-2, -1)))  # ReLU commutes with the positive 1/sqrt(d)
-    mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, q.dtype)
+    # ReLU(QK^T) x f reaches (1 + e^v) times the largest logit: formed in float32 for half inputs
+    compute = logit_dtype(q.dtype)
+    coefficients = distance_coefficients(distance_weight.to(compute), sharpness.to(compute), tgt_len, src_len,
+                                         query_offset)
+    # ReLU commutes with the positive 1/sqrt(d)
+    scores = torch.relu(torch.matmul(scaled(q), k.transpose(-2, -1))).to(compute)
+    mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, compute)
     logits = scores * coefficients if mask is None else torch.addcmul(mask, scores, coefficients)
-    probs = masked_softmax(logits, hidden)
+    probs = masked_softmax(logits, hidden).to(q.dtype)
     return torch.matmul(dropout_probs(probs, dropout_p), v), probs

@@ -14,7 +14,8 @@ import torch
 from torch import Tensor
 
 from .masking import (
-    absolute_distance, dropout_probs, fused_attention, logit_mask, masked_scores, masked_softmax, position_tensor,
+    absolute_distance, dropout_probs, fused_attention, logit_dtype, logit_mask, masked_scores, masked_softmax,
+    position_tensor,
     relative_distance, scaled,
 )
 
@@ -23,8 +24,13 @@ DIRECTIONS = (None, "forward", "backward")
 
 @position_tensor
 def distance_mask_bias(tgt_len: int, src_len: int, alpha: float, query_offset: int, device, dtype) -> Tensor:
-    """``alpha * M_dis`` = ``-alpha |i - j|`` as ``[Tq, Tk]``."""
-    return absolute_distance(tgt_len, src_len, query_offset, device, dtype) * (-alpha)
+    """``alpha * M_dis`` = ``-alpha |i - j|`` as ``[Tq, Tk]``, floored at a finite
+    value: with a huge alpha, ``alpha |i - j|`` overflows to inf, and a query
+    whose own position is padding would then see only -inf keys (NaN).
+    ``alpha`` multiplies in float64, so 0 x alpha on the diagonal is 0."""
+    distance = absolute_distance(tgt_len, src_len, query_offset, device, torch.float64)
+    floor = torch.finfo(dtype).max / 2
+    return (distance * (-alpha)).clamp_(min=-floor).to(dtype)
 
 
 @position_tensor
@@ -53,10 +59,10 @@ def distance_mask_attention(
     tgt_len, src_len = q.size(2), k.size(2)
     # the whole mechanism is one small [B|1, 1, Tq, Tk] additive mask
     allowed = None if direction is None else directional_visibility(tgt_len, src_len, direction, query_offset, q.device)
-    mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, q.dtype, allowed)
-    bias = distance_mask_bias(tgt_len, src_len, float(alpha), query_offset, q.device, q.dtype)
-    mask = bias if mask is None else mask + bias
+    compute = q.dtype if not need_weights else logit_dtype(q.dtype)
+    mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, compute, allowed)
+    bias = distance_mask_bias(tgt_len, src_len, float(alpha), query_offset, q.device, logit_dtype(q.dtype))
     if not need_weights:
-        return fused_attention(q, k, v, None, mask, hidden, dropout_p), None
-    probs = masked_softmax(masked_scores(scaled(q), k, mask), hidden)
+        return fused_attention(q, k, v, bias, mask, hidden, dropout_p), None
+    probs = masked_softmax(masked_scores(scaled(q), k, mask).add_(bias), hidden).to(q.dtype)
     return torch.matmul(dropout_probs(probs, dropout_p), v), probs

@@ -132,6 +132,17 @@ def masked_softmax(masked_logits: Tensor, hidden: Optional[Tensor]) -> Tensor:
     return probs if hidden is None else probs.masked_fill(hidden, 0.0)
 
 
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def logit_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype in which logits and the terms a mechanism adds to them are
+    formed: float32 for half inputs (as fairseq's softmax already is), since
+    products such as DA's ReLU(QK^T) x f or a -alpha |i-j| bias leave the
+    float16 range (65504) where QK^T alone does not."""
+    return torch.float32 if dtype in HALF_DTYPES else dtype
+
+
 def scaled(q: Tensor) -> Tensor:
     """``q / sqrt(D)``: scaling the queries costs [Tq, D], scaling the scores [Tq, Tk]."""
     return q * (q.size(-1) ** -0.5)
@@ -140,8 +151,12 @@ def scaled(q: Tensor) -> Tensor:
 def masked_scores(scaled_q: Tensor, k: Tensor, mask: Optional[Tensor]) -> Tensor:
     """``scaled_q k^T + mask`` for ``scaled_q`` ``[B,H,Tq,D]`` (see :func:`scaled`),
     ``k`` ``[B,H,Tk,D]`` and an additive mask broadcastable to ``[B,H,Tq,Tk]``
-    or None. A fresh tensor, so callers may add further terms in place."""
+    or None: QK^T in the inputs' dtype, as vanilla attention computes it,
+    returned in :func:`logit_dtype` (``mask`` must be in that dtype). A fresh
+    tensor, so callers may add further terms in place; probabilities made
+    from it go back to the inputs' dtype with ``.to(q.dtype)``."""
     scores = torch.matmul(scaled_q, k.transpose(-2, -1))
+    scores = scores.to(logit_dtype(scores.dtype))
     return scores if mask is None else scores.add_(mask)
 
 
@@ -169,10 +184,11 @@ def softmax_attention(
     if not need_weights and causal and key_padding_mask is None and query_offset == 0 and tgt_len == src_len:
         # exactly SDPA's own causal mask: let it pick its causal kernel
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True), None
-    mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, q.dtype)
     if not need_weights:
+        mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, q.dtype)
         return fused_attention(q, k, v, None, mask, hidden, dropout_p), None
-    probs = masked_softmax(masked_scores(scaled(q), k, mask), hidden)
+    mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, logit_dtype(q.dtype))
+    probs = masked_softmax(masked_scores(scaled(q), k, mask), hidden).to(q.dtype)
     return torch.matmul(dropout_probs(probs, dropout_p), v), probs
 
 
@@ -188,6 +204,11 @@ def fused_attention(
     semantics as :func:`masked_softmax`: a hidden row gives 0.
     """
     if bias is not None:
+        if bias.dtype != q.dtype:
+            # a float32 bias (see logit_dtype) joins half queries in their dtype;
+            # clamped so it cannot overflow to inf there (-inf stays in `mask`)
+            limit = torch.finfo(q.dtype).max / 2
+            bias = bias.clamp(-limit, limit).to(q.dtype)
         mask = bias if mask is None else bias + mask
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     return out if hidden is None else out.masked_fill(hidden, 0.0)

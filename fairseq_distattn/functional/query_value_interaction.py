@@ -20,7 +20,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .masking import softmax_attention
+from .masking import HALF_DTYPES, softmax_attention
 
 
 def query_aware_values(
@@ -34,8 +34,17 @@ def query_aware_values(
     query_offset: int = 0,
     value_offset: int = 0,
 ) -> Tensor:
-    """g(Q, V) of eqs. 7-9 as ``[B, H, Tv, D]``. ``queries`` are at positions
-    ``query_offset + i``, values at ``value_offset + j``."""
+    """g(Q, V) of eqs. 7-9 as ``[B, H, Tv, D]``, in the dtype of ``v``. ``queries``
+    are at positions ``query_offset + i``, values at ``value_offset + j``.
+
+    For half inputs g is computed in float32 and rounded once: in bfloat16 the
+    product Q^ * (V W), the gate and the mix each round to 8 bits, which made
+    a QVI model's output several times less exact than a vanilla one's
+    (``python -m benchmarks.precision``). It is [B, H, Tv, D] work, small
+    beside the attention."""
+    if v.dtype in HALF_DTYPES:
+        full = [t.float() for t in (queries, v, value_projection, gate_weight, gate_bias)]
+        return query_aware_values(*full, query_padding_mask, causal, query_offset, value_offset).to(v.dtype)
     # values are the rows and queries the keys here: causal = query position <= value position
     query_mix, _ = softmax_attention(v, queries, queries, query_padding_mask, causal, value_offset - query_offset,
                                      need_weights=False)  # eq. 7: values attend over queries
@@ -70,5 +79,14 @@ def query_value_interaction_attention(
     query_padding_mask = None
     if key_padding_mask is not None:
         query_padding_mask = key_padding_mask[:, query_offset:query_offset + tgt_len]
+    if q.dtype in HALF_DTYPES:
+        # g(Q, V) grows with the queries (Q^ is a mix of them): with large queries
+        # it nears the float16 maximum, and eq. 10's backward (dO g^T) overflows
+        # there; half inputs get eq. 7-10 in float32, rounded once at the end
+        out, probs = query_value_interaction_attention(
+            *(t.float() for t in (q, k, v, value_projection, gate_weight, gate_bias)),
+            key_padding_mask, causal, query_offset, dropout_p, need_weights,
+        )
+        return out.to(q.dtype), None if probs is None else probs.to(q.dtype)
     values = query_aware_values(q, v, value_projection, gate_weight, gate_bias, query_padding_mask, causal, query_offset, 0)
     return softmax_attention(q, k, values, key_padding_mask, causal, query_offset, dropout_p, need_weights)  # eq. 10

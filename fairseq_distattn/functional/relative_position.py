@@ -18,8 +18,8 @@ import torch
 from torch import Tensor
 
 from .masking import (
-    dropout_probs, fused_attention, logit_mask, masked_scores, masked_softmax, position_tensor, relative_distance,
-    scaled, softmax_attention,
+    dropout_probs, fused_attention, logit_dtype, logit_mask, masked_scores, masked_softmax, position_tensor,
+    relative_distance, scaled, softmax_attention,
 )
 
 
@@ -197,12 +197,13 @@ def relative_position_attention(
         keys = k + rel_keys[buckets[0]]
         values = v if rel_values is None else v + rel_values[buckets[0]]
         return softmax_attention(q, keys, values, key_padding_mask, causal, query_offset, dropout_p, need_weights)
-    mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, q.dtype)
     scaled_q = scaled(q)  # both terms of eq. 4
     bias = relative_position_bias(scaled_q, rel_keys, buckets, max_distance, query_offset, causal)
     if rel_values is None and not need_weights:
+        mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, q.dtype)
         return fused_attention(q, k, v, bias, mask, hidden, dropout_p), None
-    probs = masked_softmax(masked_scores(scaled_q, k, mask).add_(bias), hidden)
+    mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, logit_dtype(q.dtype))
+    probs = masked_softmax(masked_scores(scaled_q, k, mask).add_(bias), hidden).to(q.dtype)
     attended = dropout_probs(probs, dropout_p)
     out = torch.matmul(attended, v)
     if rel_values is not None:
