@@ -1218,9 +1218,9 @@ def test_dropout_drops_attended_weights_but_returns_undropped_probs(name):
     dropped = out == 0
     assert (kept | dropped).all()
     assert dropped.any() and (kept & (probs > 1e-9)).any()
-    zero_out, zero_probs = call(q, k, v, 1.0)
-    assert_close(zero_probs, probs_plain, **TIGHT)
-    assert torch.equal(zero_out, torch.zeros_like(zero_out))
+    # p = 1 would drop every weight: refused, like any p outside [0, 1)
+    with pytest.raises(ValueError, match="dropout_p"):
+        call(q, k, v, 1.0)
 
 
 def test_relative_position_dropout_uses_the_same_dropped_weights_for_values_and_rel_values():
@@ -1247,7 +1247,7 @@ def test_relative_position_dropout_uses_the_same_dropped_weights_for_values_and_
     assert_close(out[..., length:], per_bucket, **TIGHT)
 
 
-def test_query_value_interaction_dropout_keeps_probs_and_full_dropout_zeroes_output():
+def test_query_value_interaction_dropout_keeps_probs_and_refuses_full_dropout():
     op = OPS_BY_NAME["query_value_interaction"]
     case = REFERENCE_CASES[0]
     params, _ = build(op, case, "dropout")
@@ -1256,11 +1256,10 @@ def test_query_value_interaction_dropout_keeps_probs_and_full_dropout_zeroes_out
     out_plain, probs_plain = query_value_interaction_attention(*args)
     torch.manual_seed(0)
     out_half, probs_half = query_value_interaction_attention(*args, dropout_p=0.5)
-    out_all, probs_all = query_value_interaction_attention(*args, dropout_p=1.0)
     assert_close(probs_half, probs_plain, **TIGHT)
-    assert_close(probs_all, probs_plain, **TIGHT)
     assert not torch.allclose(out_half, out_plain)
-    assert torch.equal(out_all, torch.zeros_like(out_all))
+    with pytest.raises(ValueError, match="dropout_p"):
+        query_value_interaction_attention(*args, dropout_p=1.0)
 
 
 def test_distance_mask_rejects_unknown_direction():

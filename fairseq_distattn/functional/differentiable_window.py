@@ -29,7 +29,10 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .masking import dropout_probs, fused_attention, logit_dtype, logit_mask, masked_scores, masked_softmax, scaled
+from .masking import (
+    check_attention_arguments, dropout_probs, fused_attention, logit_dtype, logit_mask, masked_scores, masked_softmax,
+    scaled,
+)
 
 
 def _cumulative_sums(pointer: Tensor) -> Tuple[Tensor, Tensor]:
@@ -120,6 +123,10 @@ def window_mask(
 ) -> Tensor:
     """Soft window mask M ``[B, H, Tq, Tk]`` of eq. 9 (``segment_size=0``) or eq. 11
     (``segment_size=b>0``); float32 for half inputs."""
+    check_attention_arguments(q_left, k_left, None, key_padding_mask, causal, query_offset)
+    check_attention_arguments(q_right, k_right, None, key_padding_mask, causal, query_offset)
+    if isinstance(segment_size, bool) or not isinstance(segment_size, int) or segment_size < 0:
+        raise ValueError(f"segment_size must be an integer >= 0 (0: token-level eq. 9), got {segment_size!r}")
     tgt_len, src_len = q_left.size(2), k_left.size(2)
     # pointers, their cumulative sums and eq. 9's products stay in float32 for
     # half inputs: a float16 cumsum over Tk keys loses ~Tk ulps
@@ -140,6 +147,13 @@ def window_mask(
     return _token_window_mask(left_pointer, right_pointer)[0]
 
 
+def _check_window(mask: Tensor, q: Tensor, k: Tensor) -> None:
+    expected = (q.size(0), q.size(1), q.size(2), k.size(2))
+    if not isinstance(mask, Tensor) or tuple(mask.shape) != expected:
+        raise ValueError(f"mask must be the [B, H, Tq, Tk] = {expected} window of window_mask, got "
+                         f"{tuple(mask.shape) if isinstance(mask, Tensor) else repr(mask)}")
+
+
 def multiplicative_window_attention(
     q: Tensor,
     k: Tensor,
@@ -151,6 +165,8 @@ def multiplicative_window_attention(
     dropout_p: float = 0.0,
 ) -> Tuple[Tensor, Tensor]:
     """MW, eqs. 12-13. Returns ``(out, weights)``; weights = softmax * M (rows need not sum to 1)."""
+    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
+    _check_window(mask, q, k)
     tgt_len, src_len = q.size(2), k.size(2)
     logits_mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device,
                                      logit_dtype(q.dtype))
@@ -173,6 +189,9 @@ def additive_window_attention(
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """AW, eqs. 14-17. Returns ``(out, probs)``; the masked local scores are an
     additive bias, so ``need_weights=False`` runs fused and returns ``(out, None)``."""
+    check_attention_arguments(q_global, k_global, v, key_padding_mask, causal, query_offset, dropout_p)
+    check_attention_arguments(q_local, k_local, None, key_padding_mask, causal, query_offset)
+    _check_window(mask, q_global, k_global)
     tgt_len, src_len = q_global.size(2), k_global.size(2)
     # the local scores times M are formed in float32 for half inputs (M is, see window_mask)
     local_scores = masked_scores(scaled(q_local), k_local, None)

@@ -13,7 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .masking import absolute_distance, dropout_probs, logit_dtype, logit_mask, masked_softmax, scaled
+from .masking import (
+    absolute_distance, check_attention_arguments, dropout_probs, logit_dtype, logit_mask, masked_softmax, scaled,
+)
 
 
 def distance_coefficients(distance_weight: Tensor, sharpness: Tensor, tgt_len: int, src_len: int, query_offset: int) -> Tensor:
@@ -37,6 +39,10 @@ def distance_aware_attention(
 ) -> Tuple[Tensor, Tensor]:
     """DA eqs. (5)-(6); ``distance_weight`` (w) and ``sharpness`` (v) are ``[H]``.
     Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``."""
+    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
+    for name, parameter in (("distance_weight", distance_weight), ("sharpness", sharpness)):
+        if tuple(parameter.shape) != (q.size(1),):
+            raise ValueError(f"{name} must be [H] = ({q.size(1)},), one per head, got {tuple(parameter.shape)}")
     tgt_len, src_len = q.size(2), k.size(2)
     # ReLU(QK^T) x f reaches (1 + e^v) times the largest logit: formed in float32 for half inputs
     compute = logit_dtype(q.dtype)

@@ -8,14 +8,15 @@ Directional masks: ``direction="forward"`` lets query i see keys j <= i,
 hides the diagonal; we keep it visible so the first (forward) or last
 (backward) token always has a key and a plain softmax stays defined.
 """
+import math
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from .masking import (
-    absolute_distance, dropout_probs, fused_attention, logit_dtype, logit_mask, masked_scores, masked_softmax,
-    position_tensor,
+    absolute_distance, check_attention_arguments, dropout_probs, fused_attention, logit_dtype, logit_mask,
+    masked_scores, masked_softmax, position_tensor,
     relative_distance, scaled,
 )
 
@@ -54,6 +55,9 @@ def distance_mask_attention(
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``; with
     ``need_weights=False`` it runs fused and returns ``(out, None)``."""
+    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha < 0:
+        raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     tgt_len, src_len = q.size(2), k.size(2)

@@ -168,6 +168,47 @@ def dropout_probs(probs: Tensor, dropout_p: float) -> Tensor:
     return probs
 
 
+def check_attention_arguments(
+    q: Tensor,
+    k: Tensor,
+    v: Optional[Tensor],
+    key_padding_mask: Optional[Tensor],
+    causal: bool,
+    query_offset: int,
+    dropout_p: float = 0.0,
+) -> None:
+    """The checks every public op makes of the arguments they share: each
+    mistake is a ValueError naming the argument. Shapes, dtypes and Python
+    scalars only, so no check waits for the device."""
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        if tensor is not None and (not isinstance(tensor, Tensor) or tensor.dim() != 4):
+            raise ValueError(f"{name} must be a [B, H, T, D] tensor, got {_describe(tensor)}")
+    if q.shape[:2] != k.shape[:2] or q.size(-1) != k.size(-1):
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must share B, H and D")
+    if v is not None and (v.shape[:3] != k.shape[:3]):
+        raise ValueError(f"v {tuple(v.shape)} must have k's B, H and length {tuple(k.shape[:3])}")
+    if key_padding_mask is not None:
+        if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dtype != torch.bool:
+            # a float "1 = keep" mask would otherwise be read as padding, inverted
+            raise ValueError(f"key_padding_mask must be a bool tensor with True = padding, got "
+                             f"{_describe(key_padding_mask)} (for a 1 = keep mask pass mask == 0)")
+        if tuple(key_padding_mask.shape) != (k.size(0), k.size(2)):
+            raise ValueError(f"key_padding_mask must be [B, Tk] = {(k.size(0), k.size(2))}, "
+                             f"got {tuple(key_padding_mask.shape)}")
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be a bool, got {causal!r}")
+    if isinstance(query_offset, bool) or not isinstance(query_offset, int) or query_offset < 0:
+        raise ValueError(f"query_offset must be an integer >= 0 (the position of the first query), got {query_offset!r}")
+    if not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be a probability in [0, 1), got {dropout_p!r}")
+
+
+def _describe(value) -> str:
+    if isinstance(value, Tensor):
+        return f"a {str(value.dtype).replace('torch.', '')} tensor of shape {tuple(value.shape)}"
+    return repr(value)
+
+
 def softmax_attention(
     q: Tensor,
     k: Tensor,
@@ -180,6 +221,22 @@ def softmax_attention(
 ):
     """Plain ``softmax(q k^T / sqrt(D)) v`` under the same conventions; returns
     ``(out, probs)`` (``probs`` is None when ``need_weights=False``)."""
+    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
+    return unchecked_softmax_attention(q, k, v, key_padding_mask, causal, query_offset, dropout_p, need_weights)
+
+
+def unchecked_softmax_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    key_padding_mask: Optional[Tensor] = None,
+    causal: bool = False,
+    query_offset: int = 0,
+    dropout_p: float = 0.0,
+    need_weights: bool = True,
+):
+    """:func:`softmax_attention` for the ops' own calls (QVI's eq. 7 uses a
+    negative ``query_offset``: its rows are values, its keys queries)."""
     tgt_len, src_len = q.size(2), k.size(2)
     if not need_weights and causal and key_padding_mask is None and query_offset == 0 and tgt_len == src_len:
         # exactly SDPA's own causal mask: let it pick its causal kernel
@@ -190,6 +247,31 @@ def softmax_attention(
     mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, logit_dtype(q.dtype))
     probs = masked_softmax(masked_scores(scaled(q), k, mask), hidden).to(q.dtype)
     return torch.matmul(dropout_probs(probs, dropout_p), v), probs
+
+
+def half_range_bias(bias: Tensor, mask: Optional[Tensor], dtype: torch.dtype) -> Tensor:
+    """``bias`` as an SDPA ``attn_mask`` for half queries of ``dtype``: shifted per
+    row so that its largest entry over the keys ``mask`` leaves visible is 0,
+    and floored at ``-max/2`` of ``dtype``.
+
+    Why: SDPA takes no float32 mask with half queries on CUDA (its
+    memory-efficient kernel refuses a bias whose dtype is not the query's), and
+    its math kernels add the bias to QK^T in the half dtype, where the sum can
+    pass 65504 although each term fits (AW's local scores x M at logits ~1e4
+    gave NaN in float16), and a row of -inf gives NaN. Softmax is invariant to
+    a per-row constant, so the shift changes nothing exact (and needs no
+    gradient); after it no logit exceeds QK^T's own, and the key with the
+    largest bias keeps QK^T's finite logit, so no row becomes NaN unless QK^T
+    alone would. The floor only drops keys whose bias is below the row's best
+    by more than half the range: their probability is 0 in any half dtype
+    unless QK^T is near overflow itself. Rounding the clamped float32 bias
+    instead (rather than routing half inputs to float32 logits) keeps the
+    fused kernels, and their memory saving, for half precision."""
+    bias = bias.to(torch.float32)
+    visible_bias = bias if mask is None else bias + mask
+    shifted = bias - visible_bias.amax(dim=-1, keepdim=True).detach()
+    limit = torch.finfo(dtype).max / 2  # above 0 only under the mask's -inf, which must not meet +inf
+    return shifted.clamp_(-limit, limit).to(dtype)
 
 
 def fused_attention(
@@ -204,11 +286,8 @@ def fused_attention(
     semantics as :func:`masked_softmax`: a hidden row gives 0.
     """
     if bias is not None:
-        if bias.dtype != q.dtype:
-            # a float32 bias (see logit_dtype) joins half queries in their dtype;
-            # clamped so it cannot overflow to inf there (-inf stays in `mask`)
-            limit = torch.finfo(q.dtype).max / 2
-            bias = bias.clamp(-limit, limit).to(q.dtype)
+        if q.dtype in HALF_DTYPES:
+            bias = half_range_bias(bias, mask, q.dtype)
         mask = bias if mask is None else bias + mask
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     return out if hidden is None else out.masked_fill(hidden, 0.0)

@@ -20,7 +20,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .masking import HALF_DTYPES, softmax_attention
+from .masking import HALF_DTYPES, check_attention_arguments, unchecked_softmax_attention
 
 
 def query_aware_values(
@@ -42,11 +42,15 @@ def query_aware_values(
     a QVI model's output several times less exact than a vanilla one's
     (``python -m benchmarks.precision``). It is [B, H, Tv, D] work, small
     beside the attention."""
+    # eq. 7 attends from values over queries: the queries are its keys
+    check_attention_arguments(v, queries, None, query_padding_mask, causal, query_offset)
+    if isinstance(value_offset, bool) or not isinstance(value_offset, int) or value_offset < 0:
+        raise ValueError(f"value_offset must be an integer >= 0, got {value_offset!r}")
     if v.dtype in HALF_DTYPES:
         full = [t.float() for t in (queries, v, value_projection, gate_weight, gate_bias)]
         return query_aware_values(*full, query_padding_mask, causal, query_offset, value_offset).to(v.dtype)
     # values are the rows and queries the keys here: causal = query position <= value position
-    query_mix, _ = softmax_attention(v, queries, queries, query_padding_mask, causal, value_offset - query_offset,
+    query_mix, _ = unchecked_softmax_attention(v, queries, queries, query_padding_mask, causal, value_offset - query_offset,
                                      need_weights=False)  # eq. 7: values attend over queries
     # one [B*T, D] x [D, D] product per head (matmul would run B*H small ones)
     interaction = query_mix * torch.einsum("bhtd,hde->bhte", v, value_projection)
@@ -75,6 +79,7 @@ def query_value_interaction_attention(
     ``query_offset..`` and ``k``/``v`` the keys and values at ``0..Tk-1``;
     eq. 7 uses the queries given here (in incremental decoding the module
     passes all cached queries). Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``."""
+    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
     tgt_len = q.size(2)
     query_padding_mask = None
     if key_padding_mask is not None:
@@ -89,4 +94,4 @@ def query_value_interaction_attention(
         )
         return out.to(q.dtype), None if probs is None else probs.to(q.dtype)
     values = query_aware_values(q, v, value_projection, gate_weight, gate_bias, query_padding_mask, causal, query_offset, 0)
-    return softmax_attention(q, k, values, key_padding_mask, causal, query_offset, dropout_p, need_weights)  # eq. 10
+    return unchecked_softmax_attention(q, k, values, key_padding_mask, causal, query_offset, dropout_p, need_weights)  # eq. 10

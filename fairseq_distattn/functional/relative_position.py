@@ -19,7 +19,7 @@ from torch import Tensor
 
 from .masking import (
     dropout_probs, fused_attention, logit_dtype, logit_mask, masked_scores, masked_softmax, position_tensor,
-    relative_distance, scaled, softmax_attention,
+    check_attention_arguments, relative_distance, scaled, unchecked_softmax_attention,
 )
 
 
@@ -187,6 +187,12 @@ def relative_position_attention(
     """Shaw et al. eqs. (3)-(4). ``rel_keys``/``rel_values`` are ``[2k+1, D]``
     (``rel_values=None``: keys only). Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``;
     keys-only with ``need_weights=False`` runs fused and returns ``(out, None)``."""
+    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
+    if isinstance(max_distance, bool) or not isinstance(max_distance, int) or max_distance < 1:
+        raise ValueError(f"max_distance must be an integer >= 1 (the clipping distance k), got {max_distance!r}")
+    for name, table in (("rel_keys", rel_keys), ("rel_values", rel_values)):
+        if table is not None and tuple(table.shape) != (2 * max_distance + 1, q.size(-1)):
+            raise ValueError(f"{name} must be [2k+1, D] = {(2 * max_distance + 1, q.size(-1))}, got {tuple(table.shape)}")
     tgt_len, src_len = q.size(2), k.size(2)
     rel_keys, rel_values, max_distance = rows_within_reach(rel_keys, rel_values, max_distance, tgt_len, src_len,
                                                            query_offset)
@@ -196,7 +202,8 @@ def relative_position_attention(
         # and v_j + a^V_j, cost as much as the bucket form and take half the ops.
         keys = k + rel_keys[buckets[0]]
         values = v if rel_values is None else v + rel_values[buckets[0]]
-        return softmax_attention(q, keys, values, key_padding_mask, causal, query_offset, dropout_p, need_weights)
+        return unchecked_softmax_attention(q, keys, values, key_padding_mask, causal, query_offset, dropout_p,
+                                           need_weights)
     scaled_q = scaled(q)  # both terms of eq. 4
     bias = relative_position_bias(scaled_q, rel_keys, buckets, max_distance, query_offset, causal)
     if rel_values is None and not need_weights:
