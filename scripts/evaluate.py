@@ -324,8 +324,9 @@ def cmd_score(args, passthrough: List[str]) -> int:
     generate_file = Path(args.generate_output)
     if not generate_file.is_file():
         raise EvalError(f"{generate_file} not found")
-    out_dir = Path(args.output_dir) if args.output_dir else generate_file.parent
-    score_generate_output(generate_file, setup, args, out_dir)
+    # beside the scored file by default (not the current directory), and said as an absolute path
+    out_dir = Path(args.output_dir) if args.output_dir else generate_file.resolve().parent
+    score_generate_output(generate_file, setup, args, out_dir.resolve())
     return 0
 
 
@@ -384,7 +385,8 @@ def add_reference_args(p: argparse.ArgumentParser) -> None:
                    help="subword model of the data (default: from prep.json, else subword_nmt)")
     g.add_argument("--compound-split", choices=["auto", "yes", "no"], default="auto",
                    help="compound splitting for tokenised BLEU (auto: for German targets)")
-    p.add_argument("--output-dir", help="where to write hypotheses and scores")
+    p.add_argument("--output-dir", help="where to write hypotheses and scores (default: mt: evaluate-SUBSET "
+                                        "beside the checkpoint; score: the directory of GENERATE_OUTPUT)")
 
 
 def add_checkpoint_args(p: argparse.ArgumentParser) -> None:

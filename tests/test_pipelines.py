@@ -239,9 +239,9 @@ def show(proc: subprocess.CompletedProcess) -> str:
     return f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-6000:]}"
 
 
-def run_python(args: Sequence[object], timeout: float = 600) -> subprocess.CompletedProcess:
+def run_python(args: Sequence[object], timeout: float = 600, cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable] + [str(a) for a in args], capture_output=True, text=True,
-                          cwd=str(REPO_ROOT), env=script_env(), timeout=timeout)
+                          cwd=str(cwd or REPO_ROOT), env=script_env(), timeout=timeout)
 
 
 def steps_run(proc: subprocess.CompletedProcess) -> List[str]:
@@ -733,6 +733,20 @@ def test_bleu_tooling_agrees_with_sacrebleu_and_multi_bleu(tmp_path):
                        "--source-lang", "en", "--target-lang", "de", "--output-dir", out, "--compound-split", "no"])
     assert proc.returncode == 0, show(proc)
     assert json.loads((out / "bleu.json").read_text())["tokenized_bleu_compound_split"] is None
+
+
+def test_score_without_output_dir_writes_beside_its_input_and_says_where(tmp_path):
+    case = fixed_translation_case(tmp_path / "case")
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    relative = os.path.relpath(case["generate"], elsewhere)
+    proc = run_python([SCRIPTS / "evaluate.py", "score", relative, "--ref-dir", case["ref_dir"],
+                       "--source-lang", "en", "--target-lang", "de"], cwd=elsewhere)
+    assert proc.returncode == 0, show(proc)
+    beside = case["generate"].parent
+    assert (beside / "bleu.json").is_file() and (beside / "hyp.detok.de").is_file()
+    assert list(elsewhere.iterdir()) == []
+    assert f"outputs in {beside.resolve()}" in proc.stdout
 
 
 def test_evaluate_fails_loudly_on_a_dropped_sentence(tmp_path):
