@@ -113,3 +113,29 @@ def test_whole_model_in_half_precision_against_float64(dtype):
     worse = {name: round(error / errors["vanilla"], 2) for name, error in errors.items()
              if not error <= MODEL_ERROR_BOUNDS.get(name, 2.0) * max(errors["vanilla"], UNIT_ROUNDOFF[dtype])}
     assert not worse, f"error ratio to vanilla above its bound: {worse}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_fused_additive_window_keeps_bias_differences_beyond_half_of_the_range(dtype):
+    """AW's local scores x M of 40000 and 50000 on two keys (QK^T = 0): key 1
+    takes all the mass. Clamping the bias into the half range would tie them."""
+    zeros = torch.zeros(1, 1, 2, 1, dtype=dtype)
+    q_local = torch.full((1, 1, 2, 1), 100.0, dtype=dtype)
+    k_local = torch.tensor([400.0, 500.0], dtype=dtype).view(1, 1, 2, 1)
+    v = torch.tensor([1.0, -1.0], dtype=dtype).view(1, 1, 2, 1)
+    window = torch.ones(1, 1, 2, 2)
+    out, _ = DF.additive_window_attention(zeros, zeros, q_local, k_local, v, window, need_weights=False)
+    assert torch.equal(out, torch.full_like(out, -1.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_fused_distance_mask_row_beyond_the_half_range_is_not_lost(dtype):
+    """A padded query (position 0) sees keys 1 and 2 with biases -alpha and -2 alpha,
+    alpha = 40000 (QK^T = 0): key 1 takes all the mass. Clamped into float16, both
+    biases would tie; added to a large QK^T in the half dtype, the row would be all
+    -inf (NaN on CUDA's math kernel)."""
+    q = torch.zeros(1, 1, 3, 1, dtype=dtype)
+    v = torch.tensor([0.0, 3.0, 5.0], dtype=dtype).view(1, 1, 3, 1)
+    padding = torch.tensor([[True, False, False]])
+    out, _ = DF.distance_mask_attention(q, q, v, 4e4, key_padding_mask=padding, need_weights=False)
+    assert torch.equal(out[0, 0, 0], torch.tensor([3.0], dtype=dtype))

@@ -250,28 +250,28 @@ def unchecked_softmax_attention(
 
 
 def half_range_bias(bias: Tensor, mask: Optional[Tensor], dtype: torch.dtype) -> Tensor:
-    """``bias`` as an SDPA ``attn_mask`` for half queries of ``dtype``: shifted per
-    row so that its largest entry over the keys ``mask`` leaves visible is 0,
-    and floored at ``-max/2`` of ``dtype``.
+    """``bias`` as an SDPA ``attn_mask`` for half queries of ``dtype``: a row whose
+    largest entry over the keys ``mask`` leaves visible is beyond +-max/64 of
+    ``dtype`` is shifted by that entry; then it is clamped to +-max/2.
 
     Why: SDPA takes no float32 mask with half queries on CUDA (its
     memory-efficient kernel refuses a bias whose dtype is not the query's), and
     its math kernels add the bias to QK^T in the half dtype, where the sum can
-    pass 65504 although each term fits (AW's local scores x M at logits ~1e4
-    gave NaN in float16), and a row of -inf gives NaN. Softmax is invariant to
-    a per-row constant, so the shift changes nothing exact (and needs no
-    gradient); after it no logit exceeds QK^T's own, and the key with the
-    largest bias keeps QK^T's finite logit, so no row becomes NaN unless QK^T
-    alone would. The floor only drops keys whose bias is below the row's best
-    by more than half the range: their probability is 0 in any half dtype
-    unless QK^T is near overflow itself. Rounding the clamped float32 bias
-    instead (rather than routing half inputs to float32 logits) keeps the
+    pass 65504 although each term fits, and a row of -inf gives NaN; a plain
+    clamp would tie distinct large biases (AW's 40000 and 50000). Softmax is
+    invariant to a per-row constant, so the shift changes nothing exact (and
+    needs no gradient); after it the key with the largest bias has a logit
+    within max/64 of QK^T's own, so a row overflows only where QK^T nearly does
+    alone. Rows of ordinary biases are not shifted: rounding ``bias - max``
+    instead of ``bias`` would cost precision on the small entries. Keeping the
+    rounded bias (rather than routing half inputs to float32 logits) keeps the
     fused kernels, and their memory saving, for half precision."""
     bias = bias.to(torch.float32)
-    visible_bias = bias if mask is None else bias + mask
-    shifted = bias - visible_bias.amax(dim=-1, keepdim=True).detach()
-    limit = torch.finfo(dtype).max / 2  # above 0 only under the mask's -inf, which must not meet +inf
-    return shifted.clamp_(-limit, limit).to(dtype)
+    limit = torch.finfo(dtype).max / 2
+    visible_max = (bias if mask is None else bias + mask).amax(dim=-1, keepdim=True).detach()
+    shift = torch.where(visible_max.abs() > limit / 32, visible_max, 0.0)
+    # entries above 0 after the shift lie under the mask's -inf, which must not meet +inf
+    return (bias - shift).clamp_(-limit, limit).to(dtype)
 
 
 def fused_attention(
