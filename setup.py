@@ -38,6 +38,8 @@ setup(
         "subword-nmt",
         "sacrebleu",
         "sacremoses",
+        # fairseq's --tensorboard-logdir writes nothing (one log line says so) without it
+        "tensorboardX",
     ],
     extras_require={"test": ["pytest", "matplotlib"]},
     classifiers=[
