@@ -192,6 +192,7 @@ def train_run(config: QualityConfig, seed: int, scale: Dict, prep: Path, data_bi
     if not valid:
         raise RuntimeError(f"fairseq-validate printed no loss; see {eval_log}")
     valid_loss, _, valid_ppl = valid[-1]
+    moved = mechanism_parameters(averaged, data_bin, eval_log, env)
     # the averaged model is kept (for the extrapolation and inspection tools); the
     # training checkpoints with their optimizer state are several times its size
     shutil.rmtree(checkpoints)
@@ -213,7 +214,33 @@ def train_run(config: QualityConfig, seed: int, scale: Dict, prep: Path, data_bi
         "averaged_checkpoints": CHECKPOINTS_AVERAGED,
         "valid_loss_averaged": float(valid_loss),
         "valid_ppl_averaged": float(valid_ppl),
+        "mechanism_parameters": moved,
     }
+
+
+def mechanism_parameters(averaged: Path, data_bin: Path, log_path: Path, env: Dict[str, str]) -> Dict[str, Dict]:
+    """How far each mechanism parameter group moved from fairseq-train's initial
+    model (``benchmarks.parameter_movement``; {} for vanilla)."""
+    output = log_path.with_name("mechanism_parameters.json")
+    run([sys.executable, "-m", "benchmarks.parameter_movement", averaged, "--data", data_bin, "--json"],
+        log_path, env, stdout_path=output)
+    return json.loads(output.read_text(encoding="utf-8"))
+
+
+def backfill_mechanism_parameters(out: Path, work: Path) -> None:
+    """Add ``mechanism_parameters`` to run files written before it was measured,
+    from the averaged model the run kept under ``work``."""
+    for path in sorted((out / "runs").glob("*.json")):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        run_dir = work / record.get("scale", "small") / path.stem
+        data_bin = work / f"data-{record.get('bpe_merges')}" / "data-bin"
+        if "mechanism_parameters" in record or not (run_dir / "averaged.pt").is_file() or not data_bin.is_dir():
+            continue
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        record["mechanism_parameters"] = mechanism_parameters(run_dir / "averaged.pt", data_bin,
+                                                              run_dir / "eval.log", env)
+        path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        log(f"measured the mechanism parameters of {path.stem}")
 
 
 # ------------------------------------------------------------------ report
@@ -264,12 +291,51 @@ def report(out: Path) -> str:
         f"average of the last {CHECKPOINTS_AVERAGED} update checkpoints, beam 5. Mean +- sample std over seeds.",
         "",
     ]
-    markdown = "\n".join(header + lines) + "\n"
+    markdown = "\n".join(header + lines + movement_table(by_config, order)) + "\n"
     out.mkdir(parents=True, exist_ok=True)
     (out / "quality.md").write_text(markdown, encoding="utf-8")
     if runs:
         plot_curves(by_config, order, out / "valid_loss.png")
     return markdown
+
+
+def movement_table(by_config: Dict[str, List[Dict]], order: Sequence[str]) -> List[str]:
+    """Did the mechanism parameters move? Per config, over its seeds: the least and most
+    moved parameter group (change relative to the initial value; absolute for DA's
+    w and v, which start at 0) and the range of DA's learned per-head w and v."""
+    lines = []
+    for name in order:
+        measured = [r["mechanism_parameters"] for r in by_config[name] if r.get("mechanism_parameters")]
+        if not measured:
+            continue
+        groups: Dict[str, List[float]] = {}
+        for result in measured:
+            for group, entry in result.items():
+                groups.setdefault(group, []).append(entry["relative_change"])
+        means = {group: statistics.fmean(changes) for group, changes in groups.items()}
+        least, most = min(means, key=means.get), max(means, key=means.get)
+        da = []
+        for parameter, label in (("distance_weight", "w"), ("sharpness", "v")):
+            entries = [entry for result in measured for group, entry in result.items() if group.endswith(parameter)]
+            if entries:
+                da.append(f"{label} in [{min(e['value_min'] for e in entries):.2f}, "
+                          f"{max(e['value_max'] for e in entries):.2f}]")
+        lines.append(f"| {name} | {len(measured)} | {len(groups)} | {means[least]:.3g} ({least}) | "
+                     f"{means[most]:.3g} ({most}) | {'; '.join(da) or '-'} |")
+    if not lines:
+        return []
+    return [
+        "",
+        "## Did the mechanisms' parameters move?",
+        "",
+        "Distance of each mechanism parameter group from fairseq-train's initial model, relative to its",
+        "initial norm (absolute for DA's w and v, which start at 0), mean over layers and seeds",
+        "(`python -m benchmarks.parameter_movement CHECKPOINT` for every group).",
+        "",
+        "| config | runs | parameter groups | least moved | most moved | DA's learned per-head values |",
+        "|---|---|---|---|---|---|",
+        *lines,
+    ]
 
 
 def plot_curves(by_config: Dict[str, List[Dict]], order: Sequence[str], path: Path) -> None:
@@ -365,6 +431,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
             for future in [pool.submit(one, job) for job in todo]:
                 future.result()
+    backfill_mechanism_parameters(args.out, args.work)
     print(report(args.out))
     return 0
 

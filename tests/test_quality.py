@@ -35,15 +35,21 @@ def test_quality_and_extrapolation_harnesses_write_one_json_per_run_skip_done_ru
         assert record["valid_ppl_averaged"] > 1
         assert [p["updates"] for p in record["valid_curve"]] == [1, 2, 3, 4, 5]
         assert record["git_revision"] and record["machine"]
+    assert records["vanilla-seed3"]["mechanism_parameters"] == {}
+    moved = records["window-seed3"]["mechanism_parameters"]
+    assert "cross extra_query_proj.left_query.weight" in moved and "decoder self extra_key_proj.right_key.weight" in moved
+    assert all(entry["relative_change"] > 0 for entry in moved.values())
     assert records["vanilla-seed3"]["train_args"] == ["--arch", "transformer_iwslt_de_en"]
     assert "--cross-attention" in records["window-seed3"]["train_args"]
     assert (work / "tiny" / "window-seed3" / "averaged.pt").is_file()
     assert not (work / "tiny" / "window-seed3" / "checkpoints").exists()
 
     table = (out / "quality.md").read_text()
-    rows = [line for line in table.splitlines() if line.startswith("| window ")]
-    assert len(rows) == 1 and "| 1 (3) |" in rows[0]
+    rows = [line for line in table.splitlines() if line.startswith("| window | 1 (3) |")]
+    assert len(rows) == 1
     assert (out / "valid_loss.png").stat().st_size > 1000
+    moved_rows = [line for line in table.splitlines() if line.startswith("| window | 1 |")]
+    assert len(moved_rows) == 1 and "extra_" in moved_rows[0]
 
     # a second invocation finds both runs done: nothing is trained again
     before = {path: path.stat().st_mtime_ns for path in (out / "runs").glob("*.json")}
