@@ -47,6 +47,16 @@ def test_the_readme_has_the_blocks_this_file_runs():
     assert len(code_blocks("python")) >= 1
 
 
+def test_generated_results_in_the_readme_equal_their_results_files():
+    from benchmarks.readme_blocks import generated_blocks, readme_copy
+
+    blocks = generated_blocks(README.read_text(encoding="utf-8"))
+    assert "benchmarks/results/quality/quality.md" in blocks
+    for source, body in blocks.items():
+        assert body == readme_copy((REPO_ROOT / source).read_text(encoding="utf-8")), (
+            f"README.md's copy of {source} is stale or edited by hand: run the command named in its marker")
+
+
 @pytest.mark.parametrize("index", range(len(code_blocks("python"))))
 def test_python_block_runs(index):
     exec(compile(code_blocks("python")[index], f"README.md python block {index}", "exec"), {})
