@@ -319,7 +319,7 @@ def _profile_misses(results: dict, section: str, models_by_task: Dict[str, tuple
 
 def finish(args, results: dict, started: float) -> int:
     from .plot import write_plot
-    from .report import TRAIN_TARGETS, evaluate_targets, render_markdown
+    from .report import TRAIN_TARGETS, evaluate_targets, render_markdown, write_summary
 
     meta = results["meta"]
     results["machine"]["load_average_end"] = load_average()
@@ -337,6 +337,7 @@ def finish(args, results: dict, started: float) -> int:
     if results.get("profiles") or results.get("generation_profiles"):
         (out / "profiles.md").write_text(_profiles_markdown(results), encoding="utf-8")
     (out / "results.json").write_text(json.dumps(_jsonable(results), indent=1, sort_keys=False) + "\n", encoding="utf-8")
+    write_summary(out / "results.json")
     sys.stdout.write(markdown)
     sys.stdout.flush()
     log(f"wrote {out / 'results.md'}, {out / 'results.json'}, {out / plot_name} ({meta['plot_backend']}) "

@@ -100,8 +100,15 @@ def quick_run(tmp_path_factory):
 
 def test_quick_run_writes_all_outputs(quick_run):
     out, proc = quick_run
-    for name in ("results.md", "results.json", "benchmark.png"):
+    for name in ("results.md", "results.json", "benchmark.png", "summary.md"):
         assert (out / name).is_file(), f"{name} not written"
+    summary = (out / "summary.md").read_text(encoding="utf-8")
+    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    targets = [t for t in results["targets"] if t["section"] != "ops"]
+    assert f"of {len(results['targets'])} targets PASS in this run." in summary
+    for target in targets:  # every row of the README's table comes from a measured target
+        assert f"| `{target['candidate']}` |" in summary
+        assert f"{target['median']:.2f}" in summary
     markdown = (out / "results.md").read_text(encoding="utf-8")
     assert proc.stdout == markdown, "stdout must be the markdown report"
     assert "![benchmark plot](benchmark.png)" in markdown
