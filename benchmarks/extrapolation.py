@@ -25,6 +25,7 @@ if __package__ in (None, ""):  # `python benchmarks/extrapolation.py`
     __package__ = "benchmarks"
 
 from benchmarks.common import REPO_ROOT  # noqa: E402
+from benchmarks.readme_blocks import update_readme  # noqa: E402
 from benchmarks.quality import CONFIGS, DEFAULT_WORK, log, mean_std, run, tool  # noqa: E402
 
 sys.path.insert(0, str(REPO_ROOT / "scripts" / "lib"))
@@ -86,14 +87,17 @@ def evaluate(model: Path, test_set: Path, out_dir: Path, env: Dict[str, str]) ->
     groups: Dict[str, List[int]] = {}
     for index, source in enumerate(sources):
         groups.setdefault(bucket_of(len(source.split())), []).append(index)
-    per_bucket = {
-        bucket: {
+    per_bucket = {}
+    for bucket, indices in sorted(groups.items(), key=lambda item: BUCKET_LABELS.index(item[0])):
+        score = mt_eval.tokenized_bleu([hyps_tok[i] for i in indices], [refs_tok[i] for i in indices],
+                                       compound_split=True)
+        per_bucket[bucket] = {
             "sentences": len(indices),
-            "tokenized_bleu_compound_split": round(mt_eval.tokenized_bleu(
-                [hyps_tok[i] for i in indices], [refs_tok[i] for i in indices], compound_split=True).score, 2),
+            "tokenized_bleu_compound_split": round(score.score, 2),
+            # BLEU's sufficient statistics: buckets of several factors are pooled in the report
+            "bleu_statistics": {"correct": list(score.counts), "total": list(score.totals),
+                                "hypothesis_length": score.sys_len, "reference_length": score.ref_len},
         }
-        for bucket, indices in sorted(groups.items(), key=lambda item: BUCKET_LABELS.index(item[0]))
-    }
     lengths = [len(source.split()) for source in sources]
     return {
         "sentences": len(sources),
@@ -120,7 +124,8 @@ def report(out: Path) -> str:
         "",
         "Models of `benchmarks.quality` (trained on single Multi30k sentences) translate test_2016_flickr with "
         "1, 2, 4 and 8 consecutive sentences concatenated (sources and references), beam 5. Tokenised BLEU with "
-        "compound splitting, mean +- std over seeds; the ratio is BLEU at the factor over BLEU at x1.",
+        "compound splitting, mean +- std over seeds (a single number: one seed so far); the ratio is BLEU at the "
+        "factor over BLEU at x1.",
         "",
         "| config | " + " | ".join(f"x{f} ({'/'.join(str(v) for v in lengths[f])} BPE tokens)" for f in factors)
         + " | " + " | ".join(f"x{f}/x1" for f in factors if f != 1) + " |",
@@ -128,13 +133,16 @@ def report(out: Path) -> str:
     ]
     for name in order:
         means = {f: mean_std(table[name][f]) for f in factors if f in table[name]}
-        cells = [f"{means[f][0]:.2f} +- {means[f][1]:.2f}" if f in means else "-" for f in factors]
+        cells = [("-" if f not in means else f"{means[f][0]:.2f} +- {means[f][1]:.2f}" if len(table[name][f]) > 1
+                  else f"{means[f][0]:.2f}") for f in factors]
         ratios = [f"{means[f][0] / means[1][0]:.2f}" if f in means and 1 in means and means[1][0] > 0 else "-"
                   for f in factors if f != 1]
         lines.append(f"| {name} | " + " | ".join(cells + ratios) + " |")
-    markdown = "\n".join(lines) + "\n"
+    markdown = "\n".join(lines + bucket_table(records, order)) + "\n"
     out.mkdir(parents=True, exist_ok=True)
     (out / "extrapolation.md").write_text(markdown, encoding="utf-8")
+    if out.resolve() == DEFAULT_OUT.resolve():
+        update_readme(out / "extrapolation.md")
     if records:
         import matplotlib
 
@@ -156,6 +164,52 @@ def report(out: Path) -> str:
         figure.savefig(out / "bleu_vs_length.png", dpi=110)
         plt.close(figure)
     return markdown
+
+
+def pooled_bucket_bleu(records: Sequence[Dict]) -> Dict[str, float]:
+    """BLEU per source-length bucket over all of one run's factors (statistics summed, then BLEU)."""
+    from sacrebleu.metrics import BLEU
+
+    pooled: Dict[str, Dict[str, object]] = {}
+    for record in records:
+        for bucket, entry in record["per_source_length"].items():
+            stats = entry.get("bleu_statistics")
+            if stats is None:
+                continue
+            total = pooled.setdefault(bucket, {"correct": [0] * 4, "total": [0] * 4, "hypothesis_length": 0,
+                                               "reference_length": 0})
+            for key in ("correct", "total"):
+                total[key] = [a + b for a, b in zip(total[key], stats[key])]
+            for key in ("hypothesis_length", "reference_length"):
+                total[key] += stats[key]
+    return {bucket: BLEU.compute_bleu(t["correct"], t["total"], t["hypothesis_length"], t["reference_length"],
+                                      smooth_method="none").score
+            for bucket, t in pooled.items()}
+
+
+def bucket_table(records: Sequence[Dict], order: Sequence[str]) -> List[str]:
+    """Per config, BLEU by source length in BPE tokens, pooling the sentences of every factor."""
+    by_run: Dict[tuple, List[Dict]] = {}
+    for record in records:
+        by_run.setdefault((record["config"], record["seed"]), []).append(record)
+    scores: Dict[str, Dict[str, List[float]]] = {}
+    for (config, _), run_records in by_run.items():
+        for bucket, bleu in pooled_bucket_bleu(run_records).items():
+            scores.setdefault(config, {}).setdefault(bucket, []).append(bleu)
+    buckets = [label for label in BUCKET_LABELS if any(label in per for per in scores.values())]
+    if not buckets:
+        return []
+    lines = ["", "## BLEU by source length", "",
+             "The test sentences of every factor pooled and grouped by source length in BPE tokens (BLEU from the "
+             "summed n-gram statistics of each group, mean over seeds).", "",
+             "| config | " + " | ".join(f"{label} tokens" for label in buckets) + " |",
+             "|---|" + "---|" * len(buckets)]
+    for name in order:
+        if name in scores:
+            lines.append(f"| {name} | " + " | ".join(
+                f"{statistics.fmean(scores[name][label]):.2f}" if label in scores[name] else "-" for label in buckets)
+                + " |")
+    return lines
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:

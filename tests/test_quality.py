@@ -69,5 +69,10 @@ def test_quality_and_extrapolation_harnesses_write_one_json_per_run_skip_done_ru
     assert grouped["mean_source_bpe_tokens"] > 3 * single["mean_source_bpe_tokens"]
     assert sum(bucket["sentences"] for bucket in grouped["per_source_length"].values()) == 30
     rows = [line for line in (extra / "extrapolation.md").read_text().splitlines() if line.startswith("| window |")]
-    assert len(rows) == 1 and rows[0].count("|") == 1 + 2 + 1 + 1  # name, x1, x4, x4/x1
+    assert len(rows) == 2 and rows[0].count("|") == 1 + 2 + 1 + 1  # name, x1, x4, x4/x1
     assert (extra / "bleu_vs_length.png").stat().st_size > 1000
+    # pooling the buckets of one factor alone reproduces that factor's per-bucket BLEU
+    pooled = extrapolation.pooled_bucket_bleu([grouped])
+    assert {bucket: round(bleu, 2) for bucket, bleu in pooled.items()} == {
+        bucket: entry["tokenized_bleu_compound_split"] for bucket, entry in grouped["per_source_length"].items()}
+    assert "## BLEU by source length" in (extra / "extrapolation.md").read_text()
