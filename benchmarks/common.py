@@ -37,24 +37,17 @@ def synchronize(device) -> None:
         torch.mps.synchronize()
 
 
-CLOCKS = ("auto", "wall", "cpu")
 _clock: Callable[[], float] = time.perf_counter
-_clock_name = "wall"
 
 
 def set_clock(name: str) -> None:
     """``wall``: time.perf_counter. ``cpu``: time.process_time, the CPU time of
     this process, which does not count the time other processes hold the core
     (with one torch thread it equals wall time on a quiet machine)."""
-    global _clock, _clock_name
+    global _clock
     if name not in ("wall", "cpu"):
         raise ValueError(f"clock must be wall or cpu, not {name!r}")
     _clock = time.process_time if name == "cpu" else time.perf_counter
-    _clock_name = name
-
-
-def clock_name() -> str:
-    return _clock_name
 
 
 def now() -> float:

@@ -12,6 +12,7 @@ tensors.
 from __future__ import annotations
 
 import gzip
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +63,12 @@ def multi30k_dir(data_root: Optional[Path] = None) -> Path:
     )
 
 
+def shown(path: Path) -> str:
+    """A data path as results files record it: relative to the repository, so
+    committed results name no directory of the machine that produced them."""
+    return os.path.relpath(path, REPO_ROOT)
+
+
 def parallel_text(source: str = "auto", data_root: Optional[Path] = None) -> Tuple[str, List[Path], List[Path]]:
     """``(description, en files, de files)`` of real En-De parallel text.
 
@@ -76,11 +83,11 @@ def parallel_text(source: str = "auto", data_root: Optional[Path] = None) -> Tup
         en = [_text_file(news, f"{name}.en") for name in WMT_NEWS_SETS]
         de = [_text_file(news, f"{name}.de") for name in WMT_NEWS_SETS]
         if all(en) and all(de):
-            return f"WMT news test sets 2008-2012 En-De ({news})", en, de
+            return f"WMT news test sets 2008-2012 En-De ({shown(news)})", en, de
         if source == "wmt-news":
             raise FileNotFoundError(f"WMT news En-De text not found in {news}")
     directory = multi30k_dir(data_root)
-    return f"Multi30k train En-De ({directory})", [_text_file(directory, "train.en")], [_text_file(directory, "train.de")]
+    return f"Multi30k train En-De ({shown(directory)})", [_text_file(directory, "train.en")], [_text_file(directory, "train.de")]
 
 
 def monolingual_text(source: str = "auto", data_root: Optional[Path] = None) -> Tuple[str, Path, bool]:
@@ -96,11 +103,11 @@ def monolingual_text(source: str = "auto", data_root: Optional[Path] = None) -> 
     for name in order:
         path, description = candidates[name]
         if path.is_file():
-            return f"{description} ({path})", path, False
+            return f"{description} ({shown(path)})", path, False
         if source != "auto":
             raise FileNotFoundError(f"{path} not found")
     directory = multi30k_dir(data_root)
-    return f"Multi30k train English ({directory})", _text_file(directory, "train.en"), True
+    return f"Multi30k train English ({shown(directory)})", _text_file(directory, "train.en"), True
 
 
 def tokenise(lines: Sequence[str], lang: str) -> List[str]:

@@ -90,10 +90,6 @@ def _op_table() -> Dict[str, Callable]:
     }
 
 
-def op_names() -> List[str]:
-    return list(_op_table())
-
-
 def _call(fn: Callable, leaves: Sequence[torch.Tensor], mode: str, grad_out: torch.Tensor):
     if mode == "fwd":
         with torch.no_grad():

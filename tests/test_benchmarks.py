@@ -339,3 +339,18 @@ def test_summary_and_markdown_helpers():
     table = md_table(["a", "b"], [(1, "x|y")])
     assert table.splitlines() == ["| a | b |", "|---|---|", "| 1 | x\\|y |"]
     assert sections("## T\n\n" + table) == {"## T": [{"a": "1", "b": "x|y"}]}
+
+
+def test_committed_results_name_no_directory_of_the_machine_that_made_them():
+    checkout = str(REPO_ROOT.parent)
+    for path in sorted((REPO_ROOT / "benchmarks" / "results").rglob("*")):
+        if path.suffix in (".md", ".json"):
+            text = path.read_text(encoding="utf-8")
+            assert checkout not in text and "/tmp/" not in text, f"{path} embeds a machine path"
+
+
+def test_data_descriptions_are_relative_to_the_repository(tmp_path):
+    from benchmarks.data import shown
+
+    assert shown(REPO_ROOT / "data" / "multi30k") == "data/multi30k"
+    assert shown(REPO_ROOT.parent / "shared" / "data") == "../shared/data"
