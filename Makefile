@@ -4,7 +4,7 @@
 #   make test         set up .venv if needed, then run the test suite
 #
 # Both are idempotent: the virtualenv is created once and `pip install -e .[test]`
-# reruns only when setup.py or constraints.txt change (stamp: .venv/.installed).
+# reruns only when pyproject.toml or constraints.txt change (stamp: .venv/.installed).
 
 SHELL := /bin/bash
 
@@ -27,7 +27,7 @@ $(VENV)/bin/python:
 # PIP_CONSTRAINT (an absolute path: it is also read by the isolated build of the
 # fairseq-fixed sdist, which runs in another directory) keeps pip on the CPU torch
 # pinned in constraints.txt and on numpy<2.
-$(STAMP): setup.py constraints.txt | $(VENV)/bin/python
+$(STAMP): pyproject.toml constraints.txt | $(VENV)/bin/python
 	PIP_CONSTRAINT="$(CURDIR)/constraints.txt" $(VENV)/bin/python -m pip install -e '.[test]'
 	touch $@
 

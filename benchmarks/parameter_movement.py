@@ -35,7 +35,7 @@ KINDS = {("encoder", "self_attn"): "encoder self", ("decoder", "self_attn"): "de
          ("decoder", "encoder_attn"): "cross"}
 
 
-def initial_state(cfg, data_dir: Optional[str] = None) -> Dict[str, "torch.Tensor"]:
+def initial_state(cfg, data_dir: Optional[str] = None) -> Dict[str, object]:
     """The model's parameters as fairseq-train built them before the first update."""
     import numpy as np
     from fairseq import tasks, utils
