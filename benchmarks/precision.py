@@ -100,9 +100,9 @@ def op_errors(dtype: torch.dtype, scale: float, with_grad: bool = False) -> Dict
     return errors
 
 
-def model_errors(dtype: torch.dtype) -> Dict[str, float]:
+def model_errors(dtype: torch.dtype, seed: int = 0) -> Dict[str, float]:
     """Whole tiny translation model (perturbed weights, rounded to ``dtype``) run in ``dtype`` vs the
-    same weights in float64: relative error of the logits."""
+    same weights in float64: relative error of the logits. ``seed`` draws the weights."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from model_helpers import TINY, left_pad, random_tokens, right_pad, translation_model
 
@@ -111,7 +111,8 @@ def model_errors(dtype: torch.dtype) -> Dict[str, float]:
         cross = name if name.startswith("window") else "vanilla"
         self_spec = "vanilla" if name.endswith("-seg") else name
         model, d = translation_model(extra=[*TINY, "--encoder-self-attention", name,
-                                            "--decoder-self-attention", self_spec, "--cross-attention", cross])
+                                            "--decoder-self-attention", self_spec, "--cross-attention", cross],
+                                     seed=seed)
         sources = [random_tokens(d, 1, n, seed=n)[0] for n in (9, 4)]
         targets = [random_tokens(d, 1, n, seed=10 + n)[0] for n in (6, 3)]
         batch = (left_pad(sources, d.pad()), torch.tensor([9, 4]), right_pad(targets, d.pad()))

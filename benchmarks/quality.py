@@ -74,13 +74,36 @@ CONFIGS = {c.name: c for c in [
     QualityConfig("da+abs", both_self("da"), True, "da with sinusoidal positions kept"),
     QualityConfig("window", WINDOW_PAPER, True,
                   "Nguyen et al.'s best: Enc AW, Dec MW, Cross AW-seg (b = 5) in layers 0-2, positions kept"),
+    # the paper's configuration one attention kind at a time (its Table 2 reading, at this depth)
+    QualityConfig("window-enc-only", WINDOW_PAPER[:2], True, "the window configuration's encoder AW@0-2 alone"),
+    QualityConfig("window-dec-only", WINDOW_PAPER[2:4], True, "the window configuration's decoder MW@0-2 alone"),
+    QualityConfig("window-cross-only", WINDOW_PAPER[4:], True, "the window configuration's cross AW-seg@0-2 alone"),
     QualityConfig("window-mw", (*both_self("window-mw"), "--cross-attention", "window-mw"), True,
                   "MW in every layer of all three kinds"),
     QualityConfig("qvi", both_self("qvi"), True, "Wu et al. QVI in every self-attention layer"),
     QualityConfig("distance-mask", both_self("distance-mask"), True, "Im & Cho: -|i-j| on the logits, positions kept"),
     QualityConfig("distance-mask-noabs", both_self("distance-mask"), False, "distance-mask without position embeddings"),
 ]}
-GRIDS = {"default": list(CONFIGS)}
+GRIDS = ("default", "ablations")
+
+
+def ablation_configs(layers: int) -> Dict[str, QualityConfig]:
+    """The papers' ablations (``benchmarks.ablations``) for a model of ``layers``
+    encoder and decoder layers; the DA ones drop the position embeddings as the
+    default grid's ``da`` does."""
+    from benchmarks.ablations import ablations  # imports fairseq_distattn: only for this grid
+
+    configs = {}
+    for ablation in ablations(layers):
+        flags = tuple(flag for flag in ablation.train_args if flag != "--no-token-positional-embeddings")
+        configs[ablation.name] = QualityConfig(ablation.name, flags, len(flags) == len(ablation.train_args),
+                                               ablation.note)
+    return configs
+
+
+def grid_configs(grid: str, layers: int) -> Dict[str, QualityConfig]:
+    """Every configuration a grid can run (``--configs`` picks from these)."""
+    return dict(CONFIGS) if grid == "default" else ablation_configs(layers)
 
 # Model size and budget. small: the quickstart's CPU model; base: IWSLT-size for a GPU.
 SCALES = {
@@ -281,7 +304,7 @@ def report(out: Path) -> str:
                 else:
                     cells.append("-")
         cells.append(records[0]["note"])
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")  # notes say |i-j|
     budgets = sorted({(r["updates"], r.get("scale", "?")) for r in runs})
     # the machine and threads; how many runs shared it varied, so it is not claimed
     machines = sorted({re.sub(r", \d+ runs? at a time$", "", r.get("machine", "?")) for r in runs})
@@ -370,7 +393,10 @@ def plot_curves(by_config: Dict[str, List[Dict]], order: Sequence[str], path: Pa
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.quality", description=__doc__.split("\n\n")[0])
-    p.add_argument("--grid", choices=sorted(GRIDS), default="default", help="which configurations (default: default)")
+    p.add_argument("--grid", choices=GRIDS, default="default",
+                   help="default: vanilla and each mechanism as its paper uses it; ablations: the papers' ablations "
+                        "(benchmarks/ablations.py, examples/ablations/README.md), read against the default grid's "
+                        "runs (default: default)")
     p.add_argument("--configs", default="", help="comma-separated subset of the grid's configurations")
     p.add_argument("--seeds", default="1,2", help="comma-separated seeds (default: 1,2)")
     p.add_argument("--scale", choices=sorted(SCALES), default="small",
@@ -386,11 +412,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run (default: 1)")
     p.add_argument("--report", action="store_true", help="only rebuild the table and plot from the run files")
     args = p.parse_args(argv)
-    grid = GRIDS[args.grid]
-    args.config_names = [c for c in args.configs.split(",") if c] or grid
-    unknown = [c for c in args.config_names if c not in CONFIGS]
+    args.grid_configs = grid_configs(args.grid, SCALES[args.scale]["layers"])
+    args.config_names = [c for c in args.configs.split(",") if c] or list(args.grid_configs)
+    unknown = [c for c in args.config_names if c not in args.grid_configs]
     if unknown:
-        p.error(f"argument --configs: unknown {', '.join(unknown)}; choose from {', '.join(CONFIGS)}")
+        p.error(f"argument --configs: unknown {', '.join(unknown)} in grid {args.grid}; "
+                f"choose from {', '.join(args.grid_configs)}")
     try:
         args.seed_list = [int(s) for s in args.seeds.split(",") if s]
     except ValueError:
@@ -411,7 +438,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1"}
         env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
         prep, data_bin = prepare(args.data, args.work / f"data-{merges}", merges, env)
-        todo = [(CONFIGS[name], seed) for seed in args.seed_list for name in args.config_names
+        todo = [(args.grid_configs[name], seed) for seed in args.seed_list for name in args.config_names
                 if not (args.out / "runs" / f"{name}-seed{seed}.json").is_file()]
         log(f"{len(todo)} runs to do ({args.scale}, {scale['updates']} updates, {args.jobs} at a time)")
         machine = f"{cpu_model()}, {args.threads} thread(s) per run"

@@ -391,8 +391,8 @@ def write_summary(results_path, out_dir=None) -> str:
     summary.write_text(markdown, encoding="utf-8")
     from .common import REPO_ROOT
 
-    if summary.resolve() == (REPO_ROOT / "benchmarks" / "results" / "summary.md").resolve():
-        update_readme(summary)
+    if summary.resolve().is_relative_to((REPO_ROOT / "benchmarks" / "results").resolve()):
+        update_readme(summary)  # the README's copy, if it has one (the CPU and the GPU results)
     return markdown
 
 
@@ -403,7 +403,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .common import REPO_ROOT
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.report",
-                                description="Rebuild summary.md (the README's benchmark table) from results.json.")
+                                description="Rebuild summary.md (the README's benchmark table) beside a results.json.")
     p.add_argument("results", nargs="?", type=Path, default=REPO_ROOT / "benchmarks" / "results" / "results.json")
     args = p.parse_args(argv)
     print(write_summary(args.results), end="")

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from . import functional as DF
+from .functional.distance_aware import distance_coefficients
 from .spec import MechanismOptions
 
 
@@ -71,6 +72,10 @@ class RelativePosition(Mechanism):
         else:
             self.register_parameter("relative_values", None)
 
+    def extra_repr(self) -> str:
+        options = self.config.options
+        return f"k={options.max_relative_position}, relative_values={options.relative_values}"
+
     def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
         return DF.relative_position_attention(
             queries["query"], keys["key"], keys["value"], self.relative_keys, self.relative_values,
@@ -81,17 +86,46 @@ class RelativePosition(Mechanism):
 class DistanceAware(Mechanism):
     """Wu et al. 2021: per-head w and v. Both start at 0, where f = 1 for every
     distance, so training starts from ReLU attention and learns each head's
-    preference for short or long distances (the paper gives no initialisation)."""
+    preference for short or long distances (the paper gives no initialisation).
+
+    The sec. 4.3-4.4 ablations (``--da-mapping``, ``--da-adjusting``) hold only
+    the parameters their f uses: v for the learnable sigmoid, k and b for the
+    linear map (starting at k = b = 1, so f = 1 at w = 0 as for eq. 5), none
+    besides w for sigmoid, exponent and clip."""
 
     def __init__(self, config: MechanismConfig):
         super().__init__(config)
-        self.distance_weight = nn.Parameter(torch.zeros(config.num_heads))
-        self.sharpness = nn.Parameter(torch.zeros(config.num_heads))
+        options, heads = config.options, config.num_heads
+        self.mapping, self.adjusting = options.da_mapping, options.da_adjusting
+        self.clip_threshold = options.da_clip_threshold if self.mapping == "clip" else None
+        self.distance_weight = nn.Parameter(torch.zeros(heads))
+        self.sharpness = nn.Parameter(torch.zeros(heads)) if self.mapping == "learnable-sigmoid" else None
+        linear = self.mapping == "linear"
+        self.linear_slope = nn.Parameter(torch.ones(heads)) if linear else None
+        self.linear_intercept = nn.Parameter(torch.ones(heads)) if linear else None
+
+    def extra_repr(self) -> str:
+        # only the ablations are named: the paper's choices (eq. 5, eq. 6) go without saying
+        parts = [f"heads={self.config.num_heads}"]
+        if self.mapping != "learnable-sigmoid":
+            parts.append(f"mapping={self.mapping}" + (f", T={self.clip_threshold:g}" if self.mapping == "clip" else ""))
+        if self.adjusting != "early-multiply":
+            parts.append(f"adjusting={self.adjusting}")
+        return ", ".join(parts)
+
+    def _mapping_arguments(self):
+        return dict(mapping=self.mapping, linear_slope=self.linear_slope, linear_intercept=self.linear_intercept,
+                    clip_threshold=self.clip_threshold)
+
+    def coefficients(self, tgt_len: int, src_len: int, query_offset: int = 0) -> Tensor:
+        """This layer's f(w_h |i-j|) per head, ``[H, Tq, Tk]``."""
+        return distance_coefficients(self.distance_weight, self.sharpness, tgt_len, src_len, query_offset,
+                                    **self._mapping_arguments())
 
     def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
         return DF.distance_aware_attention(
             queries["query"], keys["key"], keys["value"], self.distance_weight, self.sharpness,
-            key_padding_mask, causal, query_offset, dropout_p,
+            key_padding_mask, causal, query_offset, dropout_p, adjusting=self.adjusting, **self._mapping_arguments(),
         )
 
 
@@ -107,6 +141,10 @@ class DifferentiableWindow(Mechanism):
         local = ("local",) if self.additive else ()
         self.extra_queries = tuple(f"{side}_query" for side in ("left", "right") + local)
         self.extra_keys = tuple(f"{side}_key" for side in ("left", "right") + local)
+
+    def extra_repr(self) -> str:
+        segments = f"segment_size={self.segment_size}" if self.segment_size else "token-level"
+        return f"{'AW' if self.additive else 'MW'}, {segments}"
 
     def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
         mask = DF.window_mask(
@@ -129,7 +167,10 @@ class QueryValueInteraction(Mechanism):
 
     In incremental decoding, eq. 7 for a new value needs every earlier query
     and g(Q, V) of an old value never changes (it only sees queries at or
-    before its position), so both are cached, batch-first."""
+    before its position), so both are cached, batch-first.
+
+    The sec. 4.3 variants (``--qvi-interaction``) hold only the parameters
+    their g uses: W for interactions-only and summation, none for values-only."""
 
     def recompute_saves_memory(self, need_weights):
         return False  # eq. 7 mixes every query into each value: no row-wise blocks
@@ -137,22 +178,30 @@ class QueryValueInteraction(Mechanism):
     def __init__(self, config: MechanismConfig):
         super().__init__(config)
         heads, dim = config.num_heads, config.head_dim
-        self.value_projection = nn.Parameter(torch.eye(dim).repeat(heads, 1, 1))
-        self.gate_weight = nn.Parameter(torch.zeros(heads, 2 * dim))
-        self.gate_bias = nn.Parameter(torch.zeros(heads))
+        self.interaction = config.options.qvi_interaction
+        gated = self.interaction == "gated"
+        projects = self.interaction != "values-only"
+        self.value_projection = nn.Parameter(torch.eye(dim).repeat(heads, 1, 1)) if projects else None
+        self.gate_weight = nn.Parameter(torch.zeros(heads, 2 * dim)) if gated else None
+        self.gate_bias = nn.Parameter(torch.zeros(heads)) if gated else None
+
+    def extra_repr(self) -> str:
+        # only an ablation is named: the paper's gated g (eq. 8-9) goes without saying
+        interaction = "" if self.interaction == "gated" else f", interaction={self.interaction}"
+        return f"heads={self.config.num_heads}, head_dim={self.config.head_dim}{interaction}"
 
     def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
         query = queries["query"]
-        if cache is None:
+        if cache is None or self.interaction == "values-only":  # g_1 = V depends on no query: nothing to cache
             return DF.query_value_interaction_attention(
                 query, keys["key"], keys["value"], self.value_projection, self.gate_weight, self.gate_bias,
-                key_padding_mask, causal, query_offset, dropout_p, need_weights,
+                key_padding_mask, causal, query_offset, dropout_p, need_weights, self.interaction,
             )
         seen_queries = cache.get("prev_qvi_query")
         all_queries = query if seen_queries is None else torch.cat([seen_queries, query], dim=2)
         new_values = DF.query_aware_values(
             all_queries, keys["value"][:, :, query_offset:], self.value_projection, self.gate_weight, self.gate_bias,
-            None, causal, 0, query_offset,
+            None, causal, 0, query_offset, self.interaction,
         )
         seen_values = cache.get("prev_qvi_value")
         values = new_values if seen_values is None else torch.cat([seen_values, new_values], dim=2)
@@ -166,6 +215,10 @@ class DistanceMask(Mechanism):
 
     def recompute_saves_memory(self, need_weights):
         return need_weights  # the fused path keeps only the [Tq, Tk] bias
+
+    def extra_repr(self) -> str:
+        options = self.config.options
+        return f"alpha={options.distance_mask_alpha}, direction={options.distance_mask_direction or 'none'}"
 
     def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
         options = self.config.options

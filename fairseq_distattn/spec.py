@@ -14,6 +14,10 @@ import sys
 from dataclasses import dataclass
 from typing import FrozenSet, List, Optional
 
+# the ablations' names live with their math (pure torch, no fairseq imports)
+from .functional.distance_aware import DA_ADJUSTINGS, DA_MAPPINGS
+from .functional.query_value_interaction import QVI_INTERACTIONS
+
 MECHANISMS = (
     "vanilla",
     "rpr",
@@ -157,6 +161,12 @@ class MechanismOptions:
     # key length from which a training forward recomputes attention in query
     # chunks during backward instead of keeping [B, H, Tq, Tk] tensors (0: never)
     attention_recompute_length: int = 256
+    # the papers' ablations; the defaults are the papers' own choices
+    da_mapping: str = "learnable-sigmoid"  # Wu et al. 2021 sec. 4.3
+    da_adjusting: str = "early-multiply"  # Wu et al. 2021 sec. 4.4
+    # T of the clip mapping min(x, T); the paper gives no value: Shaw et al.'s clipping distance k
+    da_clip_threshold: float = 16.0
+    qvi_interaction: str = "gated"  # Wu et al. (QVI) sec. 4.3
 
     @classmethod
     def from_args(cls, args, max_positions: Optional[int] = None) -> "MechanismOptions":
@@ -190,6 +200,19 @@ class MechanismOptions:
         direction = "none" if direction is None else direction
         if direction not in DISTANCE_MASK_DIRECTIONS:
             raise SpecError("--distance-mask-direction", direction, "unknown direction", ", ".join(DISTANCE_MASK_DIRECTIONS))
+        choices = {}
+        for flag, names in (("--da-mapping", DA_MAPPINGS), ("--da-adjusting", DA_ADJUSTINGS),
+                            ("--qvi-interaction", QVI_INTERACTIONS)):
+            attr = flag[2:].replace("-", "_")
+            choices[attr] = getattr(args, attr, getattr(cls, attr))
+            if choices[attr] not in names:
+                raise SpecError(flag, choices[attr], "unknown choice", ", ".join(names))
+        clip_threshold = getattr(args, "da_clip_threshold", cls.da_clip_threshold)
+        # T bounds float32 (or half) coefficients: it must be finite there
+        if (isinstance(clip_threshold, bool) or not isinstance(clip_threshold, (int, float))
+                or not math.isfinite(clip_threshold) or not 0 < clip_threshold <= FLOAT32_MAX):
+            raise SpecError("--da-clip-threshold", clip_threshold, "must be a finite positive number",
+                            f"a number 0 < T <= {FLOAT32_MAX:.4g}")
         return cls(
             max_relative_position=max_distance,
             relative_values=not getattr(args, "no_relative_values", False),
@@ -197,6 +220,8 @@ class MechanismOptions:
             distance_mask_alpha=float(alpha),
             distance_mask_direction=None if direction == "none" else direction,
             attention_recompute_length=recompute_length,
+            da_clip_threshold=float(clip_threshold),
+            **choices,
         )
 
     def check_kind(self, kind: AttentionKind, layers: List[str]):

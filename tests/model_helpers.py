@@ -72,9 +72,11 @@ def random_tokens(d, rows, length, seed):
 
 def left_pad(sentences, pad):
     width = max(len(s) for s in sentences)
-    return torch.stack([torch.cat([torch.full((width - len(s),), pad, dtype=torch.long), s]) for s in sentences])
+    return torch.stack([torch.cat([torch.full((width - len(s),), pad, dtype=torch.long, device=s.device), s])
+                        for s in sentences])
 
 
 def right_pad(sentences, pad):
     width = max(len(s) for s in sentences)
-    return torch.stack([torch.cat([s, torch.full((width - len(s),), pad, dtype=torch.long)]) for s in sentences])
+    return torch.stack([torch.cat([s, torch.full((width - len(s),), pad, dtype=torch.long, device=s.device)])
+                        for s in sentences])

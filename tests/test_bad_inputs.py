@@ -75,6 +75,13 @@ BAD_INPUTS = [
     (MT, ["--distance-mask-direction", "sideways"], "--distance-mask-direction", ["sideways"]),
     (MT, ["--decoder-self-attention", "distance-mask", "--distance-mask-direction", "backward"],
      "--distance-mask-direction", ["backward"]),
+    # the papers' ablations (tests/test_ablations.py): argparse choices, and T of the clip mapping
+    (MT, ["--encoder-self-attention", "da", "--da-mapping", "tanh"], "--da-mapping", ["tanh"]),
+    (MT, ["--da-adjusting", "late"], "--da-adjusting", ["late"]),
+    (MT, ["--qvi-interaction", "gate"], "--qvi-interaction", ["gate"]),
+    (MT, ["--da-mapping", "clip", "--da-clip-threshold", "0"], "--da-clip-threshold", ["'0.0'"]),
+    (MT, ["--da-clip-threshold", "inf"], "--da-clip-threshold", ["inf"]),
+    (MT, ["--arch", "transformer", "--da-mapping", "clip"], "--da-mapping", ["distattn_transformer"]),
     # presets whose own defaults name layers the model does not have
     (MT, ["--arch", "distattn_window_wmt_en_de", "--encoder-layers", "2", "--decoder-layers", "2"],
      "--encoder-self-attention", [WINDOW_PRESET_NOTE]),

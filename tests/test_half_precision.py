@@ -12,17 +12,22 @@ from benchmarks import precision
 from .model_helpers import TINY, left_pad, random_tokens, right_pad, translation_model
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("mechanism", [m for m in MECHANISMS if m != "vanilla"])
-def test_model_forward_is_finite_in_half_precision(mechanism, dtype):
+def test_model_forward_is_finite_in_half_precision(mechanism, dtype, device):
     cross = mechanism if mechanism.startswith("window") else "vanilla"
     self_spec = mechanism if not mechanism.endswith("-seg") else "vanilla"
     model, d = translation_model(extra=[*TINY, "--encoder-self-attention", mechanism,
                                         "--decoder-self-attention", self_spec, "--cross-attention", cross])
-    model = model.to(dtype)
+    model = model.to(device, dtype)
     sources = [random_tokens(d, 1, n, seed=n)[0] for n in (7, 3)]
     targets = [random_tokens(d, 1, n, seed=10 + n)[0] for n in (2, 5)]
-    out = model(left_pad(sources, d.pad()), torch.tensor([7, 3]), right_pad(targets, d.pad()))[0]
+    out = model(left_pad(sources, d.pad()).to(device), torch.tensor([7, 3], device=device),
+                right_pad(targets, d.pad()).to(device))[0]
     assert out.dtype == dtype
     assert torch.isfinite(out).all()
 
@@ -100,18 +105,26 @@ def test_distance_mask_with_a_huge_alpha_gives_no_nan(dtype, alpha, need_weights
         assert torch.equal(probs[1, 0], torch.eye(5, dtype=dtype))
 
 
-# Measured with benchmarks/precision.py (a tiny model, weights rounded to the
-# dtype in both runs): the mechanisms whose extra half-precision projections or
-# query reuse amplify activation rounding beyond 2x of vanilla's, at their
-# measured level, so that any further loss is caught.
-MODEL_ERROR_BOUNDS = {"qvi": 4.5, "window-mw": 5.0, "window-aw-seg": 3.0}
+# Measured with benchmarks/precision.py: a tiny model, weights rounded to the
+# dtype in both runs, the ratio of each mechanism's logit error to vanilla's
+# averaged over 5 weight draws (one draw alone moves a ratio by up to 2x, so a
+# single model flips between machines). Two mechanisms stay above 2x on
+# average: QVI, whose values are products of two rounded activations (Q^ and
+# VW of eq. 7-8, each carrying the input projections' rounding), and MW in
+# bfloat16, where M (a product of two cumulative sums, eq. 7 of Nguyen et al.)
+# multiplies the rounded probabilities. Both bounds are their measured means
+# plus a margin, so that any further loss is caught.
+MODEL_ERROR_BOUNDS = {"qvi": 3.5, "window-mw": 2.6}
+WEIGHT_DRAWS = range(5)
 
 
 @pytest.mark.parametrize("dtype", precision.HALF, ids=str)
 def test_whole_model_in_half_precision_against_float64(dtype):
-    errors = precision.model_errors(dtype)
-    worse = {name: round(error / errors["vanilla"], 2) for name, error in errors.items()
-             if not error <= MODEL_ERROR_BOUNDS.get(name, 2.0) * max(errors["vanilla"], UNIT_ROUNDOFF[dtype])}
+    draws = [precision.model_errors(dtype, seed) for seed in WEIGHT_DRAWS]
+    ratios = {name: sum(errors[name] / max(errors["vanilla"], UNIT_ROUNDOFF[dtype]) for errors in draws) / len(draws)
+              for name in draws[0]}
+    worse = {name: round(ratio, 2) for name, ratio in ratios.items()
+             if not ratio <= MODEL_ERROR_BOUNDS.get(name, 2.0)}  # nan fails too
     assert not worse, f"error ratio to vanilla above its bound: {worse}"
 
 

@@ -1,6 +1,12 @@
 """Model-level guarantees: incremental (beam) decoding equals the full forward
 pass, padding never changes a sentence's output (and a mask without padding
-changes nothing), and a vanilla SPEC is exactly fairseq's transformer."""
+changes nothing), and a vanilla SPEC is exactly fairseq's transformer.
+
+The decoding and padding guarantees run on every device this machine has
+(CUDA is skipped without one), and a CUDA model must compute what the float64
+CPU model computes, outputs and gradients."""
+import copy
+
 import pytest
 import torch
 
@@ -23,6 +29,9 @@ CASES = [
 ]
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+
+
 def spec_flags(kind, mechanism):
     # mechanism on layer 0 only, layer 1 stays vanilla: checks per-layer wiring too
     return [*TINY, kind.flag, f"{mechanism}@0"]
@@ -38,18 +47,20 @@ def source_batch(d, rows=4, seed=0):
     return left_pad(sentences, d.pad()), torch.tensor(lengths)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind,mechanism", CASES, ids=[f"{k.flag[2:]}:{m}" for k, m in CASES])
-def test_incremental_beam_decoding_matches_full_forward(kind, mechanism):
+def test_incremental_beam_decoding_matches_full_forward(kind, mechanism, device):
     model, d = translation_model(extra=spec_flags(kind, mechanism))
+    model = model.to(device)
     model.decoder.set_beam_size(2)  # what fairseq's SequenceGenerator does before decoding
     # two sentences x two hypotheses; rows 2k and 2k+1 share a source
     src_tokens, src_lengths = source_batch(d, rows=2)
-    src_tokens, src_lengths = src_tokens.repeat_interleave(2, 0), src_lengths.repeat_interleave(2)
+    src_tokens, src_lengths = src_tokens.repeat_interleave(2, 0).to(device), src_lengths.repeat_interleave(2).to(device)
     steps = 6
-    targets = random_tokens(d, 4, steps, seed=7)
+    targets = random_tokens(d, 4, steps, seed=7).to(device)
     targets[:, 0] = d.eos()
     reorder_at = 3
-    new_order = torch.tensor([1, 1, 3, 2])  # hypothesis 0 continues hypothesis 1, etc.
+    new_order = torch.tensor([1, 1, 3, 2], device=device)  # hypothesis 0 continues hypothesis 1, etc.
 
     encoder_out = model.encoder(src_tokens, src_lengths)
     incremental_state = {}
@@ -66,11 +77,13 @@ def test_incremental_beam_decoding_matches_full_forward(kind, mechanism):
     torch.testing.assert_close(torch.stack(incremental, dim=1), full, **TOLERANCE)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind,mechanism", CASES, ids=[f"{k.flag[2:]}:{m}" for k, m in CASES])
-def test_sentence_output_is_independent_of_batch_padding(kind, mechanism):
+def test_sentence_output_is_independent_of_batch_padding(kind, mechanism, device):
     model, d = translation_model(extra=spec_flags(kind, mechanism))
-    src_tokens, src_lengths = source_batch(d)
-    targets = [random_tokens(d, 1, n, seed=20 + i)[0] for i, n in enumerate([6, 4, 2, 5])]
+    model = model.to(device)
+    src_tokens, src_lengths = (t.to(device) for t in source_batch(d))
+    targets = [random_tokens(d, 1, n, seed=20 + i)[0].to(device) for i, n in enumerate([6, 4, 2, 5])]
     prev_output_tokens = right_pad(targets, d.pad())
     batch_encoder = model.encoder(src_tokens, src_lengths)["encoder_out"][0]
     batch_decoder = full_decoder_output(model, src_tokens, src_lengths, prev_output_tokens)
@@ -85,14 +98,46 @@ def test_sentence_output_is_independent_of_batch_padding(kind, mechanism):
 LM_MECHANISMS = sorted(DECODER_SELF.allowed - {"vanilla"})
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mechanism", LM_MECHANISMS)
-def test_language_model_incremental_matches_full(mechanism):
+def test_language_model_incremental_matches_full(mechanism, device):
     model, d = language_model(extra=[*TINY_LM, "--decoder-self-attention", f"{mechanism}@1"])
-    tokens = random_tokens(d, 3, 6, seed=3)
+    model = model.to(device)
+    tokens = random_tokens(d, 3, 6, seed=3).to(device)
     full = model(tokens)[0]
     incremental_state = {}
     steps = [model.decoder(tokens[:, : t + 1], incremental_state=incremental_state)[0][:, -1] for t in range(tokens.size(1))]
     torch.testing.assert_close(torch.stack(steps, dim=1), full, **TOLERANCE)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+@pytest.mark.parametrize("kind,mechanism", CASES, ids=[f"{k.flag[2:]}:{m}" for k, m in CASES])
+def test_a_float32_cuda_model_computes_what_the_float64_cpu_model_computes(kind, mechanism):
+    """Outputs and every parameter's gradient, with TF32 off (it rounds
+    matmul inputs to 10 bits): a tensor built on the wrong device, or a
+    kernel that differs from its CPU twin, shows here."""
+    model, d = translation_model(extra=spec_flags(kind, mechanism))
+    src_tokens, src_lengths = source_batch(d)
+    targets = right_pad([random_tokens(d, 1, n, seed=40 + i)[0] for i, n in enumerate([6, 4, 2, 5])], d.pad())
+
+    def output_and_gradients(m, device):
+        m.zero_grad()
+        out = m(src_tokens.to(device), src_lengths.to(device), targets.to(device))[0]
+        weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+        (out.double() * weights.to(device)).sum().backward()
+        return out.double().cpu(), {n: p.grad.double().cpu() for n, p in m.named_parameters() if p.grad is not None}
+
+    allow_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        expected, expected_grads = output_and_gradients(model, "cpu")
+        got, got_grads = output_and_gradients(copy.deepcopy(model).float().cuda(), "cuda")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert got_grads.keys() == expected_grads.keys()
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(got_grads[name], grad, rtol=1e-3, atol=1e-4, msg=lambda m: f"{name}: {m}")
 
 
 def test_vanilla_spec_is_fairseq_transformer():

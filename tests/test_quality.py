@@ -4,6 +4,7 @@ works and its outputs are well formed, not what the models score."""
 from __future__ import annotations
 
 import json
+import re
 
 try:  # tests/ is a package (tests/__init__.py)
     from .conftest import read_lines, write_lines
@@ -76,3 +77,21 @@ def test_quality_and_extrapolation_harnesses_write_one_json_per_run_skip_done_ru
     assert {bucket: round(bleu, 2) for bucket, bleu in pooled.items()} == {
         bucket: entry["tokenized_bleu_compound_split"] for bucket, entry in grouped["per_source_length"].items()}
     assert "## BLEU by source length" in (extra / "extrapolation.md").read_text()
+
+
+def test_a_note_with_a_pipe_stays_in_its_table_cell(tmp_path):
+    """The distance-mask notes say -|i-j|: unescaped, the row gains two columns."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for config, seed, bleu in (("vanilla", 1, 30.0), ("distance-mask", 1, 31.0), ("distance-mask", 2, 32.0)):
+        record = {"config": config, "seed": seed, "note": quality.CONFIGS[config].note, "updates": 10,
+                  "scale": "tiny", "machine": "m", "test_sentences": 5, "tokenized_bleu_compound_split": bleu,
+                  "sacrebleu": bleu, "valid_ppl_averaged": 9.0,
+                  "valid_curve": [{"updates": 10, "loss": 3.0, "nll_loss": 2.0, "ppl": 4.0}]}
+        (runs / f"{config}-seed{seed}.json").write_text(json.dumps(record), encoding="utf-8")
+    assert "|i-j|" in quality.CONFIGS["distance-mask"].note
+    rows = [line for line in quality.report(tmp_path).splitlines() if line.startswith("| distance-mask ")]
+    assert len(rows) == 1
+    cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", rows[0])[1:-1]]
+    assert cells[:2] == ["distance-mask", "2 (1,2)"] and cells[2] == "31.50 +- 0.71" and cells[3] == "+1.50"
+    assert len(cells) == 8 and cells[-1] == quality.CONFIGS["distance-mask"].note.replace("|", "\\|")

@@ -14,6 +14,16 @@ Eq. (7) mixes queries into each value, which is only defined for
 self-attention (queries and values are the same positions). Value j at
 position ``value_offset + j`` only uses queries at positions <= its own when
 ``causal`` (no future leak in a decoder), and never padded queries.
+
+Sec. 4.3 (Fig. 2) compares g(Q, V) with its variants (``interaction``):
+  ``gated``              eq. 8-9 (ours)
+  ``values-only``        g_1 = V  (plain attention: the layer has no QVI parameters)
+  ``interactions-only``  g_2 = Q^ * (V W)
+  ``summation``          g_3 = Q^ * (V W) + V
+The paper writes Q * W V in g_2 and g_3; we read Q there as the query mix Q^
+of eq. 7, as eq. 8 uses it. g_2 and g_3 are then eq. 8 without its gate, so the
+variants differ from ours only in how the two terms are combined, which is what
+the ablation studies.
 """
 from typing import Optional, Tuple
 
@@ -22,17 +32,41 @@ from torch import Tensor
 
 from .masking import HALF_DTYPES, check_attention_arguments, unchecked_softmax_attention
 
+QVI_INTERACTIONS = ("gated", "values-only", "interactions-only", "summation")
+# the parameters each g(Q, V) uses: W (value_projection), u (gate_weight), h (gate_bias)
+INTERACTION_PARAMETERS = {
+    "gated": ("value_projection", "gate_weight", "gate_bias"),
+    "values-only": (),
+    "interactions-only": ("value_projection",),
+    "summation": ("value_projection",),
+}
+
+
+def check_interaction_arguments(interaction: str, value_projection: Optional[Tensor], gate_weight: Optional[Tensor],
+                                gate_bias: Optional[Tensor]) -> None:
+    """ValueError unless ``interaction`` is known and gets exactly the parameters it uses."""
+    if interaction not in QVI_INTERACTIONS:
+        raise ValueError(f"interaction must be one of {', '.join(QVI_INTERACTIONS)}, got {interaction!r}")
+    used = INTERACTION_PARAMETERS[interaction]
+    for name, parameter in (("value_projection", value_projection), ("gate_weight", gate_weight),
+                            ("gate_bias", gate_bias)):
+        if name in used and parameter is None:
+            raise ValueError(f"interaction {interaction!r} needs {name}")
+        if name not in used and parameter is not None:
+            raise ValueError(f"interaction {interaction!r} does not use {name}: pass None")
+
 
 def query_aware_values(
     queries: Tensor,
     v: Tensor,
-    value_projection: Tensor,
-    gate_weight: Tensor,
-    gate_bias: Tensor,
+    value_projection: Optional[Tensor],
+    gate_weight: Optional[Tensor],
+    gate_bias: Optional[Tensor],
     query_padding_mask: Optional[Tensor] = None,
     causal: bool = False,
     query_offset: int = 0,
     value_offset: int = 0,
+    interaction: str = "gated",
 ) -> Tensor:
     """g(Q, V) of eqs. 7-9 as ``[B, H, Tv, D]``, in the dtype of ``v``. ``queries``
     are at positions ``query_offset + i``, values at ``value_offset + j``.
@@ -41,57 +75,69 @@ def query_aware_values(
     product Q^ * (V W), the gate and the mix each round to 8 bits, which made
     a QVI model's output several times less exact than a vanilla one's
     (``python -m benchmarks.precision``). It is [B, H, Tv, D] work, small
-    beside the attention."""
+    beside the attention. ``interaction`` picks g of sec. 4.3 (default: eq. 8-9)."""
     # eq. 7 attends from values over queries: the queries are its keys
     check_attention_arguments(v, queries, None, query_padding_mask, causal, query_offset)
     if isinstance(value_offset, bool) or not isinstance(value_offset, int) or value_offset < 0:
         raise ValueError(f"value_offset must be an integer >= 0, got {value_offset!r}")
+    check_interaction_arguments(interaction, value_projection, gate_weight, gate_bias)
+    if interaction == "values-only":
+        return v  # g_1 = V
     if v.dtype in HALF_DTYPES:
-        full = [t.float() for t in (queries, v, value_projection, gate_weight, gate_bias)]
-        return query_aware_values(*full, query_padding_mask, causal, query_offset, value_offset).to(v.dtype)
+        full = [None if t is None else t.float() for t in (queries, v, value_projection, gate_weight, gate_bias)]
+        values = query_aware_values(*full, query_padding_mask, causal, query_offset, value_offset, interaction)
+        return values.to(v.dtype)
     # values are the rows and queries the keys here: causal = query position <= value position
     query_mix, _ = unchecked_softmax_attention(v, queries, queries, query_padding_mask, causal, value_offset - query_offset,
                                      need_weights=False)  # eq. 7: values attend over queries
     # one [B*T, D] x [D, D] product per head (matmul would run B*H small ones)
-    interaction = query_mix * torch.einsum("bhtd,hde->bhte", v, value_projection)
+    interaction_term = query_mix * torch.einsum("bhtd,hde->bhte", v, value_projection)
+    if interaction == "interactions-only":
+        return interaction_term  # g_2
+    if interaction == "summation":
+        return interaction_term + v  # g_3
     # eq. 9 with u split into its halves: [a; b] u = a u_1 + b u_2 needs no [.., 2D] copy
     dim = v.size(-1)
     gate_on_interaction, gate_on_values = gate_weight[:, None, :dim], gate_weight[:, None, dim:]
-    gate = (interaction * gate_on_interaction).sum(-1, keepdim=True) + (v * gate_on_values).sum(-1, keepdim=True)
+    gate = (interaction_term * gate_on_interaction).sum(-1, keepdim=True) + (v * gate_on_values).sum(-1, keepdim=True)
     beta = torch.sigmoid(gate + gate_bias[:, None, None])
-    return torch.lerp(interaction, v, beta)  # eq. 8: (1 - beta) interaction + beta v
+    return torch.lerp(interaction_term, v, beta)  # eq. 8: (1 - beta) interaction + beta v
 
 
 def query_value_interaction_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    value_projection: Tensor,
-    gate_weight: Tensor,
-    gate_bias: Tensor,
+    value_projection: Optional[Tensor],
+    gate_weight: Optional[Tensor],
+    gate_bias: Optional[Tensor],
     key_padding_mask: Optional[Tensor] = None,
     causal: bool = False,
     query_offset: int = 0,
     dropout_p: float = 0.0,
     need_weights: bool = True,
+    interaction: str = "gated",
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """QVI self-attention, eqs. 7-10. ``q`` holds the queries at positions
     ``query_offset..`` and ``k``/``v`` the keys and values at ``0..Tk-1``;
     eq. 7 uses the queries given here (in incremental decoding the module
-    passes all cached queries). Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``."""
+    passes all cached queries). ``interaction`` picks g of sec. 4.3 (default:
+    eq. 8-9). Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``."""
     check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
     tgt_len = q.size(2)
     query_padding_mask = None
     if key_padding_mask is not None:
         query_padding_mask = key_padding_mask[:, query_offset:query_offset + tgt_len]
-    if q.dtype in HALF_DTYPES:
+    check_interaction_arguments(interaction, value_projection, gate_weight, gate_bias)
+    if q.dtype in HALF_DTYPES and interaction != "values-only":
         # g(Q, V) grows with the queries (Q^ is a mix of them): with large queries
         # it nears the float16 maximum, and eq. 10's backward (dO g^T) overflows
         # there; half inputs get eq. 7-10 in float32, rounded once at the end
         out, probs = query_value_interaction_attention(
-            *(t.float() for t in (q, k, v, value_projection, gate_weight, gate_bias)),
-            key_padding_mask, causal, query_offset, dropout_p, need_weights,
+            *(None if t is None else t.float() for t in (q, k, v, value_projection, gate_weight, gate_bias)),
+            key_padding_mask, causal, query_offset, dropout_p, need_weights, interaction,
         )
         return out.to(q.dtype), None if probs is None else probs.to(q.dtype)
-    values = query_aware_values(q, v, value_projection, gate_weight, gate_bias, query_padding_mask, causal, query_offset, 0)
+    values = query_aware_values(q, v, value_projection, gate_weight, gate_bias, query_padding_mask, causal,
+                                query_offset, 0, interaction)
     return unchecked_softmax_attention(q, k, values, key_padding_mask, causal, query_offset, dropout_p, need_weights)  # eq. 10

@@ -4,7 +4,19 @@ import argparse
 from fairseq import options
 from fairseq.models import register_model_architecture
 
-from ..spec import CROSS, DECODER_SELF, DISTANCE_MASK_DIRECTIONS, ENCODER_SELF, MECHANISMS, MechanismOptions, SpecError, exit_on_spec_error
+from ..spec import (
+    CROSS,
+    DA_ADJUSTINGS,
+    DA_MAPPINGS,
+    DECODER_SELF,
+    DISTANCE_MASK_DIRECTIONS,
+    ENCODER_SELF,
+    MECHANISMS,
+    QVI_INTERACTIONS,
+    MechanismOptions,
+    SpecError,
+    exit_on_spec_error,
+)
 
 
 def spec_help(kind):
@@ -49,6 +61,21 @@ def add_distattn_args(container, kinds):
              f"forward per layer); 0 = never (default: {defaults.attention_recompute_length}). With "
              "--attention-dropout > 0 the recomputed blocks draw their own dropout masks, so one --seed "
              "gives a different (equally valid) run for each value of this flag")
+    # the papers' ablations (examples/ablations/README.md); argparse refuses other choices
+    add("--da-mapping", type=str, choices=DA_MAPPINGS,
+        help="da: the map f of the weighted distance x = w|i-j| (Wu et al. 2021 sec. 4.3): learnable-sigmoid "
+             "(1+e^v)/(1+e^(v-x)) (eq. 5), sigmoid 1/(1+e^-x), exponent e^x, linear kx+b, clip min(x, T) "
+             f"(default: {defaults.da_mapping}, the paper's)")
+    add("--da-adjusting", type=str, choices=DA_ADJUSTINGS,
+        help="da: how f adjusts the attention (Wu et al. 2021 sec. 4.4), with S = QK^T/sqrt(d): early-multiply "
+             "softmax(ReLU(QK^T) f/sqrt(d)) (eq. 6), early-add softmax(S + f), late-multiply softmax(S) f, "
+             f"late-add softmax(S) + f (default: {defaults.da_adjusting}, the paper's)")
+    add("--da-clip-threshold", type=float, metavar="T",
+        help=f"da with --da-mapping clip: the threshold T of min(x, T) (default: {defaults.da_clip_threshold:g})")
+    add("--qvi-interaction", type=str, choices=QVI_INTERACTIONS,
+        help="qvi: the value function g(Q, V) (Wu et al. QVI sec. 4.3), with Q^ of eq. 7: gated (eq. 8-9), "
+             "values-only V, interactions-only Q^*VW, summation Q^*VW + V "
+             f"(default: {defaults.qvi_interaction}, the paper's)")
 
 
 def show_flags_in_fairseq_help():
@@ -81,6 +108,10 @@ def _option_defaults():
         "distance_mask_alpha": defaults.distance_mask_alpha,
         "distance_mask_direction": "none",
         "attention_recompute_length": defaults.attention_recompute_length,
+        "da_mapping": defaults.da_mapping,
+        "da_adjusting": defaults.da_adjusting,
+        "da_clip_threshold": defaults.da_clip_threshold,
+        "qvi_interaction": defaults.qvi_interaction,
     }
 
 

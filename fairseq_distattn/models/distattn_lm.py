@@ -10,6 +10,7 @@ from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerL
 
 from ..encoder_decoder import DistAttnTransformerDecoder, decoder_plans
 from ..spec import SpecError
+from ..summary import log_attention
 from .arguments import CROSS, DECODER_SELF, ENCODER_SELF, add_distattn_args, build_or_exit, register_architecture, set_distattn_defaults
 
 
@@ -61,7 +62,9 @@ class DistAttnLanguageModel(TransformerLanguageModel):
             with _decoder_class(DistAttnLanguageModelDecoder):
                 return super(DistAttnLanguageModel, cls).build_model(args, task)
 
-        return build_or_exit(build, args)
+        model = build_or_exit(build, args)
+        log_attention(model)
+        return model
 
 
 def architecture(name, fairseq_architecture, **attention):

@@ -4,6 +4,7 @@ from fairseq.models.transformer import TransformerConfig, TransformerModel
 from fairseq.models.transformer import transformer_legacy as fairseq_transformer
 
 from ..encoder_decoder import DistAttnTransformerDecoder, DistAttnTransformerEncoder, decoder_plans, encoder_plans
+from ..summary import log_attention
 from .arguments import CROSS, DECODER_SELF, ENCODER_SELF, add_distattn_args, build_or_exit, register_architecture, set_distattn_defaults
 
 
@@ -28,7 +29,9 @@ class DistAttnTransformerModel(TransformerModel):
     @classmethod
     def build_model(cls, args, task):
         set_distattn_defaults(args)
-        return build_or_exit(lambda: super(DistAttnTransformerModel, cls).build_model(args, task), args)
+        model = build_or_exit(lambda: super(DistAttnTransformerModel, cls).build_model(args, task), args)
+        log_attention(model)
+        return model
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):

@@ -1,0 +1,161 @@
+"""What attention a built model has, per layer and attention kind.
+
+Two readings of one walk over the model: :func:`attention_log_lines`, one
+line per attention kind with each layer's mechanism and hyperparameters
+(logged when a model is built, so ``fairseq-train`` shows it at training
+start), and :func:`attention_summary`, one entry per layer with the learned
+values a mechanism has (DA's ``w`` and ``v`` per head, rpr table norms),
+printed by ``python -m fairseq_distattn.inspect``. Hyperparameters come from
+each mechanism's ``extra_repr``, the text the model print shows.
+"""
+import logging
+from dataclasses import dataclass
+from typing import List, Optional
+
+from torch import nn
+
+from .mechanisms import DistanceAware, Mechanism, RelativePosition
+from .spec import CROSS, DECODER_SELF, ENCODER_SELF, AttentionKind
+
+logger = logging.getLogger(__name__)
+
+# file-name form of each attention kind
+KIND_SLUGS = {ENCODER_SELF: "encoder-self", DECODER_SELF: "decoder-self", CROSS: "cross"}
+
+
+@dataclass(frozen=True)
+class AttentionSite:
+    """One attention module of a model: fairseq's ``MultiheadAttention``
+    (vanilla) or the plugin's ``DistanceAwareMultiheadAttention``."""
+
+    kind: AttentionKind
+    layer: int
+    module: nn.Module
+
+    @property
+    def mechanism(self) -> Optional[Mechanism]:
+        return getattr(self.module, "mechanism", None)
+
+    @property
+    def name(self) -> str:
+        return "vanilla" if self.mechanism is None else self.mechanism.config.name
+
+    @property
+    def hyperparameters(self) -> str:
+        return "" if self.mechanism is None else self.mechanism.extra_repr()
+
+    @property
+    def slug(self) -> str:
+        return f"{KIND_SLUGS[self.kind]}-layer{self.layer}"
+
+    @property
+    def title(self) -> str:
+        return f"{self.kind.description}, layer {self.layer}: {self.name}"
+
+
+def attention_sites(model: nn.Module) -> List[AttentionSite]:
+    """Every attention of a fairseq transformer (translation model or LM),
+    encoder self-attention first, then decoder self- and cross-attention."""
+    sites = []
+    encoder = getattr(model, "encoder", None)
+    for index, layer in enumerate(getattr(encoder, "layers", ())):
+        sites.append(AttentionSite(ENCODER_SELF, index, layer.self_attn))
+    decoder_layers = list(getattr(model.decoder, "layers", ()))
+    for index, layer in enumerate(decoder_layers):
+        sites.append(AttentionSite(DECODER_SELF, index, layer.self_attn))
+    for index, layer in enumerate(decoder_layers):
+        if getattr(layer, "encoder_attn", None) is not None:
+            sites.append(AttentionSite(CROSS, index, layer.encoder_attn))
+    return sites
+
+
+def _described(site: AttentionSite) -> str:
+    return f"{site.name} ({site.hyperparameters})" if site.hyperparameters else site.name
+
+
+def _layer_ranges(sites: List[AttentionSite]) -> str:
+    """``0-2 window-aw (AW, token-level), 3-5 vanilla``: runs of equal layers joined."""
+    runs = []
+    for site in sites:
+        if runs and runs[-1][1] == _described(site):
+            runs[-1][0].append(site.layer)
+        else:
+            runs.append(([site.layer], _described(site)))
+    return ", ".join(
+        f"{layers[0]}-{layers[-1]} {text}" if len(layers) > 1 else f"{layers[0]} {text}" for layers, text in runs
+    )
+
+
+def attention_log_lines(model: nn.Module) -> List[str]:
+    """One line per attention kind, e.g. ``encoder self-attention (6 layers, 4 heads):
+    layers 0-2 window-aw (AW, token-level), 3-5 vanilla``."""
+    lines = []
+    sites = attention_sites(model)
+    for kind in KIND_SLUGS:
+        of_kind = [site for site in sites if site.kind is kind]
+        if of_kind:
+            heads = of_kind[0].module.num_heads
+            lines.append(f"{kind.description} ({len(of_kind)} layers, {heads} heads): layers {_layer_ranges(of_kind)}")
+    return lines
+
+
+def _numbers(values, digits: int) -> str:
+    return " ".join(f"{value:+.{digits}f}" for value in values.tolist())
+
+
+# DA's per-head parameters by attribute and the paper's symbol: w (sec. 3.1), v of
+# eq. 5 (learnable sigmoid), k and b of the linear mapping (sec. 4.3); a mapping
+# holds only those it uses
+DA_PARAMETERS = {"distance_weight": "w", "sharpness": "v", "linear_slope": "k", "linear_intercept": "b"}
+
+
+def da_parameters(mechanism: DistanceAware):
+    """``(symbol, [H] tensor)`` of each per-head parameter this DA layer has."""
+    return [(symbol, getattr(mechanism, name).detach()) for name, symbol in DA_PARAMETERS.items()
+            if getattr(mechanism, name, None) is not None]
+
+
+def learned_values(mechanism: Optional[Mechanism], causal: bool = False) -> List[str]:
+    """The values a trained mechanism learned that one line can show
+    (``causal``: decoder self-attention, where no key is after its query)."""
+    if isinstance(mechanism, DistanceAware):
+        # Wu et al. Figs. 6-7: a head with w > 0 prefers long distances, w < 0 short ones;
+        # v sets the curve's upper bound and steepness
+        return [f"{symbol} per head: {_numbers(values, 4)}" for symbol, values in da_parameters(mechanism)]
+    if isinstance(mechanism, RelativePosition):
+        k = mechanism.config.options.max_relative_position
+        # rows j - i > 0 of a causal layer are never used (they keep their initial values)
+        distances, rows = (f"-{k}, 0", [0, k]) if causal else (f"-{k}, 0, +{k}", [0, k, 2 * k])
+        tables = [("key", mechanism.relative_keys), ("value", mechanism.relative_values)]
+        return [
+            f"{name} table row norms at d = {distances}: "
+            + " ".join(f"{norm:.4f}" for norm in table.detach().norm(dim=-1)[rows].tolist())
+            for name, table in tables if table is not None
+        ]
+    return []
+
+
+def attention_summary(model: nn.Module) -> List[str]:
+    """Per attention kind and layer: the mechanism, its hyperparameters and what it learned."""
+    lines = []
+    encoder = getattr(model, "encoder", None)
+    sides = [("encoder", encoder), ("decoder", model.decoder)] if encoder is not None else [("decoder", model.decoder)]
+    lines.append("absolute position embeddings: " + ", ".join(
+        f"{side} {'off' if getattr(part, 'embed_positions', None) is None else 'on'}" for side, part in sides))
+    sites = attention_sites(model)
+    for kind in KIND_SLUGS:
+        of_kind = [site for site in sites if site.kind is kind]
+        if not of_kind:
+            continue
+        module = of_kind[0].module
+        lines.append(f"{kind.description}: {len(of_kind)} layers, {module.num_heads} heads of {module.head_dim} dims")
+        for site in of_kind:
+            lines.append(f"  layer {site.layer}: {_described(site)}")
+            lines.extend(f"      {line}" for line in learned_values(site.mechanism, kind.causal))
+    return lines
+
+
+def log_attention(model: nn.Module) -> None:
+    """Log :func:`attention_log_lines` (the models call this when built)."""
+    for line in attention_log_lines(model):
+        logger.info(line)
