@@ -5,14 +5,15 @@ T0=$(date +%s)
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
 WHEEL=.devdata/fairseq_fixed-0.12.3.1-cp312-cp312-linux_x86_64.whl
 if [ ! -d /tmp/site/fairseq ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade --target /tmp/site .whl/antlr4-python3-runtime-4.9.3.tar.gz
   if [ -e .devdata/fairseq_whl_part_aa ]; then cat .devdata/fairseq_whl_part_* > $WHEEL; fi
   if [ ! -e $WHEEL ]; then
     (unset CUDA_HOME; MAX_JOBS=16 python3 -m pip wheel -q --no-index --no-deps --no-build-isolation -w .devdata .whl/fairseq_fixed-0.12.3.1.tar.gz)
     split -b 15M $WHEEL $OUT/fairseq_whl_part_
   fi
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $WHEEL
+  # one pip call: each `--upgrade --target` call replaces /tmp/site/bin wholesale, so a
+  # later call would drop the console scripts (subword-nmt, sacremoses) of an earlier one
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/antlr4-python3-runtime-4.9.3.tar.gz .whl/*.whl $WHEEL
 fi
 [ -e ../shared ] || ln -s "$PWD/.devdata" ../shared
 echo "setup took $(( $(date +%s) - T0 )) s"

@@ -164,6 +164,20 @@ def validation_curve(train_log: str) -> List[Dict[str, float]]:
     return [points[u] for u in sorted(points)]
 
 
+TRAIN_WALL = re.compile(r"\bwall[= ](\d+(?:\.\d+)?)")
+
+
+def training_wall_seconds(train_log: str) -> Optional[float]:
+    """Wall seconds fairseq-train reported, summed over the runs the log holds: fairseq
+    restarts its ``wall`` meter when a run resumes from a checkpoint (a run cut off by
+    the end of a session), so each ``$ fairseq-train`` segment's last value counts."""
+    # re.split with a group alternates [before, command, output, command, output, ...]
+    parts = re.split(r"^(\$ .*)$", train_log, flags=re.M)
+    segments = [output for command, output in zip(parts[1::2], parts[2::2]) if "fairseq-train" in command]
+    walls = [float(values[-1]) for values in (TRAIN_WALL.findall(part) for part in segments) if values]
+    return sum(walls) if walls else None
+
+
 def train_run(config: QualityConfig, seed: int, scale: Dict, prep: Path, data_bin: Path, run_dir: Path,
               env: Dict[str, str]) -> Dict[str, object]:
     """Train, average, translate, score and validate one run; returns its record."""
@@ -189,8 +203,9 @@ def train_run(config: QualityConfig, seed: int, scale: Dict, prep: Path, data_bi
         "--required-batch-size-multiple", "1", "--seed", seed, "--num-workers", "0",
         "--log-format", "simple", "--log-interval", "50",
     ], train_log, env)
-    train_wall = time.time() - started
-    curve = validation_curve(train_log.read_text(encoding="utf-8"))
+    log_text = train_log.read_text(encoding="utf-8")
+    train_wall = training_wall_seconds(log_text) or time.time() - started
+    curve = validation_curve(log_text)
 
     averaged = run_dir / "averaged.pt"
     eval_log = run_dir / "eval.log"

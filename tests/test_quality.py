@@ -95,3 +95,18 @@ def test_a_note_with_a_pipe_stays_in_its_table_cell(tmp_path):
     cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", rows[0])[1:-1]]
     assert cells[:2] == ["distance-mask", "2 (1,2)"] and cells[2] == "31.50 +- 0.71" and cells[3] == "+1.50"
     assert len(cells) == 8 and cells[-1] == quality.CONFIGS["distance-mask"].note.replace("|", "\\|")
+
+
+def test_training_wall_time_sums_the_segments_of_a_resumed_run():
+    """fairseq restarts its wall meter on resume: each fairseq-train segment's last value counts."""
+    log = "\n".join([
+        "$ fairseq-train data-bin --max-update 20",
+        "epoch 001:     10 / 20 loss=9.1, train_wall=3, wall=4",
+        "epoch 001 | loss 9 | train_wall 5 | wall 7.5",
+        "$ fairseq-train data-bin --max-update 20",
+        "epoch 002:     15 / 20 loss=8.1, train_wall=2, wall=3",
+        "epoch 002 | loss 8 | train_wall 4 | wall 6",
+        "$ fairseq-generate data-bin --beam 5 | wall 99",
+    ])
+    assert quality.training_wall_seconds(log) == 13.5
+    assert quality.training_wall_seconds("$ fairseq-train data-bin\ncrashed before any log line") is None
