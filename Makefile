@@ -2,6 +2,7 @@
 #
 #   make quickstart   set up .venv if needed, then train + evaluate a small model
 #   make test         set up .venv if needed, then run the test suite
+#   make lint         set up .venv if needed, then ruff: lint and formatting check (CI runs it)
 #
 # Both are idempotent: the virtualenv is created once and `pip install -e .[test]`
 # reruns only when pyproject.toml or constraints.txt change (stamp: .venv/.installed).
@@ -14,7 +15,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: all install quickstart test clean distclean
+.PHONY: all install quickstart test lint clean distclean
 
 all: test
 
@@ -36,6 +37,10 @@ quickstart: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest tests -q -p no:cacheprovider --durations=10 $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 clean:
 	rm -rf work/quickstart build *.egg-info

@@ -25,6 +25,7 @@ names do not (:data:`ABLATION_NAMES`). ``python -m benchmarks.ablations
 [--layers N]`` prints them, one tab-separated line each: name, flags, note
 (examples/ablations/README.md lists them as command lines).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,24 +67,36 @@ def partial_layers(num_layers: int) -> str:
 
 def da_ablations() -> List[Ablation]:
     mappings = [
-        Ablation(f"da-map-{mapping}", (*_DA, "--da-mapping", mapping),
-                 f"{DA_PAPER} sec. 4.3 / Fig. 4: f = {mapping}, early multiply; read against da (learnable sigmoid)")
-        for mapping in DA_MAPPINGS if mapping != "learnable-sigmoid"
+        Ablation(
+            f"da-map-{mapping}",
+            (*_DA, "--da-mapping", mapping),
+            f"{DA_PAPER} sec. 4.3 / Fig. 4: f = {mapping}, early multiply; read against da (learnable sigmoid)",
+        )
+        for mapping in DA_MAPPINGS
+        if mapping != "learnable-sigmoid"
     ]
     adjustings = [
-        Ablation(f"da-adjust-{adjusting}", (*_DA, "--da-adjusting", adjusting),
-                 f"{DA_PAPER} sec. 4.4 / Fig. 5: {adjusting.replace('-', ' ')}, learnable sigmoid; "
-                 "read against da (early multiply)")
-        for adjusting in DA_ADJUSTINGS if adjusting != "early-multiply"
+        Ablation(
+            f"da-adjust-{adjusting}",
+            (*_DA, "--da-adjusting", adjusting),
+            f"{DA_PAPER} sec. 4.4 / Fig. 5: {adjusting.replace('-', ' ')}, learnable sigmoid; "
+            "read against da (early multiply)",
+        )
+        for adjusting in DA_ADJUSTINGS
+        if adjusting != "early-multiply"
     ]
     return mappings + adjustings
 
 
 def qvi_ablations() -> List[Ablation]:
     return [
-        Ablation(f"qvi-{interaction}", (*_QVI, "--qvi-interaction", interaction),
-                 f"{QVI_PAPER} sec. 4.3 / Fig. 2: g = {interaction}; read against qvi (gated)")
-        for interaction in QVI_INTERACTIONS if interaction != "gated"
+        Ablation(
+            f"qvi-{interaction}",
+            (*_QVI, "--qvi-interaction", interaction),
+            f"{QVI_PAPER} sec. 4.3 / Fig. 2: g = {interaction}; read against qvi (gated)",
+        )
+        for interaction in QVI_INTERACTIONS
+        if interaction != "gated"
     ]
 
 
@@ -92,9 +105,12 @@ def window_ablations(num_layers: int) -> List[Ablation]:
     partial_where = f"layer {partial[1:]}" if "-" not in partial else f"layers {partial[1:]}"
     extents = {"full": ("", f"all {num_layers} layers"), "partial": (partial, partial_where)}
     table2 = [
-        Ablation(f"window-{method}-{kind}-{extent}", (_KIND_FLAGS[kind], f"window-{method}{suffix}"),
-                 f"{DW_PAPER} Table 2: {method.upper()} in {_KIND_NAMES[kind]} only, {where} "
-                 f"({'Full' if extent == 'full' else 'Partial'}), token-based")
+        Ablation(
+            f"window-{method}-{kind}-{extent}",
+            (_KIND_FLAGS[kind], f"window-{method}{suffix}"),
+            f"{DW_PAPER} Table 2: {method.upper()} in {_KIND_NAMES[kind]} only, {where} "
+            f"({'Full' if extent == 'full' else 'Partial'}), token-based",
+        )
         for method in ("aw", "mw")
         for kind in ("enc", "dec", "cross")
         for extent, (suffix, where) in extents.items()
@@ -102,18 +118,23 @@ def window_ablations(num_layers: int) -> List[Ablation]:
     where = extents["partial"][1]
     table3 = [
         # Cr(AW) token-based is Table 2's window-aw-cross-partial
-        Ablation("window-cross-aw-seg-partial", ("--cross-attention", f"window-aw-seg{partial}"),
-                 f"{DW_PAPER} Table 3 (and Table 1 Cr(AW,Seg)): Cr(AW) segment-based, {where}; "
-                 "token-based is window-aw-cross-partial"),
-        Ablation("window-enc-aw-dec-mw-partial",
-                 ("--encoder-self-attention", f"window-aw{partial}",
-                  "--decoder-self-attention", f"window-mw{partial}"),
-                 f"{DW_PAPER} Table 3 (and Table 1): Enc(AW)-Dec(MW) token-based, {where}"),
-        Ablation("window-enc-aw-seg-dec-mw-partial",
-                 ("--encoder-self-attention", f"window-aw-seg{partial}",
-                  "--decoder-self-attention", f"window-mw{partial}"),
-                 f"{DW_PAPER} Table 3: Enc(AW)-Dec(MW) segment-based in the encoder (the decoder is always "
-                 f"token-based), {where}"),
+        Ablation(
+            "window-cross-aw-seg-partial",
+            ("--cross-attention", f"window-aw-seg{partial}"),
+            f"{DW_PAPER} Table 3 (and Table 1 Cr(AW,Seg)): Cr(AW) segment-based, {where}; "
+            "token-based is window-aw-cross-partial",
+        ),
+        Ablation(
+            "window-enc-aw-dec-mw-partial",
+            ("--encoder-self-attention", f"window-aw{partial}", "--decoder-self-attention", f"window-mw{partial}"),
+            f"{DW_PAPER} Table 3 (and Table 1): Enc(AW)-Dec(MW) token-based, {where}",
+        ),
+        Ablation(
+            "window-enc-aw-seg-dec-mw-partial",
+            ("--encoder-self-attention", f"window-aw-seg{partial}", "--decoder-self-attention", f"window-mw{partial}"),
+            f"{DW_PAPER} Table 3: Enc(AW)-Dec(MW) segment-based in the encoder (the decoder is always "
+            f"token-based), {where}",
+        ),
     ]
     return table2 + table3
 
@@ -131,9 +152,14 @@ ABLATION_NAMES = tuple(ablation.name for ablation in ablations(6))
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.ablations",
-        description="Print the papers' ablations, one line each: name, attention flags, note (tab-separated).")
-    parser.add_argument("--layers", type=int, default=6,
-                        help="encoder and decoder layers of the model (default: 6, the papers' Transformer base)")
+        description="Print the papers' ablations, one line each: name, attention flags, note (tab-separated).",
+    )
+    parser.add_argument(
+        "--layers",
+        type=int,
+        default=6,
+        help="encoder and decoder layers of the model (default: 6, the papers' Transformer base)",
+    )
     args = parser.parse_args(argv)
     if args.layers < 1:
         parser.error(f"argument --layers: invalid value {args.layers}: must be >= 1")

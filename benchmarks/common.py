@@ -8,6 +8,7 @@ Slow drift of the machine (other processes, thermal state) then cancels
 within each pair; the reported ratio is the median of the per-round ratios
 with their min and max.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,6 +25,13 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 # --------------------------------------------------------------------------- device
+
+
+def without_machine_paths(text: str) -> str:
+    """``text`` with this checkout's directories written relative to the repository
+    (``work/...``, ``.venv/bin/...``; ``../shared/...`` beside it): committed results
+    must read the same on every machine."""
+    return text.replace(str(REPO_ROOT) + "/", "").replace(str(REPO_ROOT.parent) + "/", "../")
 
 
 def synchronize(device) -> None:
@@ -119,8 +127,11 @@ class PairedResult:
 
     def record(self) -> dict:
         """Raw samples and per-round ratios with their summary, for results.json."""
-        return {"samples": self.throughputs, "ratio": self.ratio.as_dict() if self.ratios else None,
-                "ratios": self.ratios}
+        return {
+            "samples": self.throughputs,
+            "ratio": self.ratio.as_dict() if self.ratios else None,
+            "ratios": self.ratios,
+        }
 
 
 def run_paired(
@@ -244,8 +255,11 @@ def git_revision() -> str:
         if not rev:
             return "unknown"
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
-            capture_output=True, text=True, timeout=10,
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
         ).stdout.strip()
         return rev + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
@@ -283,7 +297,7 @@ def machine_description(device) -> Dict[str, object]:
         with open("/proc/meminfo", encoding="utf-8") as f:
             for line in f:
                 if line.startswith("MemTotal"):
-                    info["memory_gib"] = round(int(line.split()[1]) / 2 ** 20, 1)
+                    info["memory_gib"] = round(int(line.split()[1]) / 2**20, 1)
                     break
     except OSError:
         pass

@@ -6,6 +6,7 @@ and the number of layers stay those of the paper architecture, so a preset
 such as ``window@0-2`` still covers the same share of the layers), and the
 same flags go to the vanilla baseline and to every candidate.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -15,20 +16,47 @@ MT, LM = "translation", "language_modeling"
 
 # (flags shrinking the translation architecture, flags shrinking the LM architecture)
 _SMALL_MT = [
-    "--encoder-embed-dim", "256", "--decoder-embed-dim", "256",
-    "--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024",
-    "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+    "--encoder-embed-dim",
+    "256",
+    "--decoder-embed-dim",
+    "256",
+    "--encoder-ffn-embed-dim",
+    "1024",
+    "--decoder-ffn-embed-dim",
+    "1024",
+    "--encoder-attention-heads",
+    "4",
+    "--decoder-attention-heads",
+    "4",
 ]
 _SMALL_LM = ["--decoder-embed-dim", "256", "--decoder-ffn-embed-dim", "2048", "--decoder-attention-heads", "8"]
 _TINY_MT = [
-    "--encoder-layers", "3", "--decoder-layers", "3",
-    "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
-    "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
-    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+    "--encoder-layers",
+    "3",
+    "--decoder-layers",
+    "3",
+    "--encoder-embed-dim",
+    "32",
+    "--decoder-embed-dim",
+    "32",
+    "--encoder-ffn-embed-dim",
+    "64",
+    "--decoder-ffn-embed-dim",
+    "64",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
 ]
 _TINY_LM = [
-    "--decoder-layers", "3", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
-    "--decoder-attention-heads", "2",
+    "--decoder-layers",
+    "3",
+    "--decoder-embed-dim",
+    "32",
+    "--decoder-ffn-embed-dim",
+    "64",
+    "--decoder-attention-heads",
+    "2",
 ]
 
 
@@ -67,33 +95,76 @@ class Scale:
 
 SCALES: Dict[str, Scale] = {
     "paper": Scale(
-        "paper", "the presets' own dimensions (transformer_wmt_en_de: 512/2048, 8 heads, 6+6 layers; "
+        "paper",
+        "the presets' own dimensions (transformer_wmt_en_de: 512/2048, 8 heads, 6+6 layers; "
         "transformer_lm_gbw: 512/4096, 16 heads, 12 layers)",
-        (), (),
-        mt_lines=13000, mt_vocab=32000, max_tokens=4096, train_batches=3,
-        gen_sentences=16, gen_max_len=50, lm_prompt_len=8,
-        lm_lines=1000, lm_vocab=32000, tokens_per_sample=256, lm_rows=8,
-        memory_lengths=(128, 256, 512, 1024), memory_rows=2,
-        op_batch=2, op_heads=8, op_head_dim=64, op_lengths=(64, 128, 256, 512, 1024),
+        (),
+        (),
+        mt_lines=13000,
+        mt_vocab=32000,
+        max_tokens=4096,
+        train_batches=3,
+        gen_sentences=16,
+        gen_max_len=50,
+        lm_prompt_len=8,
+        lm_lines=1000,
+        lm_vocab=32000,
+        tokens_per_sample=256,
+        lm_rows=8,
+        memory_lengths=(128, 256, 512, 1024),
+        memory_rows=2,
+        op_batch=2,
+        op_heads=8,
+        op_head_dim=64,
+        op_lengths=(64, 128, 256, 512, 1024),
     ),
     "small": Scale(
-        "small", "widths halved for vanilla and presets alike (translation 256/1024, 4 heads, 6+6 layers; "
+        "small",
+        "widths halved for vanilla and presets alike (translation 256/1024, 4 heads, 6+6 layers; "
         "LM 256/2048, 8 heads, 12 layers); head dimension and layer counts as in the paper architectures",
-        tuple(_SMALL_MT), tuple(_SMALL_LM),
-        mt_lines=6000, mt_vocab=8000, max_tokens=1024, train_batches=1,
-        gen_sentences=8, gen_max_len=32, lm_prompt_len=8,
-        lm_lines=1000, lm_vocab=8000, tokens_per_sample=128, lm_rows=8,
-        memory_lengths=(128, 256, 512, 1024), memory_rows=1,
-        op_batch=1, op_heads=8, op_head_dim=64, op_lengths=(64, 128, 256, 512, 1024),
+        tuple(_SMALL_MT),
+        tuple(_SMALL_LM),
+        mt_lines=6000,
+        mt_vocab=8000,
+        max_tokens=1024,
+        train_batches=1,
+        gen_sentences=8,
+        gen_max_len=32,
+        lm_prompt_len=8,
+        lm_lines=1000,
+        lm_vocab=8000,
+        tokens_per_sample=128,
+        lm_rows=8,
+        memory_lengths=(128, 256, 512, 1024),
+        memory_rows=1,
+        op_batch=1,
+        op_heads=8,
+        op_head_dim=64,
+        op_lengths=(64, 128, 256, 512, 1024),
     ),
     "tiny": Scale(
-        "tiny", "CI smoke size (--quick): 32-wide, 2 heads, 3 layers; numbers are not meaningful",
-        tuple(_TINY_MT), tuple(_TINY_LM),
-        mt_lines=300, mt_vocab=500, max_tokens=256, train_batches=1,
-        gen_sentences=2, gen_max_len=6, lm_prompt_len=3,
-        lm_lines=200, lm_vocab=500, tokens_per_sample=32, lm_rows=2,
-        memory_lengths=(16, 32, 64), memory_rows=1,
-        op_batch=1, op_heads=2, op_head_dim=16, op_lengths=(16, 32, 64), op_min_time=0.01,
+        "tiny",
+        "CI smoke size (--quick): 32-wide, 2 heads, 3 layers; numbers are not meaningful",
+        tuple(_TINY_MT),
+        tuple(_TINY_LM),
+        mt_lines=300,
+        mt_vocab=500,
+        max_tokens=256,
+        train_batches=1,
+        gen_sentences=2,
+        gen_max_len=6,
+        lm_prompt_len=3,
+        lm_lines=200,
+        lm_vocab=500,
+        tokens_per_sample=32,
+        lm_rows=2,
+        memory_lengths=(16, 32, 64),
+        memory_rows=1,
+        op_batch=1,
+        op_heads=2,
+        op_head_dim=16,
+        op_lengths=(16, 32, 64),
+        op_min_time=0.01,
     ),
 }
 
@@ -108,16 +179,19 @@ class Config:
     flags: Tuple[str, ...] = ()
     kind: str = "mechanism"  # baseline | preset | mechanism | floor
     note: str = ""
+    floor_of: str = ""  # floors: the key of the preset whose cost floor this is (benchmarks/floor.py)
 
     @property
     def is_baseline(self) -> bool:
         return self.kind == "baseline"
 
 
-MT_BASELINE = Config("transformer", MT, "transformer_wmt_en_de", kind="baseline",
-                     note="fairseq `transformer` (transformer_wmt_en_de)")
-LM_BASELINE = Config("transformer_lm", LM, "transformer_lm_gbw", kind="baseline",
-                     note="fairseq `transformer_lm` (transformer_lm_gbw)")
+MT_BASELINE = Config(
+    "transformer", MT, "transformer_wmt_en_de", kind="baseline", note="fairseq `transformer` (transformer_wmt_en_de)"
+)
+LM_BASELINE = Config(
+    "transformer_lm", LM, "transformer_lm_gbw", kind="baseline", note="fairseq `transformer_lm` (transformer_lm_gbw)"
+)
 
 MT_PRESETS = [
     Config("rpr-preset", MT, "distattn_rpr_wmt_en_de", kind="preset", note="distattn_rpr_wmt_en_de"),
@@ -129,11 +203,29 @@ LM_PRESETS = [
     Config("lm-da-preset", LM, "distattn_lm_da_gbw", kind="preset", note="distattn_lm_da_gbw"),
     Config("lm-window-preset", LM, "distattn_lm_window_gbw", kind="preset", note="distattn_lm_window_gbw"),
 ]
-# Generation only, no target: vanilla transformer_lm plus the tensor work the
-# MW window adds per decoding step, without the plugin (benchmarks/floor.py).
+# Cost floors, not models (benchmarks/floor.py): fairseq's own model plus the
+# window's tensor work in stock ops, without the plugin. The translation floor
+# is trained and decodes (window-preset's targets are relative to it); the LM
+# floor only decodes.
+MT_FLOORS = [
+    Config(
+        "window-floor",
+        MT,
+        "transformer_wmt_en_de",
+        kind="floor",
+        floor_of="window-preset",
+        note="cost floor of distattn_window_wmt_en_de: fairseq `transformer` + window tensor work, not a model",
+    ),
+]
 LM_FLOORS = [
-    Config("lm-window-floor", LM, "transformer_lm_gbw", kind="floor",
-           note="cost floor of distattn_lm_window_gbw: fairseq `transformer_lm` + MW window tensor work, not a model"),
+    Config(
+        "lm-window-floor",
+        LM,
+        "transformer_lm_gbw",
+        kind="floor",
+        floor_of="lm-window-preset",
+        note="cost floor of distattn_lm_window_gbw: fairseq `transformer_lm` + MW window tensor work, not a model",
+    ),
 ]
 
 
@@ -148,8 +240,14 @@ def mechanism_config(mechanism: str) -> Config:
         if mechanism in kind.allowed:
             flags += [kind.flag, mechanism]
             where.append(label)
-    return Config(f"{mechanism}", MT, "distattn_transformer_wmt_en_de", tuple(flags), kind="mechanism",
-                  note=f"{mechanism} in {'+'.join(where)}, all layers")
+    return Config(
+        f"{mechanism}",
+        MT,
+        "distattn_transformer_wmt_en_de",
+        tuple(flags),
+        kind="mechanism",
+        note=f"{mechanism} in {'+'.join(where)}, all layers",
+    )
 
 
 def mt_mechanism_configs() -> List[Config]:
@@ -159,7 +257,11 @@ def mt_mechanism_configs() -> List[Config]:
 
 
 def translation_configs(include_mechanisms: bool = True) -> List[Config]:
-    return [MT_BASELINE, *MT_PRESETS, *(mt_mechanism_configs() if include_mechanisms else [])]
+    return [MT_BASELINE, *MT_PRESETS, *MT_FLOORS, *(mt_mechanism_configs() if include_mechanisms else [])]
+
+
+def translation_generation_configs() -> List[Config]:
+    return [MT_BASELINE, *MT_PRESETS, *MT_FLOORS]
 
 
 def lm_configs() -> List[Config]:
@@ -183,21 +285,43 @@ def select(configs: Sequence[Config], only: Optional[Sequence[str]]) -> List[Con
 def common_flags(config: Config, scale: Scale, max_positions: int) -> List[str]:
     flags = list(scale.mt_flags if config.task == MT else scale.lm_flags)
     if config.task == MT:
-        flags += ["--max-source-positions", str(max_positions), "--max-target-positions", str(max_positions),
-                  "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1"]
+        flags += [
+            "--max-source-positions",
+            str(max_positions),
+            "--max-target-positions",
+            str(max_positions),
+            "--criterion",
+            "label_smoothed_cross_entropy",
+            "--label-smoothing",
+            "0.1",
+        ]
     else:
-        flags += ["--tokens-per-sample", str(max_positions), "--max-target-positions", str(max_positions),
-                  "--criterion", "cross_entropy"]
+        flags += [
+            "--tokens-per-sample",
+            str(max_positions),
+            "--max-target-positions",
+            str(max_positions),
+            "--criterion",
+            "cross_entropy",
+        ]
     return flags
 
 
 def parse_args(config: Config, scale: Scale, max_positions: int = 2048):
     from fairseq import options
 
-    import fairseq_distattn  # noqa: F401 (registers the plugin's models)
+    import fairseq_distattn.models  # noqa: F401 (registers the plugin's models)
 
     parser = options.get_training_parser()
-    argv = ["data", "--task", config.task, "--arch", config.arch, *common_flags(config, scale, max_positions), *config.flags]
+    argv = [
+        "data",
+        "--task",
+        config.task,
+        "--arch",
+        config.arch,
+        *common_flags(config, scale, max_positions),
+        *config.flags,
+    ]
     return options.parse_args_and_arch(parser, argv)
 
 
@@ -225,10 +349,10 @@ def build(config: Config, scale: Scale, dictionary, device, seed: int = 1, max_p
     else:
         task = LanguageModelingTask(args, dictionary)
     model = task.build_model(args).to(device)
-    if config.kind == "floor":
-        from .floor import add_window_work
+    if config.kind == "floor":  # after the fairseq model drew its parameters: the same ones as vanilla's
+        from .floor import add_floor_work
 
-        add_window_work(model)
+        add_floor_work(model, "translation" if config.task == MT else "language_modeling")
     criterion = task.build_criterion(args).to(device)
     parameters = sum(p.numel() for p in model.parameters())
     return Built(config, model, criterion, task, args, parameters)
@@ -237,14 +361,17 @@ def build(config: Config, scale: Scale, dictionary, device, seed: int = 1, max_p
 def attention_layout(built: Built) -> str:
     """Human-readable mechanism per layer (from the plugin's plans), or 'vanilla'."""
     if built.config.kind == "floor":
-        from .floor import WINDOW_FLOOR_LAYERS
+        from .floor import describe_floor
 
-        return "vanilla + window-mw tensor work in dec layers " + ",".join(map(str, WINDOW_FLOOR_LAYERS))
+        return describe_floor("translation" if built.config.task == MT else "language_modeling")
     parts = []
     encoder = getattr(built.model, "encoder", None)
     decoder = getattr(built.model, "decoder", None)
-    for label, module, attr in (("enc", encoder, "self_attention"), ("dec", decoder, "self_attention"),
-                                ("cross", decoder, "cross_attention")):
+    for label, module, attr in (
+        ("enc", encoder, "self_attention"),
+        ("dec", decoder, "self_attention"),
+        ("cross", decoder, "cross_attention"),
+    ):
         plans = getattr(module, "layer_plans", None)
         if not plans:
             continue
@@ -264,6 +391,7 @@ def describe(built: Built) -> dict:
         "note": config.note,
         "task": "lm" if config.task == LM else "translation",
         "attention": attention_layout(built),
+        **({"floor_of": config.floor_of} if config.floor_of else {}),
     }
 
 

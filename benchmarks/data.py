@@ -9,6 +9,7 @@ fairseq's own :class:`~fairseq.data.LanguagePairDataset` (``batch_by_size`` +
 ``collater``), so vanilla fairseq and every mechanism see the very same
 tensors.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -58,9 +59,7 @@ def multi30k_dir(data_root: Optional[Path] = None) -> Path:
     for directory in (shared / "multi30k", SHIPPED_MULTI30K):
         if _text_file(directory, "train.en") and _text_file(directory, "train.de"):
             return directory
-    raise FileNotFoundError(
-        f"no Multi30k text: looked in {shared / 'multi30k'} and {SHIPPED_MULTI30K}"
-    )
+    raise FileNotFoundError(f"no Multi30k text: looked in {shared / 'multi30k'} and {SHIPPED_MULTI30K}")
 
 
 def shown(path: Path) -> str:
@@ -87,7 +86,11 @@ def parallel_text(source: str = "auto", data_root: Optional[Path] = None) -> Tup
         if source == "wmt-news":
             raise FileNotFoundError(f"WMT news En-De text not found in {news}")
     directory = multi30k_dir(data_root)
-    return f"Multi30k train En-De ({shown(directory)})", [_text_file(directory, "train.en")], [_text_file(directory, "train.de")]
+    return (
+        f"Multi30k train En-De ({shown(directory)})",
+        [_text_file(directory, "train.en")],
+        [_text_file(directory, "train.de")],
+    )
 
 
 def monolingual_text(source: str = "auto", data_root: Optional[Path] = None) -> Tuple[str, Path, bool]:
@@ -150,7 +153,9 @@ class TranslationData:
     def long_batch(self, length: int, rows: int) -> Dict:
         """``rows`` pairs whose source and target are exactly ``length`` tokens
         (eos included), cut from the running real text of consecutive sentences."""
-        return _collate(self.dictionary, *_long_pairs(self.source_tokens, self.target_tokens, self.dictionary, length, rows))
+        return _collate(
+            self.dictionary, *_long_pairs(self.source_tokens, self.target_tokens, self.dictionary, length, rows)
+        )
 
 
 def _encode(dictionary, lines: Sequence[str]) -> List[torch.Tensor]:
@@ -178,7 +183,10 @@ def _long_pairs(sources, targets, dictionary, length: int, rows: int):
     if len(src_stream) < needed or len(tgt_stream) < needed:
         repeat = needed // min(len(src_stream), len(tgt_stream)) + 1
         src_stream, tgt_stream = src_stream.repeat(repeat), tgt_stream.repeat(repeat)
-    cut = lambda stream, r: torch.cat([stream[r * (length - 1):(r + 1) * (length - 1)], torch.tensor([eos])])
+
+    def cut(stream, r):
+        return torch.cat([stream[r * (length - 1) : (r + 1) * (length - 1)], torch.tensor([eos])])
+
     return [cut(src_stream, r) for r in range(rows)], [cut(tgt_stream, r) for r in range(rows)]
 
 
@@ -209,7 +217,11 @@ def translation_data(
     tgt_lines = tokenise([t for _, t in pairs], "de")
     dictionary = build_dictionary([src_lines, tgt_lines], vocab_size)
     sources, targets = _encode(dictionary, src_lines), _encode(dictionary, tgt_lines)
-    keep = [i for i in range(len(sources)) if len(sources[i]) <= max_sentence_tokens and len(targets[i]) <= max_sentence_tokens]
+    keep = [
+        i
+        for i in range(len(sources))
+        if len(sources[i]) <= max_sentence_tokens and len(targets[i]) <= max_sentence_tokens
+    ]
     sources, targets = [sources[i] for i in keep], [targets[i] for i in keep]
     src_lines, tgt_lines = [src_lines[i] for i in keep], [tgt_lines[i] for i in keep]
 
@@ -226,9 +238,11 @@ def translation_data(
 
     by_length = sorted(range(len(sources)), key=lambda i: (len(sources[i]), i))
     middle = len(by_length) // 2
-    chosen = sorted(by_length[max(0, middle - generation_sentences // 2):][:generation_sentences])
+    chosen = sorted(by_length[max(0, middle - generation_sentences // 2) :][:generation_sentences])
     generation_batch = dataset.collater([dataset[i] for i in chosen])
-    return TranslationData(description, dictionary, train_batches, generation_batch, src_lines, tgt_lines, sources, targets)
+    return TranslationData(
+        description, dictionary, train_batches, generation_batch, src_lines, tgt_lines, sources, targets
+    )
 
 
 # --------------------------------------------------------------------------- language modelling
@@ -252,7 +266,7 @@ def lm_sample(stream: torch.Tensor, length: int, rows: int, start: int = 0) -> D
     needed = start + rows * length + 1
     if len(stream) < needed:
         stream = stream.repeat(needed // len(stream) + 1)
-    blocks = torch.stack([stream[start + r * length:start + r * length + length + 1] for r in range(rows)])
+    blocks = torch.stack([stream[start + r * length : start + r * length + length + 1] for r in range(rows)])
     return {
         "id": torch.arange(rows),
         "nsentences": rows,
@@ -280,7 +294,9 @@ def language_model_data(
     dictionary = build_dictionary([text], vocab_size)
     encoded = _encode(dictionary, text)
     stream = torch.cat(encoded)
-    batches = [lm_sample(stream, tokens_per_sample, rows, start=b * rows * tokens_per_sample) for b in range(num_batches)]
+    batches = [
+        lm_sample(stream, tokens_per_sample, rows, start=b * rows * tokens_per_sample) for b in range(num_batches)
+    ]
     long_enough = [s[:prompt_length] for s in encoded if len(s) > prompt_length][:prompt_sentences]
     if len(long_enough) < prompt_sentences:
         raise ValueError(f"fewer than {prompt_sentences} sentences longer than {prompt_length} tokens in {path}")

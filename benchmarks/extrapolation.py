@@ -9,6 +9,7 @@ bucket, per mechanism. One JSON per (run, factor) under ``<out>/runs``,
 skipped when present; ``<out>/extrapolation.md`` and ``<out>/bleu_vs_length.png``
 are rebuilt from them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,8 @@ if __package__ in (None, ""):  # `python benchmarks/extrapolation.py`
     __package__ = "benchmarks"
 
 from benchmarks.common import REPO_ROOT  # noqa: E402
-from benchmarks.readme_blocks import update_readme  # noqa: E402
 from benchmarks.quality import CONFIGS, DEFAULT_WORK, log, mean_std, run, tool  # noqa: E402
+from benchmarks.readme_blocks import update_readme  # noqa: E402
 
 sys.path.insert(0, str(REPO_ROOT / "scripts" / "lib"))
 import mt_eval  # noqa: E402
@@ -40,7 +41,7 @@ BUCKET_LABELS = tuple(f"<={bound}" for bound in BUCKETS) + (f">{BUCKETS[-1]}",)
 
 def concatenated(lines: Sequence[str], factor: int) -> List[str]:
     """Every ``factor`` consecutive lines joined by a space (a shorter last group is kept)."""
-    return [" ".join(lines[start:start + factor]) for start in range(0, len(lines), factor)]
+    return [" ".join(lines[start : start + factor]) for start in range(0, len(lines), factor)]
 
 
 def build_test_set(prep: Path, data_bin: Path, factor: int, work: Path, env: Dict[str, str]) -> Path:
@@ -53,12 +54,30 @@ def build_test_set(prep: Path, data_bin: Path, factor: int, work: Path, env: Dic
     for kind in ("bpe", "tok", "raw"):
         for lang in ("en", "de"):
             lines = mt_eval.read_text(prep / f"test.{kind}.{lang}")
-            (directory / f"test.{kind}.{lang}").write_text("".join(line + "\n" for line in concatenated(lines, factor)),
-                                                           encoding="utf-8")
-    run([tool("fairseq-preprocess"), "--source-lang", "en", "--target-lang", "de",
-         "--testpref", directory / "test.bpe", "--destdir", directory / "data-bin",
-         "--srcdict", data_bin / "dict.en.txt", "--tgtdict", data_bin / "dict.de.txt", "--workers", "1"],
-        directory / "preprocess.log", env)
+            (directory / f"test.{kind}.{lang}").write_text(
+                "".join(line + "\n" for line in concatenated(lines, factor)), encoding="utf-8"
+            )
+    run(
+        [
+            tool("fairseq-preprocess"),
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+            "--testpref",
+            directory / "test.bpe",
+            "--destdir",
+            directory / "data-bin",
+            "--srcdict",
+            data_bin / "dict.en.txt",
+            "--tgtdict",
+            data_bin / "dict.de.txt",
+            "--workers",
+            "1",
+        ],
+        directory / "preprocess.log",
+        env,
+    )
     (directory / "data-bin" / ".done").touch()
     return directory
 
@@ -72,14 +91,64 @@ def evaluate(model: Path, test_set: Path, out_dir: Path, env: Dict[str, str]) ->
     out_dir.mkdir(parents=True, exist_ok=True)
     generated = out_dir / "generate-test.txt"
     log_path = out_dir / "eval.log"
-    run([tool("fairseq-generate"), test_set / "data-bin", "--user-dir", "fairseq_distattn", "--task", "translation",
-         "--source-lang", "en", "--target-lang", "de", "--path", model, "--gen-subset", "test",
-         "--beam", "5", "--remove-bpe", "--batch-size", "32", "--required-batch-size-multiple", "1",
-         "--max-len-a", "1.5", "--max-len-b", "10", "--num-workers", "0"], log_path, env, stdout_path=generated)
-    run([sys.executable, REPO_ROOT / "scripts" / "evaluate.py", "score", generated, "--source-lang", "en",
-         "--target-lang", "de", "--segmentation", "subword_nmt", "--src-raw", test_set / "test.raw.en",
-         "--ref-raw", test_set / "test.raw.de", "--ref-tok", test_set / "test.tok.de", "--output-dir", out_dir],
-        log_path, env)
+    run(
+        [
+            tool("fairseq-generate"),
+            test_set / "data-bin",
+            "--user-dir",
+            "fairseq_distattn",
+            "--task",
+            "translation",
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+            "--path",
+            model,
+            "--gen-subset",
+            "test",
+            "--beam",
+            "5",
+            "--remove-bpe",
+            "--batch-size",
+            "32",
+            "--required-batch-size-multiple",
+            "1",
+            "--max-len-a",
+            "1.5",
+            "--max-len-b",
+            "10",
+            "--num-workers",
+            "0",
+        ],
+        log_path,
+        env,
+        stdout_path=generated,
+    )
+    run(
+        [
+            sys.executable,
+            REPO_ROOT / "scripts" / "evaluate.py",
+            "score",
+            generated,
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+            "--segmentation",
+            "subword_nmt",
+            "--src-raw",
+            test_set / "test.raw.en",
+            "--ref-raw",
+            test_set / "test.raw.de",
+            "--ref-tok",
+            test_set / "test.tok.de",
+            "--output-dir",
+            out_dir,
+        ],
+        log_path,
+        env,
+    )
     scores = json.loads((out_dir / "bleu.json").read_text(encoding="utf-8"))
     sources = mt_eval.read_text(test_set / "test.bpe.en")
     hyps_tok = mt_eval.read_text(out_dir / "hyp.tok.de")
@@ -89,14 +158,19 @@ def evaluate(model: Path, test_set: Path, out_dir: Path, env: Dict[str, str]) ->
         groups.setdefault(bucket_of(len(source.split())), []).append(index)
     per_bucket = {}
     for bucket, indices in sorted(groups.items(), key=lambda item: BUCKET_LABELS.index(item[0])):
-        score = mt_eval.tokenized_bleu([hyps_tok[i] for i in indices], [refs_tok[i] for i in indices],
-                                       compound_split=True)
+        score = mt_eval.tokenized_bleu(
+            [hyps_tok[i] for i in indices], [refs_tok[i] for i in indices], compound_split=True
+        )
         per_bucket[bucket] = {
             "sentences": len(indices),
             "tokenized_bleu_compound_split": round(score.score, 2),
             # BLEU's sufficient statistics: buckets of several factors are pooled in the report
-            "bleu_statistics": {"correct": list(score.counts), "total": list(score.totals),
-                                "hypothesis_length": score.sys_len, "reference_length": score.ref_len},
+            "bleu_statistics": {
+                "correct": list(score.counts),
+                "total": list(score.totals),
+                "hypothesis_length": score.sys_len,
+                "reference_length": score.ref_len,
+            },
         }
     lengths = [len(source.split()) for source in sources]
     return {
@@ -115,7 +189,8 @@ def report(out: Path) -> str:
     table: Dict[str, Dict[int, List[float]]] = {}
     for record in records:
         table.setdefault(record["config"], {}).setdefault(record["factor"], []).append(
-            record["tokenized_bleu_compound_split"])
+            record["tokenized_bleu_compound_split"]
+        )
     order = [name for name in CONFIGS if name in table] + sorted(set(table) - set(CONFIGS))
     factors = sorted({record["factor"] for record in records})
     lengths = {f: sorted({r["mean_source_bpe_tokens"] for r in records if r["factor"] == f}) for f in factors}
@@ -127,16 +202,30 @@ def report(out: Path) -> str:
         "compound splitting, mean +- std over seeds (a single number: one seed so far); the ratio is BLEU at the "
         "factor over BLEU at x1.",
         "",
-        "| config | " + " | ".join(f"x{f} ({'/'.join(str(v) for v in lengths[f])} BPE tokens)" for f in factors)
-        + " | " + " | ".join(f"x{f}/x1" for f in factors if f != 1) + " |",
+        "| config | "
+        + " | ".join(f"x{f} ({'/'.join(str(v) for v in lengths[f])} BPE tokens)" for f in factors)
+        + " | "
+        + " | ".join(f"x{f}/x1" for f in factors if f != 1)
+        + " |",
         "|---|" + "---|" * (2 * len(factors) - (1 if 1 in factors else 0)),
     ]
     for name in order:
         means = {f: mean_std(table[name][f]) for f in factors if f in table[name]}
-        cells = [("-" if f not in means else f"{means[f][0]:.2f} +- {means[f][1]:.2f}" if len(table[name][f]) > 1
-                  else f"{means[f][0]:.2f}") for f in factors]
-        ratios = [f"{means[f][0] / means[1][0]:.2f}" if f in means and 1 in means and means[1][0] > 0 else "-"
-                  for f in factors if f != 1]
+        cells = [
+            (
+                "-"
+                if f not in means
+                else f"{means[f][0]:.2f} +- {means[f][1]:.2f}"
+                if len(table[name][f]) > 1
+                else f"{means[f][0]:.2f}"
+            )
+            for f in factors
+        ]
+        ratios = [
+            f"{means[f][0] / means[1][0]:.2f}" if f in means and 1 in means and means[1][0] > 0 else "-"
+            for f in factors
+            if f != 1
+        ]
         lines.append(f"| {name} | " + " | ".join(cells + ratios) + " |")
     markdown = "\n".join(lines + bucket_table(records, order)) + "\n"
     out.mkdir(parents=True, exist_ok=True)
@@ -151,9 +240,15 @@ def report(out: Path) -> str:
 
         figure, axes = plt.subplots(figsize=(7, 4.5))
         for index, name in enumerate(order):
-            points = sorted((statistics.fmean([r["mean_source_bpe_tokens"] for r in records
-                                               if r["config"] == name and r["factor"] == f]),
-                             mean_std(table[name][f])[0]) for f in table[name])
+            points = sorted(
+                (
+                    statistics.fmean(
+                        [r["mean_source_bpe_tokens"] for r in records if r["config"] == name and r["factor"] == f]
+                    ),
+                    mean_std(table[name][f])[0],
+                )
+                for f in table[name]
+            )
             axes.plot(*zip(*points), marker="o", color=f"C{index % 10}", label=name)
         axes.set_xscale("log", base=2)
         axes.set_xlabel("mean source length (BPE tokens)")
@@ -176,15 +271,19 @@ def pooled_bucket_bleu(records: Sequence[Dict]) -> Dict[str, float]:
             stats = entry.get("bleu_statistics")
             if stats is None:
                 continue
-            total = pooled.setdefault(bucket, {"correct": [0] * 4, "total": [0] * 4, "hypothesis_length": 0,
-                                               "reference_length": 0})
+            total = pooled.setdefault(
+                bucket, {"correct": [0] * 4, "total": [0] * 4, "hypothesis_length": 0, "reference_length": 0}
+            )
             for key in ("correct", "total"):
                 total[key] = [a + b for a, b in zip(total[key], stats[key])]
             for key in ("hypothesis_length", "reference_length"):
                 total[key] += stats[key]
-    return {bucket: BLEU.compute_bleu(t["correct"], t["total"], t["hypothesis_length"], t["reference_length"],
-                                      smooth_method="none").score
-            for bucket, t in pooled.items()}
+    return {
+        bucket: BLEU.compute_bleu(
+            t["correct"], t["total"], t["hypothesis_length"], t["reference_length"], smooth_method="none"
+        ).score
+        for bucket, t in pooled.items()
+    }
 
 
 def bucket_table(records: Sequence[Dict], order: Sequence[str]) -> List[str]:
@@ -199,23 +298,34 @@ def bucket_table(records: Sequence[Dict], order: Sequence[str]) -> List[str]:
     buckets = [label for label in BUCKET_LABELS if any(label in per for per in scores.values())]
     if not buckets:
         return []
-    lines = ["", "## BLEU by source length", "",
-             "The test sentences of every factor pooled and grouped by source length in BPE tokens (BLEU from the "
-             "summed n-gram statistics of each group, mean over seeds).", "",
-             "| config | " + " | ".join(f"{label} tokens" for label in buckets) + " |",
-             "|---|" + "---|" * len(buckets)]
+    lines = [
+        "",
+        "## BLEU by source length",
+        "",
+        "The test sentences of every factor pooled and grouped by source length in BPE tokens (BLEU from the "
+        "summed n-gram statistics of each group, mean over seeds).",
+        "",
+        "| config | " + " | ".join(f"{label} tokens" for label in buckets) + " |",
+        "|---|" + "---|" * len(buckets),
+    ]
     for name in order:
         if name in scores:
-            lines.append(f"| {name} | " + " | ".join(
-                f"{statistics.fmean(scores[name][label]):.2f}" if label in scores[name] else "-" for label in buckets)
-                + " |")
+            lines.append(
+                f"| {name} | "
+                + " | ".join(
+                    f"{statistics.fmean(scores[name][label]):.2f}" if label in scores[name] else "-"
+                    for label in buckets
+                )
+                + " |"
+            )
     return lines
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.extrapolation", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quality-work", type=Path, default=DEFAULT_WORK,
-                   help=f"benchmarks.quality's --work (default: {DEFAULT_WORK})")
+    p.add_argument(
+        "--quality-work", type=Path, default=DEFAULT_WORK, help=f"benchmarks.quality's --work (default: {DEFAULT_WORK})"
+    )
     p.add_argument("--scale", default="small", help="the quality runs' scale (default: small)")
     p.add_argument("--factors", default=",".join(map(str, FACTORS)), help="concatenation factors (default: 1,2,4,8)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"result files (default: {DEFAULT_OUT})")
@@ -246,10 +356,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 path = args.out / "runs" / f"{run_name}-x{factor}.json"
                 if path.is_file():
                     continue
-                test_set = build_test_set(data / "prep", data / "data-bin", factor, args.quality_work / "extrapolation", env)
+                test_set = build_test_set(
+                    data / "prep", data / "data-bin", factor, args.quality_work / "extrapolation", env
+                )
                 log(f"{run_name} x{factor}")
-                record = {"config": config, "seed": int(seed), "factor": factor, "scale": args.scale,
-                          **evaluate(model, test_set, model.parent / "extrapolation" / f"x{factor}", env)}
+                record = {
+                    "config": config,
+                    "seed": int(seed),
+                    "factor": factor,
+                    "scale": args.scale,
+                    **evaluate(model, test_set, model.parent / "extrapolation" / f"x{factor}", env),
+                }
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     print(report(args.out))

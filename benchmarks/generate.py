@@ -6,6 +6,7 @@ set to the maximum length so that every hypothesis of every model runs the
 same number of decoder steps: untrained models emit EOS at random, and
 equal work is what makes the ratio a speed ratio.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Dict, Sequence
@@ -81,7 +82,9 @@ def run_generation(
             "beam": beam,
             "tokens_per_sentence": tokens_per_sentence,
             "sentences_per_s": r.throughput.as_dict(),
-            "tokens_per_s": {k: (v * tokens_per_sentence if k != "n" else v) for k, v in r.throughput.as_dict().items()},
+            "tokens_per_s": {
+                k: (v * tokens_per_sentence if k != "n" else v) for k, v in r.throughput.as_dict().items()
+            },
             **r.record(),
         }
     # kept for profiling; removed before serialising
@@ -89,8 +92,9 @@ def run_generation(
     return results
 
 
-def profile_generation(built, dictionary, sample, device, beam: int, length: int, prefix_tokens=None,
-                       runs: int = 1) -> dict:
+def profile_generation(
+    built, dictionary, sample, device, beam: int, length: int, prefix_tokens=None, runs: int = 1
+) -> dict:
     """torch.profiler over one beam search (``runs`` times, per-op minimum; see
     :func:`benchmarks.common.profile_min`). The model is already warm from the
     timed searches; the profiler's per-op overhead makes a profiled search

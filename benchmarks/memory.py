@@ -10,6 +10,7 @@ Gradients are freed before the measured pass, so the peak includes the
 gradient buffers (a mechanism's extra parameters cost memory too), the
 activations saved for backward and the temporaries.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Dict, Sequence
@@ -37,8 +38,7 @@ def _cpu_peak_bytes(fn) -> int:
         fn()
     events = prof.profiler.kineto_results.events()
     changes = sorted(
-        (e.start_ns(), e.nbytes()) for e in events
-        if e.name() == "[memory]" and str(e.device_type()).endswith("CPU")
+        (e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]" and str(e.device_type()).endswith("CPU")
     )
     running = peak = 0
     for _, nbytes in changes:
@@ -100,7 +100,7 @@ def run_memory(
             torch.manual_seed(seed)
             peaks[length] = peak_bytes(built, sample, device)
             seconds[length] = pass_seconds(built, sample, device, seed)
-        log(f"  {config.key}: " + ", ".join(f"L={n} {peaks[n] / 2 ** 20:.1f} MiB {seconds[n]:.2f} s" for n in lengths))
+        log(f"  {config.key}: " + ", ".join(f"L={n} {peaks[n] / 2**20:.1f} MiB {seconds[n]:.2f} s" for n in lengths))
         results[config.key] = {
             **describe(built),
             "rows": scale.memory_rows,

@@ -8,6 +8,7 @@ window ops include computing their soft mask (``window_mask``), as the layer
 does. Each timing repeats the op until at least ``min_time`` seconds have
 passed and reports seconds per call.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Dict, Sequence, Tuple
@@ -124,7 +125,9 @@ def run_ops(
             for name in names:
                 generator = torch.Generator().manual_seed(seed)
                 made[name] = table[name](batch, heads, length, head_dim, device, generator)
-            grad_out = torch.randn(batch, heads, length, head_dim, generator=torch.Generator().manual_seed(seed)).to(device)
+            grad_out = torch.randn(batch, heads, length, head_dim, generator=torch.Generator().manual_seed(seed)).to(
+                device
+            )
             calls: Dict[str, int] = {}
 
             def measure(name: str) -> float:

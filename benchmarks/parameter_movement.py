@@ -9,6 +9,7 @@ QVI's W and gate), the relative distance ``||theta - theta_0|| / ||theta_0||``
 (the absolute distance where ``theta_0`` is zero, as DA's w and v start),
 grouped by attention kind and parameter over layers.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,11 @@ MECHANISM_PARAMETER = re.compile(r"\.(mechanism|extra_query_proj|extra_key_proj)
 # "did not move". (AW's local key bias does move: M weights its scores per key.)
 SHIFT_INVARIANT = re.compile(r"\.extra_key_proj\.(left|right)_key\.bias$")
 LAYER = re.compile(r"^(encoder|decoder)\.layers\.(\d+)\.(self_attn|encoder_attn)\.(.*)$")
-KINDS = {("encoder", "self_attn"): "encoder self", ("decoder", "self_attn"): "decoder self",
-         ("decoder", "encoder_attn"): "cross"}
+KINDS = {
+    ("encoder", "self_attn"): "encoder self",
+    ("decoder", "self_attn"): "decoder self",
+    ("decoder", "encoder_attn"): "cross",
+}
 
 
 def initial_state(cfg, data_dir: Optional[str] = None) -> Dict[str, object]:
@@ -53,8 +57,9 @@ def initial_state(cfg, data_dir: Optional[str] = None) -> Dict[str, object]:
 def movement(checkpoint: Path, data_dir: Optional[str] = None) -> Dict[str, Dict[str, float]]:
     """``{"<kind> <parameter>": {"layers", "relative_change" (mean over layers), "min", "max", ...}}``."""
     import torch
-    import fairseq_distattn  # noqa: F401  (registers the models, allow-lists checkpoint objects)
     from fairseq import checkpoint_utils
+
+    import fairseq_distattn.models  # noqa: F401  (registers the models, allow-lists checkpoint objects)
 
     state = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint))
     trained = state["model"]
@@ -76,9 +81,13 @@ def movement(checkpoint: Path, data_dir: Optional[str] = None) -> Dict[str, Dict
         values.setdefault(key, []).append(theta.flatten())
     result = {}
     for key, changes in groups.items():
-        entry = {"layers": len(changes), "relative_change": sum(changes) / len(changes),
-                 "min": min(changes), "max": max(changes),
-                 "measure": "absolute" if starts_at_zero[key] else "relative"}
+        entry = {
+            "layers": len(changes),
+            "relative_change": sum(changes) / len(changes),
+            "min": min(changes),
+            "max": max(changes),
+            "measure": "absolute" if starts_at_zero[key] else "relative",
+        }
         if key.endswith(("distance_weight", "sharpness")):  # per-head scalars: show them
             flat = torch.cat(values[key])
             entry.update(value_min=flat.min().item(), value_max=flat.max().item())
@@ -90,8 +99,10 @@ def summary(result: Dict[str, Dict[str, float]]) -> str:
     """One line per group, for logs and the quality report."""
     lines = []
     for key, entry in sorted(result.items()):
-        line = (f"{key}: {entry['measure']} change {entry['relative_change']:.3g} "
-                f"(layers {entry['layers']}, min {entry['min']:.3g}, max {entry['max']:.3g})")
+        line = (
+            f"{key}: {entry['measure']} change {entry['relative_change']:.3g} "
+            f"(layers {entry['layers']}, min {entry['min']:.3g}, max {entry['max']:.3g})"
+        )
         if "value_min" in entry:
             line += f", values in [{entry['value_min']:.3g}, {entry['value_max']:.3g}]"
         lines.append(line)

@@ -6,6 +6,7 @@ PNG is still written (same four panels, no text labels) by a tiny
 rasteriser, so the harness works in a bare install; the markdown table
 carries the numbers either way.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,8 +16,16 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 PALETTE = [
-    (31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
-    (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207),
+    (31, 119, 180),
+    (255, 127, 14),
+    (44, 160, 44),
+    (214, 39, 40),
+    (148, 103, 189),
+    (140, 86, 75),
+    (227, 119, 194),
+    (127, 127, 127),
+    (188, 189, 34),
+    (23, 190, 207),
 ]
 
 
@@ -35,11 +44,13 @@ def _panels(results: dict):
     generate = {**results.get("generate", {}).get("translation", {}), **results.get("generate", {}).get("lm", {})}
     memory = {
         key: [(int(n), v) for n, v in r["ratio"].items()]
-        for key, r in results.get("memory", {}).items() if r.get("ratio") and r["kind"] != "baseline"
+        for key, r in results.get("memory", {}).items()
+        if r.get("ratio") and r["kind"] != "baseline"
     }
     ops = {
         r["op"]: [(int(n), s["median"]) for n, s in r["seconds_per_call"].items()]
-        for r in results.get("ops", {}).values() if r["mode"] == "fwd+bwd"
+        for r in results.get("ops", {}).values()
+        if r["mode"] == "fwd+bwd"
     }
     if not ops:
         ops = {
@@ -73,8 +84,14 @@ def write_plot(results: dict, path: Path, targets: Optional[Dict[str, float]] = 
             y = list(range(len(rows)))
             med = [r[1] for r in rows]
             err = [[r[1] - r[2] for r in rows], [r[3] - r[1] for r in rows]]
-            ax.barh(y, med, xerr=err, color=[f"#{c[0]:02x}{c[1]:02x}{c[2]:02x}" for c in PALETTE * 3][:len(rows)],
-                    alpha=0.8, capsize=3)
+            ax.barh(
+                y,
+                med,
+                xerr=err,
+                color=[f"#{c[0]:02x}{c[1]:02x}{c[2]:02x}" for c in PALETTE * 3][: len(rows)],
+                alpha=0.8,
+                capsize=3,
+            )
             ax.set_yticks(y)
             ax.set_yticklabels(names, fontsize=8)
             ax.invert_yaxis()
@@ -108,8 +125,11 @@ def write_plot(results: dict, path: Path, targets: Optional[Dict[str, float]] = 
     ax.legend(fontsize=6)
     ax.grid(alpha=0.3, which="both")
     machine = results.get("machine", {})
-    fig.suptitle(f"fairseq-distattn benchmark - {machine.get('cpu', '')}, {machine.get('torch_threads')} thread(s), "
-                 f"torch {machine.get('torch')}, scale {results.get('meta', {}).get('scale')}", fontsize=11)
+    fig.suptitle(
+        f"fairseq-distattn benchmark - {machine.get('cpu', '')}, {machine.get('torch_threads')} thread(s), "
+        f"torch {machine.get('torch')}, scale {results.get('meta', {}).get('scale')}",
+        fontsize=11,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -127,7 +147,7 @@ class _Canvas:
     def set(self, x: int, y: int, color):
         if 0 <= x < self.width and 0 <= y < self.height:
             i = (y * self.width + x) * 3
-            self.pixels[i:i + 3] = bytes(color)
+            self.pixels[i : i + 3] = bytes(color)
 
     def rect(self, x0, y0, x1, y1, color):
         for y in range(int(min(y0, y1)), int(max(y0, y1)) + 1):
@@ -155,14 +175,16 @@ class _Canvas:
 
     def png(self) -> bytes:
         raw = b"".join(
-            b"\x00" + bytes(self.pixels[y * self.width * 3:(y + 1) * self.width * 3]) for y in range(self.height)
+            b"\x00" + bytes(self.pixels[y * self.width * 3 : (y + 1) * self.width * 3]) for y in range(self.height)
         )
 
         def chunk(kind: bytes, data: bytes) -> bytes:
             return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
         header = struct.pack(">IIBBBBB", self.width, self.height, 8, 2, 0, 0, 0)
-        return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
+        return (
+            b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
+        )
 
 
 def _fallback_plot(results: dict, path: Path, width: int = 800, height: int = 600):

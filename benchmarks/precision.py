@@ -8,6 +8,7 @@ finite) and its ratio to vanilla softmax attention's error on the same
 inputs; then the same for a whole tiny translation model (one mechanism in
 every layer it applies to) in bfloat16 against float64.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,26 +33,35 @@ def op_table() -> Dict[str, Callable]:
 
     def window(additive: bool, segment: int):
         def run(t, padding):
-            mask = DF.window_mask(t["q_left"], t["k_left"], t["q_right"], t["k_right"], segment, key_padding_mask=padding)
+            mask = DF.window_mask(
+                t["q_left"], t["k_left"], t["q_right"], t["k_right"], segment, key_padding_mask=padding
+            )
             if additive:
-                return DF.additive_window_attention(t["q"], t["k"], t["q_local"], t["k_local"], t["v"], mask,
-                                                    key_padding_mask=padding)[0]
+                return DF.additive_window_attention(
+                    t["q"], t["k"], t["q_local"], t["k_local"], t["v"], mask, key_padding_mask=padding
+                )[0]
             return DF.multiplicative_window_attention(t["q"], t["k"], t["v"], mask, key_padding_mask=padding)[0]
+
         return run
 
     return {
         "vanilla": lambda t, p: DF.softmax_attention(t["q"], t["k"], t["v"], key_padding_mask=p)[0],
-        "rpr": lambda t, p: DF.relative_position_attention(t["q"], t["k"], t["v"], t["rel_keys"], t["rel_values"], 4,
-                                                           key_padding_mask=p)[0],
-        "da": lambda t, p: DF.distance_aware_attention(t["q"], t["k"], t["v"], t["distance_weight"], t["sharpness"],
-                                                       key_padding_mask=p)[0],
+        "rpr": lambda t, p: DF.relative_position_attention(
+            t["q"], t["k"], t["v"], t["rel_keys"], t["rel_values"], 4, key_padding_mask=p
+        )[0],
+        "da": lambda t, p: DF.distance_aware_attention(
+            t["q"], t["k"], t["v"], t["distance_weight"], t["sharpness"], key_padding_mask=p
+        )[0],
         "window-mw": window(False, 0),
         "window-aw": window(True, 0),
         "window-mw-seg": window(False, 3),
         "window-aw-seg": window(True, 3),
-        "qvi": lambda t, p: DF.query_value_interaction_attention(t["q"], t["k"], t["v"], t["value_projection"],
-                                                                 t["gate_weight"], t["gate_bias"], key_padding_mask=p)[0],
+        "qvi": lambda t, p: DF.query_value_interaction_attention(
+            t["q"], t["k"], t["v"], t["value_projection"], t["gate_weight"], t["gate_bias"], key_padding_mask=p
+        )[0],
         "distance-mask": lambda t, p: DF.distance_mask_attention(t["q"], t["k"], t["v"], 1.0, key_padding_mask=p)[0],
+        "alibi": lambda t, p: DF.alibi_attention(t["q"], t["k"], t["v"], key_padding_mask=p)[0],
+        "t5-bias": lambda t, p: DF.t5_bias_attention(t["q"], t["k"], t["v"], t["t5_table"], key_padding_mask=p)[0],
     }
 
 
@@ -65,13 +75,19 @@ def make_inputs(scale: float, seed: int = 0) -> Dict[str, torch.Tensor]:
         return torch.randn(*shape, generator=generator, dtype=torch.float64) * std
 
     shape = (BATCH, HEADS, LENGTH, DIM)
-    tensors = {name: randn(*shape) * (scale if name in QUERY_SIDE else 1.0)
-               for name in (*QUERY_SIDE, "k", "v", "k_left", "k_right", "k_local")}
+    tensors = {
+        name: randn(*shape) * (scale if name in QUERY_SIDE else 1.0)
+        for name in (*QUERY_SIDE, "k", "v", "k_left", "k_right", "k_local")
+    }
     tensors.update(
-        rel_keys=randn(9, DIM), rel_values=randn(9, DIM),
-        distance_weight=randn(HEADS, std=0.5).abs(), sharpness=randn(HEADS).abs() + 1.0,
+        rel_keys=randn(9, DIM),
+        rel_values=randn(9, DIM),
+        distance_weight=randn(HEADS, std=0.5).abs(),
+        sharpness=randn(HEADS).abs() + 1.0,
         value_projection=torch.eye(DIM).repeat(HEADS, 1, 1).double() + randn(HEADS, DIM, DIM, std=0.2),
-        gate_weight=randn(HEADS, 2 * DIM, std=0.3), gate_bias=randn(HEADS, std=0.3),
+        gate_weight=randn(HEADS, 2 * DIM, std=0.3),
+        gate_bias=randn(HEADS, std=0.3),
+        t5_table=randn(32, HEADS),  # T5's 32 buckets
     )
     return tensors
 
@@ -110,9 +126,18 @@ def model_errors(dtype: torch.dtype, seed: int = 0) -> Dict[str, float]:
     for name in op_table():
         cross = name if name.startswith("window") else "vanilla"
         self_spec = "vanilla" if name.endswith("-seg") else name
-        model, d = translation_model(extra=[*TINY, "--encoder-self-attention", name,
-                                            "--decoder-self-attention", self_spec, "--cross-attention", cross],
-                                     seed=seed)
+        model, d = translation_model(
+            extra=[
+                *TINY,
+                "--encoder-self-attention",
+                name,
+                "--decoder-self-attention",
+                self_spec,
+                "--cross-attention",
+                cross,
+            ],
+            seed=seed,
+        )
         sources = [random_tokens(d, 1, n, seed=n)[0] for n in (9, 4)]
         targets = [random_tokens(d, 1, n, seed=10 + n)[0] for n in (6, 3)]
         batch = (left_pad(sources, d.pad()), torch.tensor([9, 4]), right_pad(targets, d.pad()))
@@ -137,8 +162,12 @@ def mean_model_errors(dtype: torch.dtype, draws: int = MODEL_DRAWS) -> Dict[str,
 
 def table(title: str, columns: Dict[str, Dict[str, float]]) -> str:
     names = list(next(iter(columns.values())))
-    lines = [f"### {title}", "", "| mechanism | " + " | ".join(f"{c} | ratio" for c in columns) + " |",
-             "|---|" + "---|---|" * len(columns)]
+    lines = [
+        f"### {title}",
+        "",
+        "| mechanism | " + " | ".join(f"{c} | ratio" for c in columns) + " |",
+        "|---|" + "---|---|" * len(columns),
+    ]
     for name in names:
         cells = []
         for errors in columns.values():
@@ -149,16 +178,26 @@ def table(title: str, columns: Dict[str, Dict[str, float]]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    argparse.ArgumentParser(prog="python -m benchmarks.precision", description=__doc__.split("\n\n")[0]).parse_args(argv)
-    import fairseq_distattn  # noqa: F401 (the model table registers the models)
+    argparse.ArgumentParser(prog="python -m benchmarks.precision", description=__doc__.split("\n\n")[0]).parse_args(
+        argv
+    )
+    import fairseq_distattn.models  # noqa: F401 (the model table registers the models)
 
     for dtype in HALF:
         columns = {f"logits x{scale:g}": op_errors(dtype, scale) for scale in SCALES}
-        print(table(f"functional ops in {str(dtype).replace('torch.', '')}: relative error vs float64, "
-                    "ratio to vanilla", columns))
-    print(table(f"whole tiny translation model: relative error of the logits vs float64, mean of {MODEL_DRAWS} "
-                "weight draws, ratio to vanilla",
-                {str(dtype).replace("torch.", ""): mean_model_errors(dtype) for dtype in HALF}))
+        print(
+            table(
+                f"functional ops in {str(dtype).replace('torch.', '')}: relative error vs float64, ratio to vanilla",
+                columns,
+            )
+        )
+    print(
+        table(
+            f"whole tiny translation model: relative error of the logits vs float64, mean of {MODEL_DRAWS} "
+            "weight draws, ratio to vanilla",
+            {str(dtype).replace("torch.", ""): mean_model_errors(dtype) for dtype in HALF},
+        )
+    )
     return 0
 
 

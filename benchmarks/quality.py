@@ -14,14 +14,15 @@ sessions. ``--report`` (and the end of every invocation) rebuilds
 ``<out>/quality.md`` (mean +- std per config, delta vs vanilla) and
 ``<out>/valid_loss.png`` from whatever JSON files exist.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import shutil
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -64,26 +65,59 @@ def both_self(mechanism: str) -> Tuple[str, ...]:
     return ("--encoder-self-attention", mechanism, "--decoder-self-attention", mechanism)
 
 
-WINDOW_PAPER = ("--encoder-self-attention", "window-aw@0-2", "--decoder-self-attention", "window-mw@0-2",
-                "--cross-attention", "window-aw-seg@0-2")
-CONFIGS = {c.name: c for c in [
-    QualityConfig("vanilla", (), True, "fairseq transformer_iwslt_de_en, sinusoidal positions"),
-    QualityConfig("rpr", both_self("rpr"), False, "Shaw et al.: relative positions replace absolute ones (k = 16)"),
-    QualityConfig("rpr+abs", both_self("rpr"), True, "rpr with sinusoidal positions kept"),
-    QualityConfig("da", both_self("da"), False, "Wu et al. 2021: real distances replace position embeddings"),
-    QualityConfig("da+abs", both_self("da"), True, "da with sinusoidal positions kept"),
-    QualityConfig("window", WINDOW_PAPER, True,
-                  "Nguyen et al.'s best: Enc AW, Dec MW, Cross AW-seg (b = 5) in layers 0-2, positions kept"),
-    # the paper's configuration one attention kind at a time (its Table 2 reading, at this depth)
-    QualityConfig("window-enc-only", WINDOW_PAPER[:2], True, "the window configuration's encoder AW@0-2 alone"),
-    QualityConfig("window-dec-only", WINDOW_PAPER[2:4], True, "the window configuration's decoder MW@0-2 alone"),
-    QualityConfig("window-cross-only", WINDOW_PAPER[4:], True, "the window configuration's cross AW-seg@0-2 alone"),
-    QualityConfig("window-mw", (*both_self("window-mw"), "--cross-attention", "window-mw"), True,
-                  "MW in every layer of all three kinds"),
-    QualityConfig("qvi", both_self("qvi"), True, "Wu et al. QVI in every self-attention layer"),
-    QualityConfig("distance-mask", both_self("distance-mask"), True, "Im & Cho: -|i-j| on the logits, positions kept"),
-    QualityConfig("distance-mask-noabs", both_self("distance-mask"), False, "distance-mask without position embeddings"),
-]}
+WINDOW_PAPER = (
+    "--encoder-self-attention",
+    "window-aw@0-2",
+    "--decoder-self-attention",
+    "window-mw@0-2",
+    "--cross-attention",
+    "window-aw-seg@0-2",
+)
+CONFIGS = {
+    c.name: c
+    for c in [
+        QualityConfig("vanilla", (), True, "fairseq transformer_iwslt_de_en, sinusoidal positions"),
+        QualityConfig("rpr", both_self("rpr"), False, "Shaw et al.: relative positions replace absolute ones (k = 16)"),
+        QualityConfig("rpr+abs", both_self("rpr"), True, "rpr with sinusoidal positions kept"),
+        QualityConfig("da", both_self("da"), False, "Wu et al. 2021: real distances replace position embeddings"),
+        QualityConfig("da+abs", both_self("da"), True, "da with sinusoidal positions kept"),
+        QualityConfig(
+            "window",
+            WINDOW_PAPER,
+            True,
+            "Nguyen et al.'s best: Enc AW, Dec MW, Cross AW-seg (b = 5) in layers 0-2, positions kept",
+        ),
+        # the paper's configuration one attention kind at a time (its Table 2 reading, at this depth)
+        QualityConfig("window-enc-only", WINDOW_PAPER[:2], True, "the window configuration's encoder AW@0-2 alone"),
+        QualityConfig("window-dec-only", WINDOW_PAPER[2:4], True, "the window configuration's decoder MW@0-2 alone"),
+        QualityConfig("window-cross-only", WINDOW_PAPER[4:], True, "the window configuration's cross AW-seg@0-2 alone"),
+        QualityConfig(
+            "window-mw",
+            (*both_self("window-mw"), "--cross-attention", "window-mw"),
+            True,
+            "MW in every layer of all three kinds",
+        ),
+        QualityConfig("qvi", both_self("qvi"), True, "Wu et al. QVI in every self-attention layer"),
+        QualityConfig(
+            "distance-mask", both_self("distance-mask"), True, "Im & Cho: -|i-j| on the logits, positions kept"
+        ),
+        QualityConfig(
+            "distance-mask-noabs", both_self("distance-mask"), False, "distance-mask without position embeddings"
+        ),
+        QualityConfig(
+            "alibi",
+            both_self("alibi"),
+            False,
+            "Press et al. 2022: fixed per-head linear biases -m|i-j| replace position embeddings",
+        ),
+        QualityConfig(
+            "t5-bias",
+            both_self("t5-bias"),
+            False,
+            "Raffel et al. 2020 (T5): learned bucketed relative bias, one table per stack, no position embeddings",
+        ),
+    ]
+}
 GRIDS = ("default", "ablations")
 
 
@@ -96,14 +130,16 @@ def ablation_configs(layers: int) -> Dict[str, QualityConfig]:
     configs = {}
     for ablation in ablations(layers):
         flags = tuple(flag for flag in ablation.train_args if flag != "--no-token-positional-embeddings")
-        configs[ablation.name] = QualityConfig(ablation.name, flags, len(flags) == len(ablation.train_args),
-                                               ablation.note)
+        configs[ablation.name] = QualityConfig(
+            ablation.name, flags, len(flags) == len(ablation.train_args), ablation.note
+        )
     return configs
 
 
 def grid_configs(grid: str, layers: int) -> Dict[str, QualityConfig]:
     """Every configuration a grid can run (``--configs`` picks from these)."""
     return dict(CONFIGS) if grid == "default" else ablation_configs(layers)
+
 
 # Model size and budget. small: the quickstart's CPU model; base: IWSLT-size for a GPU.
 SCALES = {
@@ -134,8 +170,9 @@ def run(cmd: Sequence, log_path: Path, env: Dict[str, str], stdout_path: Optiona
         log_file.write("$ " + shlex.join(cmd) + "\n")
         log_file.flush()
         with open(stdout_path or os.devnull, "w", encoding="utf-8") as stdout_file:
-            proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, text=True,
-                                  stdout=stdout_file if stdout_path else log_file, stderr=log_file)
+            proc = subprocess.run(
+                cmd, cwd=REPO_ROOT, env=env, text=True, stdout=stdout_file if stdout_path else log_file, stderr=log_file
+            )
     if proc.returncode != 0:
         tail = "".join(log_path.read_text(encoding="utf-8").splitlines(keepends=True)[-20:])
         raise RuntimeError(f"{cmd[0]} failed (exit {proc.returncode}); end of {log_path}:\n{tail}")
@@ -143,15 +180,23 @@ def run(cmd: Sequence, log_path: Path, env: Dict[str, str], stdout_path: Optiona
 
 def prepare(data: Path, work: Path, merges: int, env: Dict[str, str]) -> Tuple[Path, Path]:
     """The quickstart's steps 1-3 (sacremoses, joint BPE, fairseq-preprocess) into ``work``."""
-    env = {**env, "WORK": str(work), "DATA": str(data), "MERGES": str(merges), "PREPARE_ONLY": "1",
-           "PATH": f"{BIN_DIR}{os.pathsep}{env.get('PATH', '')}"}
+    env = {
+        **env,
+        "WORK": str(work),
+        "DATA": str(data),
+        "MERGES": str(merges),
+        "PREPARE_ONLY": "1",
+        "PATH": f"{BIN_DIR}{os.pathsep}{env.get('PATH', '')}",
+    }
     work.mkdir(parents=True, exist_ok=True)
     run(["bash", REPO_ROOT / "scripts" / "quickstart.sh"], work / "prepare.log", env)
     return work / "prep", work / "data-bin"
 
 
-VALID_LINE = re.compile(r"valid on 'valid' subset \| loss ([\d.]+) \| nll_loss ([\d.]+) \| ppl ([\d.]+).*?"
-                        r"\| num_updates (\d+)")
+VALID_LINE = re.compile(
+    r"valid on 'valid' subset \| loss ([\d.]+) \| nll_loss ([\d.]+) \| ppl ([\d.]+).*?"
+    r"\| num_updates (\d+)"
+)
 
 
 def validation_curve(train_log: str) -> List[Dict[str, float]]:
@@ -159,8 +204,12 @@ def validation_curve(train_log: str) -> List[Dict[str, float]]:
     points = {}
     for match in VALID_LINE.finditer(train_log):
         loss, nll_loss, ppl, updates = match.groups()
-        points[int(updates)] = {"updates": int(updates), "loss": float(loss), "nll_loss": float(nll_loss),
-                                "ppl": float(ppl)}
+        points[int(updates)] = {
+            "updates": int(updates),
+            "loss": float(loss),
+            "nll_loss": float(nll_loss),
+            "ppl": float(ppl),
+        }
     return [points[u] for u in sorted(points)]
 
 
@@ -178,56 +227,199 @@ def training_wall_seconds(train_log: str) -> Optional[float]:
     return sum(walls) if walls else None
 
 
-def train_run(config: QualityConfig, seed: int, scale: Dict, prep: Path, data_bin: Path, run_dir: Path,
-              env: Dict[str, str]) -> Dict[str, object]:
+def train_run(
+    config: QualityConfig, seed: int, scale: Dict, prep: Path, data_bin: Path, run_dir: Path, env: Dict[str, str]
+) -> Dict[str, object]:
     """Train, average, translate, score and validate one run; returns its record."""
     updates = scale["updates"]
     save_every = max(1, updates // CHECKPOINT_FRACTION)
     checkpoints = run_dir / "checkpoints"
     train_log = run_dir / "train.log"
     started = time.time()
-    run([
-        tool("fairseq-train"), data_bin, "--user-dir", "fairseq_distattn",
-        "--task", "translation", "--source-lang", "en", "--target-lang", "de", *config.arch_args(),
-        "--encoder-layers", scale["layers"], "--decoder-layers", scale["layers"],
-        "--encoder-embed-dim", scale["dim"], "--decoder-embed-dim", scale["dim"],
-        "--encoder-ffn-embed-dim", scale["ffn"], "--decoder-ffn-embed-dim", scale["ffn"],
-        "--encoder-attention-heads", scale["heads"], "--decoder-attention-heads", scale["heads"],
-        "--share-all-embeddings", "--dropout", "0.1",
-        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-        "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "1.0",
-        "--lr", "1e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", max(1, min(updates // 4, 400)),
-        "--warmup-init-lr", "1e-7", "--max-tokens", scale["max_tokens"], "--max-update", updates,
-        "--save-dir", checkpoints, "--no-epoch-checkpoints", "--save-interval-updates", save_every,
-        "--keep-interval-updates", CHECKPOINTS_AVERAGED, "--validate-interval-updates", save_every,
-        "--required-batch-size-multiple", "1", "--seed", seed, "--num-workers", "0",
-        "--log-format", "simple", "--log-interval", "50",
-    ], train_log, env)
+    run(
+        [
+            tool("fairseq-train"),
+            data_bin,
+            "--user-dir",
+            "fairseq_distattn",
+            "--task",
+            "translation",
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+            *config.arch_args(),
+            "--encoder-layers",
+            scale["layers"],
+            "--decoder-layers",
+            scale["layers"],
+            "--encoder-embed-dim",
+            scale["dim"],
+            "--decoder-embed-dim",
+            scale["dim"],
+            "--encoder-ffn-embed-dim",
+            scale["ffn"],
+            "--decoder-ffn-embed-dim",
+            scale["ffn"],
+            "--encoder-attention-heads",
+            scale["heads"],
+            "--decoder-attention-heads",
+            scale["heads"],
+            "--share-all-embeddings",
+            "--dropout",
+            "0.1",
+            "--criterion",
+            "label_smoothed_cross_entropy",
+            "--label-smoothing",
+            "0.1",
+            "--optimizer",
+            "adam",
+            "--adam-betas",
+            "(0.9, 0.98)",
+            "--clip-norm",
+            "1.0",
+            "--lr",
+            "1e-3",
+            "--lr-scheduler",
+            "inverse_sqrt",
+            "--warmup-updates",
+            max(1, min(updates // 4, 400)),
+            "--warmup-init-lr",
+            "1e-7",
+            "--max-tokens",
+            scale["max_tokens"],
+            "--max-update",
+            updates,
+            "--save-dir",
+            checkpoints,
+            "--no-epoch-checkpoints",
+            "--save-interval-updates",
+            save_every,
+            "--keep-interval-updates",
+            CHECKPOINTS_AVERAGED,
+            "--validate-interval-updates",
+            save_every,
+            "--required-batch-size-multiple",
+            "1",
+            "--seed",
+            seed,
+            "--num-workers",
+            "0",
+            "--log-format",
+            "simple",
+            "--log-interval",
+            "50",
+        ],
+        train_log,
+        env,
+    )
     log_text = train_log.read_text(encoding="utf-8")
     train_wall = training_wall_seconds(log_text) or time.time() - started
     curve = validation_curve(log_text)
 
     averaged = run_dir / "averaged.pt"
     eval_log = run_dir / "eval.log"
-    run([sys.executable, REPO_ROOT / "scripts" / "average_checkpoints.py", "--inputs", checkpoints,
-         "--num-update-checkpoints", CHECKPOINTS_AVERAGED, "--output", averaged], eval_log, env)
+    run(
+        [
+            sys.executable,
+            REPO_ROOT / "scripts" / "average_checkpoints.py",
+            "--inputs",
+            checkpoints,
+            "--num-update-checkpoints",
+            CHECKPOINTS_AVERAGED,
+            "--output",
+            averaged,
+        ],
+        eval_log,
+        env,
+    )
     generated = run_dir / "generate-test.txt"
-    run([tool("fairseq-generate"), data_bin, "--user-dir", "fairseq_distattn", "--task", "translation",
-         "--source-lang", "en", "--target-lang", "de", "--path", averaged, "--gen-subset", "test",
-         "--beam", "5", "--remove-bpe", "--batch-size", "64", "--required-batch-size-multiple", "1",
-         "--num-workers", "0"], eval_log, env, stdout_path=generated)
-    run([sys.executable, REPO_ROOT / "scripts" / "evaluate.py", "score", generated, "--source-lang", "en",
-         "--target-lang", "de", "--segmentation", "subword_nmt", "--src-raw", prep / "test.raw.en",
-         "--ref-raw", prep / "test.raw.de", "--ref-tok", prep / "test.tok.de", "--output-dir", run_dir / "eval"],
-        eval_log, env)
+    run(
+        [
+            tool("fairseq-generate"),
+            data_bin,
+            "--user-dir",
+            "fairseq_distattn",
+            "--task",
+            "translation",
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+            "--path",
+            averaged,
+            "--gen-subset",
+            "test",
+            "--beam",
+            "5",
+            "--remove-bpe",
+            "--batch-size",
+            "64",
+            "--required-batch-size-multiple",
+            "1",
+            "--num-workers",
+            "0",
+        ],
+        eval_log,
+        env,
+        stdout_path=generated,
+    )
+    run(
+        [
+            sys.executable,
+            REPO_ROOT / "scripts" / "evaluate.py",
+            "score",
+            generated,
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+            "--segmentation",
+            "subword_nmt",
+            "--src-raw",
+            prep / "test.raw.en",
+            "--ref-raw",
+            prep / "test.raw.de",
+            "--ref-tok",
+            prep / "test.tok.de",
+            "--output-dir",
+            run_dir / "eval",
+        ],
+        eval_log,
+        env,
+    )
     bleu = json.loads((run_dir / "eval" / "bleu.json").read_text(encoding="utf-8"))
-    run([tool("fairseq-validate"), data_bin, "--user-dir", "fairseq_distattn", "--task", "translation",
-                     "--source-lang", "en", "--target-lang", "de", "--path", averaged, "--valid-subset", "valid",
-                     "--max-tokens", scale["max_tokens"], "--required-batch-size-multiple", "1",
-                     "--num-workers", "0"], eval_log, env)
+    run(
+        [
+            tool("fairseq-validate"),
+            data_bin,
+            "--user-dir",
+            "fairseq_distattn",
+            "--task",
+            "translation",
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+            "--path",
+            averaged,
+            "--valid-subset",
+            "valid",
+            "--max-tokens",
+            scale["max_tokens"],
+            "--required-batch-size-multiple",
+            "1",
+            "--num-workers",
+            "0",
+        ],
+        eval_log,
+        env,
+    )
     # the last validation in the log is this run's, not an interrupted earlier attempt's
-    valid = re.findall(r"valid on 'valid' subset \| loss ([\d.]+) \| nll_loss ([\d.]+) \| ppl ([\d.]+)",
-                       eval_log.read_text(encoding="utf-8"))
+    valid = re.findall(
+        r"valid on 'valid' subset \| loss ([\d.]+) \| nll_loss ([\d.]+) \| ppl ([\d.]+)",
+        eval_log.read_text(encoding="utf-8"),
+    )
     if not valid:
         raise RuntimeError(f"fairseq-validate printed no loss; see {eval_log}")
     valid_loss, _, valid_ppl = valid[-1]
@@ -261,8 +453,12 @@ def mechanism_parameters(averaged: Path, data_bin: Path, log_path: Path, env: Di
     """How far each mechanism parameter group moved from fairseq-train's initial
     model (``benchmarks.parameter_movement``; {} for vanilla)."""
     output = log_path.with_name("mechanism_parameters.json")
-    run([sys.executable, "-m", "benchmarks.parameter_movement", averaged, "--data", data_bin, "--json"],
-        log_path, env, stdout_path=output)
+    run(
+        [sys.executable, "-m", "benchmarks.parameter_movement", averaged, "--data", data_bin, "--json"],
+        log_path,
+        env,
+        stdout_path=output,
+    )
     return json.loads(output.read_text(encoding="utf-8"))
 
 
@@ -276,8 +472,9 @@ def backfill_mechanism_parameters(out: Path, work: Path) -> None:
         if "mechanism_parameters" in record or not (run_dir / "averaged.pt").is_file() or not data_bin.is_dir():
             continue
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        record["mechanism_parameters"] = mechanism_parameters(run_dir / "averaged.pt", data_bin,
-                                                              run_dir / "eval.log", env)
+        record["mechanism_parameters"] = mechanism_parameters(
+            run_dir / "averaged.pt", data_bin, run_dir / "eval.log", env
+        )
         path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
         log(f"measured the mechanism parameters of {path.stem}")
 
@@ -303,7 +500,8 @@ def report(out: Path) -> str:
     baseline = by_config.get("vanilla")
     metrics = ("tokenized_bleu_compound_split", "sacrebleu", "valid_ppl_averaged")
     lines = [
-        "| config | runs (seeds) | BLEU tok+compound | delta vs vanilla | sacreBLEU | delta vs vanilla | valid ppl | what |",
+        "| config | runs (seeds) | BLEU tok+compound | delta vs vanilla | sacreBLEU | delta vs vanilla | valid ppl "
+        "| what |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for name in order:
@@ -329,7 +527,8 @@ def report(out: Path) -> str:
         f"Budget: {', '.join(f'{u} updates (scale {s})' for u, s in budgets) or 'no runs yet'}; "
         f"machine: {'; '.join(machines) or '-'}. Test set: test_2016_flickr "
         f"({', '.join(str(n) for n in sorted({r['test_sentences'] for r in runs})) or '-'} sentences), "
-        f"average of the last {CHECKPOINTS_AVERAGED} update checkpoints, beam 5. Mean +- sample std over seeds (a single number: one seed so far).",
+        f"average of the last {CHECKPOINTS_AVERAGED} update checkpoints, beam 5. Mean +- sample std over seeds "
+        "(a single number: one seed so far).",
         "",
     ]
     markdown = "\n".join(header + lines + movement_table(by_config, order)) + "\n"
@@ -361,10 +560,14 @@ def movement_table(by_config: Dict[str, List[Dict]], order: Sequence[str]) -> Li
         for parameter, label in (("distance_weight", "w"), ("sharpness", "v")):
             entries = [entry for result in measured for group, entry in result.items() if group.endswith(parameter)]
             if entries:
-                da.append(f"{label} in [{min(e['value_min'] for e in entries):.2f}, "
-                          f"{max(e['value_max'] for e in entries):.2f}]")
-        lines.append(f"| {name} | {len(measured)} | {len(groups)} | {means[least]:.3g} ({least}) | "
-                     f"{means[most]:.3g} ({most}) | {'; '.join(da) or '-'} |")
+                da.append(
+                    f"{label} in [{min(e['value_min'] for e in entries):.2f}, "
+                    f"{max(e['value_max'] for e in entries):.2f}]"
+                )
+        lines.append(
+            f"| {name} | {len(measured)} | {len(groups)} | {means[least]:.3g} ({least}) | "
+            f"{means[most]:.3g} ({most}) | {'; '.join(da) or '-'} |"
+        )
     if not lines:
         return []
     return [
@@ -392,8 +595,14 @@ def plot_curves(by_config: Dict[str, List[Dict]], order: Sequence[str], path: Pa
         color = f"C{index % 10}"
         for number, record in enumerate(by_config[name]):
             curve = record["valid_curve"]
-            axes.plot([p["updates"] for p in curve], [p["loss"] for p in curve], color=color,
-                      label=name if number == 0 else None, alpha=0.8, linewidth=1)
+            axes.plot(
+                [p["updates"] for p in curve],
+                [p["loss"] for p in curve],
+                color=color,
+                label=name if number == 0 else None,
+                alpha=0.8,
+                linewidth=1,
+            )
     axes.set_xlabel("updates")
     axes.set_ylabel("validation loss (label-smoothed, base 2)")
     axes.set_title("Multi30k En-De validation loss, one line per seed")
@@ -408,18 +617,30 @@ def plot_curves(by_config: Dict[str, List[Dict]], order: Sequence[str], path: Pa
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.quality", description=__doc__.split("\n\n")[0])
-    p.add_argument("--grid", choices=GRIDS, default="default",
-                   help="default: vanilla and each mechanism as its paper uses it; ablations: the papers' ablations "
-                        "(benchmarks/ablations.py, examples/ablations/README.md), read against the default grid's "
-                        "runs (default: default)")
+    p.add_argument(
+        "--grid",
+        choices=GRIDS,
+        default="default",
+        help="default: vanilla and each mechanism as its paper uses it; ablations: the papers' ablations "
+        "(benchmarks/ablations.py, examples/ablations/README.md), read against the default grid's "
+        "runs (default: default)",
+    )
     p.add_argument("--configs", default="", help="comma-separated subset of the grid's configurations")
     p.add_argument("--seeds", default="1,2", help="comma-separated seeds (default: 1,2)")
-    p.add_argument("--scale", choices=sorted(SCALES), default="small",
-                   help="model size and budget: small = 3+3 layers x 256, 4 heads (CPU); base = IWSLT size (GPU)")
+    p.add_argument(
+        "--scale",
+        choices=sorted(SCALES),
+        default="small",
+        help="model size and budget: small = 3+3 layers x 256, 4 heads (CPU); base = IWSLT size (GPU)",
+    )
     p.add_argument("--updates", type=int, default=None, help="training updates (default: the scale's)")
-    p.add_argument("--data", type=Path, default=None,
-                   help="Multi30k {train,val,test_2016_flickr}.{en,de}[.gz] (default: ../shared/data/multi30k "
-                        "when present, else the shipped data/multi30k)")
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="Multi30k {train,val,test_2016_flickr}.{en,de}[.gz] (default: ../shared/data/multi30k "
+        "when present, else the shipped data/multi30k)",
+    )
     p.add_argument("--merges", type=int, default=None, help="joint BPE merges (default: the scale's)")
     p.add_argument("--work", type=Path, default=DEFAULT_WORK, help=f"checkpoints and logs (default: {DEFAULT_WORK})")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"result files (default: {DEFAULT_OUT})")
@@ -431,8 +652,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args.config_names = [c for c in args.configs.split(",") if c] or list(args.grid_configs)
     unknown = [c for c in args.config_names if c not in args.grid_configs]
     if unknown:
-        p.error(f"argument --configs: unknown {', '.join(unknown)} in grid {args.grid}; "
-                f"choose from {', '.join(args.grid_configs)}")
+        p.error(
+            f"argument --configs: unknown {', '.join(unknown)} in grid {args.grid}; "
+            f"choose from {', '.join(args.grid_configs)}"
+        )
     try:
         args.seed_list = [int(s) for s in args.seeds.split(",") if s]
     except ValueError:
@@ -453,8 +676,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1"}
         env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
         prep, data_bin = prepare(args.data, args.work / f"data-{merges}", merges, env)
-        todo = [(args.grid_configs[name], seed) for seed in args.seed_list for name in args.config_names
-                if not (args.out / "runs" / f"{name}-seed{seed}.json").is_file()]
+        todo = [
+            (args.grid_configs[name], seed)
+            for seed in args.seed_list
+            for name in args.config_names
+            if not (args.out / "runs" / f"{name}-seed{seed}.json").is_file()
+        ]
         log(f"{len(todo)} runs to do ({args.scale}, {scale['updates']} updates, {args.jobs} at a time)")
         machine = f"{cpu_model()}, {args.threads} thread(s) per run"
         revision = git_revision()
@@ -465,15 +692,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             run_dir.mkdir(parents=True, exist_ok=True)
             log(f"start {config.name} seed {seed} ({run_dir})")
             record = train_run(config, seed, scale, prep, data_bin, run_dir, env)
-            record.update(scale=args.scale, machine=machine, git_revision=revision,
-                          data=args.data.name, bpe_merges=merges, max_tokens=scale["max_tokens"],
-                          model=f"{scale['layers']}+{scale['layers']} layers x {scale['dim']}, "
-                                f"FFN {scale['ffn']}, {scale['heads']} heads")
+            record.update(
+                scale=args.scale,
+                machine=machine,
+                git_revision=revision,
+                data=args.data.name,
+                bpe_merges=merges,
+                max_tokens=scale["max_tokens"],
+                model=f"{scale['layers']}+{scale['layers']} layers x {scale['dim']}, "
+                f"FFN {scale['ffn']}, {scale['heads']} heads",
+            )
             path = args.out / "runs" / f"{config.name}-seed{seed}.json"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-            log(f"done {config.name} seed {seed}: BLEU {record['tokenized_bleu_compound_split']}, "
-                f"sacreBLEU {record['sacrebleu']}, {record['wall_s']:.0f}s")
+            log(
+                f"done {config.name} seed {seed}: BLEU {record['tokenized_bleu_compound_split']}, "
+                f"sacreBLEU {record['sacrebleu']}, {record['wall_s']:.0f}s"
+            )
 
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
             for future in [pool.submit(one, job) for job in todo]:

@@ -6,6 +6,7 @@ still equals its file.
 The copy drops the file's own title (the README section has one) and moves
 its headings two levels down, under the README's ``###`` section.
 """
+
 from __future__ import annotations
 
 import re
@@ -15,9 +16,12 @@ from typing import Dict
 from benchmarks.common import REPO_ROOT
 
 README = REPO_ROOT / "README.md"
-BLOCK = re.compile(r"<!-- generated from (?P<source>\S+) by `(?P<command>[^`]+)`; edit that, not this -->\n"
-                   r"(?P<body>.*?)"
-                   r"<!-- end of generated (?P=source) -->\n", re.S)
+BLOCK = re.compile(
+    r"<!-- generated from (?P<source>\S+) by `(?P<command>[^`]+)`; edit that, not this -->\n"
+    r"(?P<body>.*?)"
+    r"<!-- end of generated (?P=source) -->\n",
+    re.S,
+)
 
 
 def readme_copy(markdown: str) -> str:

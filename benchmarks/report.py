@@ -4,12 +4,14 @@ The harness reports targets; it never asserts timing. Each target row shows
 the measured median ratio (with min and max over the interleaved rounds) next
 to the threshold and PASS or MISS (judged on the median).
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
+from .common import Summary
 from .memory import TIMED_PASSES
 
 # (candidate key, minimum tokens/s ratio to vanilla)
@@ -24,6 +26,12 @@ TRAIN_TARGETS = [
     ("lm-window-preset", 0.92),
 ]
 GENERATION_TARGET = 0.92  # every preset, sentences/s ratio
+# Presets whose training and generation targets are relative to their cost
+# floor (benchmarks/floor.py) when the floor ran in the same run: preset / floor
+# >= FLOOR_TARGET in tokens/s and sentences/s. Without the floor their targets
+# above (ratio to vanilla) apply.
+FLOOR_TARGETED = ("window-preset",)
+FLOOR_TARGET = 0.97
 MEMORY_TARGET = 1.10  # every preset, peak-memory ratio at MEMORY_TARGET_LENGTH
 MEMORY_TARGET_LENGTH = 512
 OP_EXPONENT_TARGET = 2.05  # every op, fitted exponent of cost vs length
@@ -41,6 +49,7 @@ class TargetRow:
     median: float
     low: Optional[float]
     high: Optional[float]
+    reference: str = "vanilla"  # what the ratio is relative to: vanilla fairseq, or a floor's key
 
     @property
     def status(self) -> str:
@@ -51,11 +60,68 @@ class TargetRow:
 
     def as_dict(self) -> dict:
         return {
-            "section": self.section, "candidate": self.candidate, "metric": self.metric,
-            "target": f"{self.comparison} {self.threshold:g}", "threshold": self.threshold,
-            "comparison": self.comparison, "median": self.median, "min": self.low, "max": self.high,
+            "section": self.section,
+            "candidate": self.candidate,
+            "metric": self.metric,
+            "target": f"{self.comparison} {self.threshold:g}",
+            "threshold": self.threshold,
+            "comparison": self.comparison,
+            "median": self.median,
+            "min": self.low,
+            "max": self.high,
             "status": self.status,
+            "reference": self.reference,
         }
+
+
+@dataclass
+class FloorComparison:
+    """A preset next to its cost floor in one section (train or generate), both
+    paired with vanilla in the same rounds: per round, preset / floor is the
+    ratio of their ratios to vanilla (each against the vanilla samples around it)."""
+
+    section: str
+    task: str
+    preset: str
+    floor: str
+    preset_vs_floor: Summary
+    floor_vs_vanilla: Summary
+    preset_vs_vanilla: Summary
+
+    def as_dict(self) -> dict:
+        return {
+            "section": self.section,
+            "task": self.task,
+            "preset": self.preset,
+            "floor": self.floor,
+            "preset_vs_floor": self.preset_vs_floor.as_dict(),
+            "floor_vs_vanilla": self.floor_vs_vanilla.as_dict(),
+            "preset_vs_vanilla": self.preset_vs_vanilla.as_dict(),
+        }
+
+
+def floor_comparisons(results: dict) -> List[FloorComparison]:
+    """Every floor measured in the same comparison as its preset (results' ``floor_of``), training and generation."""
+    out: List[FloorComparison] = []
+    for section in ("train", "generate"):
+        for task, rows in results.get(section, {}).items():
+            for key, r in rows.items():
+                preset = rows.get(r.get("floor_of") or "")
+                if r.get("kind") != "floor" or not preset or not r.get("ratios") or not preset.get("ratios"):
+                    continue
+                per_round = [p / f for p, f in zip(preset["ratios"], r["ratios"])]
+                out.append(
+                    FloorComparison(
+                        section,
+                        task,
+                        r["floor_of"],
+                        key,
+                        Summary.of(per_round),
+                        Summary.of(r["ratios"]),
+                        Summary.of(preset["ratios"]),
+                    )
+                )
+    return out
 
 
 def memory_target_length(lengths: Sequence[int]) -> int:
@@ -66,24 +132,42 @@ def memory_target_length(lengths: Sequence[int]) -> int:
 
 def evaluate_targets(results: dict) -> List[TargetRow]:
     rows: List[TargetRow] = []
+    floors = {(c.section, c.preset): c for c in floor_comparisons(results) if c.preset in FLOOR_TARGETED}
+
+    def ratio_row(section: str, key: str, metric: str, threshold: float, ratio: dict) -> TargetRow:
+        floor = floors.get((section, key))
+        if floor is not None:
+            s = floor.preset_vs_floor
+            return TargetRow(
+                section,
+                key,
+                f"{metric} to {floor.floor}",
+                ">=",
+                FLOOR_TARGET,
+                s.median,
+                s.low,
+                s.high,
+                reference=floor.floor,
+            )
+        return TargetRow(section, key, metric, ">=", threshold, ratio["median"], ratio["min"], ratio["max"])
+
     train = {**results.get("train", {}).get("translation", {}), **results.get("train", {}).get("lm", {})}
     for key, threshold in TRAIN_TARGETS:
         r = train.get(key)
         if r and r.get("ratio"):
-            ratio = r["ratio"]
-            rows.append(TargetRow("train", key, "tokens/s ratio", ">=", threshold, ratio["median"], ratio["min"], ratio["max"]))
+            rows.append(ratio_row("train", key, "tokens/s ratio", threshold, r["ratio"]))
     generation = {**results.get("generate", {}).get("translation", {}), **results.get("generate", {}).get("lm", {})}
     for key, r in generation.items():
         if r["kind"] == "preset" and r.get("ratio"):
-            ratio = r["ratio"]
-            rows.append(TargetRow("generate", key, "beam-5 sentences/s ratio", ">=", GENERATION_TARGET,
-                                  ratio["median"], ratio["min"], ratio["max"]))
+            rows.append(ratio_row("generate", key, "beam-5 sentences/s ratio", GENERATION_TARGET, r["ratio"]))
     memory = results.get("memory", {})
     for key, r in memory.items():
         if r["kind"] == "preset" and r.get("ratio"):
             length = memory_target_length(r["peak_bytes"].keys())
             value = r["ratio"][str(length)]
-            rows.append(TargetRow("memory", key, f"peak memory ratio at L={length}", "<=", MEMORY_TARGET, value, None, None))
+            rows.append(
+                TargetRow("memory", key, f"peak memory ratio at L={length}", "<=", MEMORY_TARGET, value, None, None)
+            )
     for key, r in results.get("ops", {}).items():
         if r["op"] == "sdpa":
             continue
@@ -128,10 +212,16 @@ def machine_section(machine: dict, meta: dict) -> str:
         ("torch threads (fixed)", machine.get("torch_threads")),
         ("memory (GiB)", machine.get("memory_gib")),
         ("device", machine.get("device") + (f" ({machine['gpu']})" if machine.get("gpu") else "")),
-        ("torch / fairseq / numpy / python", f"{machine.get('torch')} / {machine.get('fairseq')} / {machine.get('numpy')} / {machine.get('python')}"),
+        (
+            "torch / fairseq / numpy / python",
+            f"{machine.get('torch')} / {machine.get('fairseq')} / {machine.get('numpy')} / {machine.get('python')}",
+        ),
         ("platform", machine.get("platform")),
         ("git revision", machine.get("git")),
-        ("load average at start / end", f"{_load(machine.get('load_average_start'))} / {_load(machine.get('load_average_end'))}"),
+        (
+            "load average at start / end",
+            f"{_load(machine.get('load_average_start'))} / {_load(machine.get('load_average_end'))}",
+        ),
         ("scale", f"{meta.get('scale')}: {meta.get('scale_description')}"),
         ("timing clock", _clock(meta.get("clock"))),
         ("repeats (interleaved rounds) / warm-up", f"{meta.get('repeats')} / {meta.get('warmup')}"),
@@ -145,7 +235,10 @@ def machine_section(machine: dict, meta: dict) -> str:
 
 def _clock(name) -> str:
     if name == "cpu":
-        return "cpu: process CPU time (time.process_time); rates are per CPU-second, unaffected by other processes holding the core"
+        return (
+            "cpu: process CPU time (time.process_time); rates are per CPU-second, unaffected by other processes "
+            "holding the core"
+        )
     return f"{name}: wall time (time.perf_counter)"
 
 
@@ -157,7 +250,16 @@ def _load(value) -> str:
 
 def targets_section(rows: List[TargetRow]) -> str:
     body = [
-        (r.section, r.candidate, r.metric, f"{r.comparison} {r.threshold:g}", fmt(r.median), fmt(r.low), fmt(r.high), r.status)
+        (
+            r.section,
+            r.candidate,
+            r.metric,
+            f"{r.comparison} {r.threshold:g}",
+            fmt(r.median),
+            fmt(r.low),
+            fmt(r.high),
+            r.status,
+        )
         for r in rows
     ]
     return md_table(["section", "candidate", "metric", "target", "measured (median)", "min", "max", "status"], body)
@@ -167,28 +269,74 @@ def train_section(results: Dict[str, dict]) -> str:
     rows = []
     for key, r in results.items():
         t, ratio = r["throughput"], r.get("ratio")
-        rows.append((
-            key, r["note"], r["attention"], f"{r['parameters']:,}", fmt(r["tokens_per_measurement"], 0),
-            fmt(t["median"], 1), fmt(t["min"], 1), fmt(t["max"], 1),
-            fmt(ratio["median"]) if ratio else "1.000", fmt(ratio["min"]) if ratio else "-", fmt(ratio["max"]) if ratio else "-",
-        ))
+        rows.append(
+            (
+                key,
+                r["note"],
+                r["attention"],
+                f"{r['parameters']:,}",
+                fmt(r["tokens_per_measurement"], 0),
+                fmt(t["median"], 1),
+                fmt(t["min"], 1),
+                fmt(t["max"], 1),
+                fmt(ratio["median"]) if ratio else "1.000",
+                fmt(ratio["min"]) if ratio else "-",
+                fmt(ratio["max"]) if ratio else "-",
+            )
+        )
     return md_table(
-        ["config", "model", "attention", "params", "tokens/measurement", "tokens/s median", "tokens/s min", "tokens/s max",
-         "ratio median", "ratio min", "ratio max"], rows)
+        [
+            "config",
+            "model",
+            "attention",
+            "params",
+            "tokens/measurement",
+            "tokens/s median",
+            "tokens/s min",
+            "tokens/s max",
+            "ratio median",
+            "ratio min",
+            "ratio max",
+        ],
+        rows,
+    )
 
 
 def generation_section(results: Dict[str, dict]) -> str:
     rows = []
     for key, r in results.items():
         s, t, ratio = r["sentences_per_s"], r["tokens_per_s"], r.get("ratio")
-        rows.append((
-            key, r["note"], r["attention"], fmt(r["tokens_per_sentence"], 1),
-            fmt(s["median"], 2), fmt(s["min"], 2), fmt(s["max"], 2), fmt(t["median"], 1),
-            fmt(ratio["median"]) if ratio else "1.000", fmt(ratio["min"]) if ratio else "-", fmt(ratio["max"]) if ratio else "-",
-        ))
+        rows.append(
+            (
+                key,
+                r["note"],
+                r["attention"],
+                fmt(r["tokens_per_sentence"], 1),
+                fmt(s["median"], 2),
+                fmt(s["min"], 2),
+                fmt(s["max"], 2),
+                fmt(t["median"], 1),
+                fmt(ratio["median"]) if ratio else "1.000",
+                fmt(ratio["min"]) if ratio else "-",
+                fmt(ratio["max"]) if ratio else "-",
+            )
+        )
     return md_table(
-        ["config", "model", "attention", "tokens/sentence", "sentences/s median", "sentences/s min", "sentences/s max",
-         "tokens/s median", "ratio median", "ratio min", "ratio max"], rows)
+        [
+            "config",
+            "model",
+            "attention",
+            "tokens/sentence",
+            "sentences/s median",
+            "sentences/s min",
+            "sentences/s max",
+            "tokens/s median",
+            "ratio median",
+            "ratio min",
+            "ratio max",
+        ],
+        rows,
+    )
 
 
 def memory_section(results: Dict[str, dict]) -> str:
@@ -197,7 +345,7 @@ def memory_section(results: Dict[str, dict]) -> str:
     lengths = list(next(iter(results.values()))["peak_bytes"].keys())
     rows = []
     for key, r in results.items():
-        mib = [fmt(r["peak_bytes"][n] / 2 ** 20, 1) for n in lengths]
+        mib = [fmt(r["peak_bytes"][n] / 2**20, 1) for n in lengths]
         ratios = [fmt(r.get("ratio", {}).get(n)) for n in lengths]
         rows.append((key, r["task"], r["attention"], *mib, *ratios))
     headers = ["config", "task", "attention", *[f"MiB L={n}" for n in lengths], *[f"ratio L={n}" for n in lengths]]
@@ -226,10 +374,24 @@ def ops_section(results: Dict[str, dict]) -> str:
         ms = [fmt_sig(r["seconds_per_call"][n]["median"] * 1e3) for n in lengths]
         vs = r.get("cost_vs_sdpa")
         last = lengths[-1]
-        rows.append((r["op"], r["mode"], *ms, fmt(vs[last]["median"], 2) if vs else "1.00",
-                     fmt(r["exponent"], 2), fmt(r["tail_exponent"], 2)))
-    headers = ["op", "mode", *[f"ms L={n}" for n in lengths], f"x sdpa L={lengths[-1]}", "exponent (fit)",
-               f"exponent ({lengths[-2]}->{lengths[-1]})" if len(lengths) > 1 else "exponent (tail)"]
+        rows.append(
+            (
+                r["op"],
+                r["mode"],
+                *ms,
+                fmt(vs[last]["median"], 2) if vs else "1.00",
+                fmt(r["exponent"], 2),
+                fmt(r["tail_exponent"], 2),
+            )
+        )
+    headers = [
+        "op",
+        "mode",
+        *[f"ms L={n}" for n in lengths],
+        f"x sdpa L={lengths[-1]}",
+        "exponent (fit)",
+        f"exponent ({lengths[-2]}->{lengths[-1]})" if len(lengths) > 1 else "exponent (tail)",
+    ]
     return md_table(headers, rows)
 
 
@@ -239,18 +401,23 @@ def profile_rows(pair: dict, top: int = 10, top_delta: int = 8) -> List[dict]:
     base, cand = pair["baseline"]["ops"], pair["candidate"]["ops"]
     names = set(sorted(cand, key=lambda k: -cand[k]["self_cpu_ms"])[:top])
     names |= set(sorted(base, key=lambda k: -base[k]["self_cpu_ms"])[:top])
-    delta = lambda k: cand.get(k, {}).get("self_cpu_ms", 0.0) - base.get(k, {}).get("self_cpu_ms", 0.0)
+
+    def delta(k):
+        return cand.get(k, {}).get("self_cpu_ms", 0.0) - base.get(k, {}).get("self_cpu_ms", 0.0)
+
     names |= set(sorted(set(cand) | set(base), key=lambda k: -delta(k))[:top_delta])
     rows = []
     for name in sorted(names, key=lambda k: -cand.get(k, {}).get("self_cpu_ms", 0.0)):
-        rows.append({
-            "op": name,
-            "baseline_ms": base.get(name, {}).get("self_cpu_ms", 0.0),
-            "baseline_calls": base.get(name, {}).get("calls", 0),
-            "candidate_ms": cand.get(name, {}).get("self_cpu_ms", 0.0),
-            "candidate_calls": cand.get(name, {}).get("calls", 0),
-            "delta_ms": delta(name),
-        })
+        rows.append(
+            {
+                "op": name,
+                "baseline_ms": base.get(name, {}).get("self_cpu_ms", 0.0),
+                "baseline_calls": base.get(name, {}).get("calls", 0),
+                "candidate_ms": cand.get(name, {}).get("self_cpu_ms", 0.0),
+                "candidate_calls": cand.get(name, {}).get("calls", 0),
+                "delta_ms": delta(name),
+            }
+        )
     return rows
 
 
@@ -263,71 +430,195 @@ def profiles_section(profiles: Dict[str, dict], what: str = "one training step")
         base_key = pair["baseline_key"]
         base_total, cand_total = pair["baseline"]["total_self_cpu_ms"], pair["candidate"]["total_self_cpu_ms"]
         parts.append(f"### {key} vs {base_key}: {what}\n")
-        parts.append(f"Self CPU time of {what}: "
-                     f"{base_key} {fmt(base_total, 1)} ms, {key} {fmt(cand_total, 1)} ms "
-                     f"({fmt(cand_total / base_total if base_total else float('nan'), 2)}x).\n")
+        parts.append(
+            f"Self CPU time of {what}: "
+            f"{base_key} {fmt(base_total, 1)} ms, {key} {fmt(cand_total, 1)} ms "
+            f"({fmt(cand_total / base_total if base_total else float('nan'), 2)}x).\n"
+        )
         rows = profile_rows(pair)
         increases = sorted(rows, key=lambda r: -r["delta_ms"])[:5]
-        parts.append("Largest increases: " + ", ".join(f"`{r['op']}` {r['delta_ms']:+.1f} ms" for r in increases) + ". "
-                     "An operator with the same number of calls in both models does the same work in both (the "
-                     "shared linear layers, for example): its difference is timing noise from other processes.\n")
-        parts.append(md_table(
-            ["op", f"{base_key} ms", "calls", f"{key} ms", "calls", "difference ms"],
-            [(r["op"], fmt(r["baseline_ms"], 1), r["baseline_calls"], fmt(r["candidate_ms"], 1), r["candidate_calls"],
-              f"{r['delta_ms']:+.1f}") for r in rows],
-        ))
+        parts.append(
+            "Largest increases: " + ", ".join(f"`{r['op']}` {r['delta_ms']:+.1f} ms" for r in increases) + ". "
+            "An operator with the same number of calls in both models does the same work in both (the "
+            "shared linear layers, for example): its difference is timing noise from other processes.\n"
+        )
+        parts.append(
+            md_table(
+                ["op", f"{base_key} ms", "calls", f"{key} ms", "calls", "difference ms"],
+                [
+                    (
+                        r["op"],
+                        fmt(r["baseline_ms"], 1),
+                        r["baseline_calls"],
+                        fmt(r["candidate_ms"], 1),
+                        r["candidate_calls"],
+                        f"{r['delta_ms']:+.1f}",
+                    )
+                    for r in rows
+                ],
+            )
+        )
         parts.append("")
     return "\n".join(parts)
+
+
+FLOOR_NOTE = (
+    "\"of `<floor>`\": ratio to that cost floor instead, fairseq's own model doing the window's tensor work in "
+    "stock ops (benchmarks/floor.py), per round the ratio of the two ratios to vanilla; a floor's own row is its "
+    f"ratio to vanilla and has no target. {', '.join(f'`{k}`' for k in FLOOR_TARGETED)}: target >= "
+    f"{FLOOR_TARGET:g} of its floor in training and beam search when the floor ran."
+)
+
+
+def floors_section(comparisons: List[FloorComparison]) -> str:
+    """Each preset next to its cost floor: preset / floor, floor / vanilla and preset / vanilla, same rounds."""
+
+    def spread(s: Summary) -> str:
+        return f"{fmt(s.median)} [{fmt(s.low)}-{fmt(s.high)}]"
+
+    rows = [
+        (
+            c.section,
+            c.task,
+            c.preset,
+            c.floor,
+            spread(c.preset_vs_floor),
+            spread(c.floor_vs_vanilla),
+            spread(c.preset_vs_vanilla),
+            f">= {FLOOR_TARGET:g}" if c.preset in FLOOR_TARGETED else "-",
+        )
+        for c in comparisons
+    ]
+    return md_table(
+        [
+            "section",
+            "task",
+            "preset",
+            "floor",
+            "preset / floor",
+            "floor / vanilla",
+            "preset / vanilla",
+            "target (preset / floor)",
+        ],
+        rows,
+    )
 
 
 def render_markdown(results: dict, targets: List[TargetRow], plot_name: Optional[str]) -> str:
     meta = results["meta"]
     out = ["# fairseq-distattn benchmark", ""]
-    out += ["Ratios are candidate / vanilla fairseq, measured in interleaved pairs (each candidate sample "
-            "between two vanilla samples; median with min and max over the rounds). Throughput: higher is better; "
-            "memory and op cost: lower is better. Targets are reported, never asserted.", ""]
+    out += [
+        "Ratios are candidate / vanilla fairseq, measured in interleaved pairs (each candidate sample "
+        "between two vanilla samples; median with min and max over the rounds). Throughput: higher is better; "
+        "memory and op cost: lower is better. Targets are reported, never asserted.",
+        "",
+    ]
     out += ["## Machine", "", machine_section(results["machine"], meta), ""]
     out += ["## Targets", "", targets_section(targets) if targets else "(no target measured)", ""]
     if targets:
         passed = sum(1 for t in targets if t.status == PASS)
         out += [f"{passed} of {len(targets)} targets PASS.", ""]
+    comparisons = floor_comparisons(results)
+    if comparisons:
+        out += [
+            "## Cost floors",
+            "",
+            "Each window preset next to its cost floor (benchmarks/floor.py: fairseq's own model doing the "
+            "window's tensor work in stock ops, not a model), measured in the same interleaved rounds: "
+            "median [min-max] over rounds of preset / floor (per round, the ratio of their ratios to vanilla), "
+            "floor / vanilla and preset / vanilla. Training: tokens/s; generation: beam-5 sentences/s.",
+            "",
+            floors_section(comparisons),
+            "",
+        ]
     train = results.get("train", {})
     if train.get("translation"):
-        out += ["## Training throughput: translation", "",
-                f"Forward + backward + Adam step, target tokens/s. {meta.get('train_note', '')}", "",
-                train_section(train["translation"]), ""]
+        out += [
+            "## Training throughput: translation",
+            "",
+            f"Forward + backward + Adam step, target tokens/s. {meta.get('train_note', '')}",
+            "",
+            train_section(train["translation"]),
+            "",
+        ]
     if train.get("lm"):
-        out += ["## Training throughput: language model", "", "Forward + backward + Adam step, tokens/s.", "",
-                train_section(train["lm"]), ""]
+        out += [
+            "## Training throughput: language model",
+            "",
+            "Forward + backward + Adam step, tokens/s.",
+            "",
+            train_section(train["lm"]),
+            "",
+        ]
     generate = results.get("generate", {})
     if generate.get("translation"):
-        out += ["## Generation: translation, beam 5", "", meta.get("generate_note", ""), "",
-                generation_section(generate["translation"]), ""]
+        out += [
+            "## Generation: translation, beam 5",
+            "",
+            meta.get("generate_note", ""),
+            "",
+            generation_section(generate["translation"]),
+            "",
+        ]
     if generate.get("lm"):
-        out += ["## Generation: language model, beam 5", "", meta.get("generate_lm_note", ""), "",
-                generation_section(generate["lm"]), ""]
+        out += [
+            "## Generation: language model, beam 5",
+            "",
+            meta.get("generate_lm_note", ""),
+            "",
+            generation_section(generate["lm"]),
+            "",
+        ]
     if results.get("memory"):
-        out += ["## Peak memory, forward + backward", "", meta.get("memory_note", ""), "",
-                memory_section(results["memory"]), ""]
-        out += ["## Time of the memory pass", "",
-                f"The same forward + backward passes without the profiler (median of {TIMED_PASSES}): what the "
-                "memory costs in time. From key length `--attention-recompute-length` (default 256) on, the "
-                "plugin recomputes each layer's attention in backward instead of keeping its [B, H, Tq, Tk] "
-                "tensors.", "", memory_time_section(results["memory"]), ""]
+        out += [
+            "## Peak memory, forward + backward",
+            "",
+            meta.get("memory_note", ""),
+            "",
+            memory_section(results["memory"]),
+            "",
+        ]
+        out += [
+            "## Time of the memory pass",
+            "",
+            f"The same forward + backward passes without the profiler (median of {TIMED_PASSES}): what the "
+            "memory costs in time. From key length `--attention-recompute-length` (default 256) on, the "
+            "plugin recomputes each layer's attention in backward instead of keeping its [B, H, Tq, Tk] "
+            "tensors.",
+            "",
+            memory_time_section(results["memory"]),
+            "",
+        ]
     if results.get("ops"):
-        out += ["## Attention ops vs scaled_dot_product_attention", "", meta.get("ops_note", ""), "",
-                ops_section(results["ops"]), ""]
+        out += [
+            "## Attention ops vs scaled_dot_product_attention",
+            "",
+            meta.get("ops_note", ""),
+            "",
+            ops_section(results["ops"]),
+            "",
+        ]
     if results.get("profiles"):
-        out += ["## Where the time goes: training targets missed", "",
-                "torch.profiler over one training step of vanilla and of the candidate on the same batch "
-                "(2 runs each); operators by self CPU time (full profiler tables in profiles.md).", "",
-                profiles_section(results["profiles"]), ""]
+        out += [
+            "## Where the time goes: training targets missed",
+            "",
+            "torch.profiler over one training step of vanilla and of the candidate on the same batch "
+            "(2 runs each); operators by self CPU time (full profiler tables in profiles.md).",
+            "",
+            profiles_section(results["profiles"]),
+            "",
+        ]
     if results.get("generation_profiles"):
-        out += ["## Where the time goes: generation targets missed", "",
-                "torch.profiler over one beam-5 search of vanilla and of the candidate on the same sentences "
-                "(one run each: the profiler's per-operator overhead inflates small operators); operators by self "
-                "CPU time (full profiler tables in profiles.md).", "",
-                profiles_section(results["generation_profiles"], "one beam-5 search"), ""]
+        out += [
+            "## Where the time goes: generation targets missed",
+            "",
+            "torch.profiler over one beam-5 search of vanilla and of the candidate on the same sentences "
+            "(one run each: the profiler's per-operator overhead inflates small operators); operators by self "
+            "CPU time (full profiler tables in profiles.md).",
+            "",
+            profiles_section(results["generation_profiles"], "one beam-5 search"),
+            "",
+        ]
     if plot_name:
         out += ["## Plot", "", f"![benchmark plot]({plot_name})", ""]
     return "\n".join(out).rstrip() + "\n"
@@ -346,14 +637,38 @@ def render_summary(results: dict, targets: List[TargetRow]) -> str:
         if row.section != "ops":
             by_candidate.setdefault(row.candidate, {})[row.section] = row
 
+    comparisons = floor_comparisons(results)
+    beside = {(c.section, c.preset): c for c in comparisons}
+
     def cell(row: Optional[TargetRow]) -> str:
         if row is None:
             return "-"
         spread = f" [{fmt(row.low, 2)}-{fmt(row.high, 2)}]" if row.low is not None else ""
-        return f"{fmt(row.median, 2)}{spread} ({row.comparison} {row.threshold:g}) {row.status}"
+        of = f" of {row.reference}" if row.reference != "vanilla" else ""
+        text = f"{fmt(row.median, 2)}{spread}{of} ({row.comparison} {row.threshold:g}) {row.status}"
+        comparison = beside.get((row.section, row.candidate))
+        if comparison is not None:  # the other ratio: to vanilla when the target is the floor, else to the floor
+            other = (
+                (comparison.preset_vs_vanilla, "vanilla")
+                if row.reference != "vanilla"
+                else (comparison.preset_vs_floor, comparison.floor)
+            )
+            text += f"; {fmt(other[0].median, 2)} of {other[1]}"
+        return text
 
-    rows = [(f"`{key}`", cell(sections.get("train")), cell(sections.get("generate")), cell(sections.get("memory")))
-            for key, sections in by_candidate.items()]
+    def floor_cell(comparison: Optional[FloorComparison]) -> str:
+        if comparison is None:
+            return "-"
+        s = comparison.floor_vs_vanilla
+        return f"{fmt(s.median, 2)} [{fmt(s.low, 2)}-{fmt(s.high, 2)}] (floor of {comparison.preset}, no target)"
+
+    rows = [
+        (f"`{key}`", cell(sections.get("train")), cell(sections.get("generate")), cell(sections.get("memory")))
+        for key, sections in by_candidate.items()
+    ]
+    for floor in dict.fromkeys(c.floor for c in comparisons):
+        of_floor = {c.section: c for c in comparisons if c.floor == floor}
+        rows.append((f"`{floor}`", floor_cell(of_floor.get("train")), floor_cell(of_floor.get("generate")), "-"))
     memory_metric = next((t.metric for t in targets if t.section == "memory"), "peak memory ratio")
     ops = [t for t in targets if t.section == "ops"]
     passed = sum(1 for t in targets if t.status == PASS)
@@ -365,14 +680,21 @@ def render_summary(results: dict, targets: List[TargetRow]) -> str:
         f"scale `{meta.get('scale')}`, {meta.get('repeats')} rounds, git revision `{machine.get('git')}`, "
         f"command `{meta.get('command')}`.",
         "",
+    ]
+    if comparisons:
+        lines += [FLOOR_NOTE, ""]
+    lines += [
         md_table(["candidate", "train tokens/s", "beam-5 sentences/s", memory_metric], rows),
         "",
     ]
     if ops:
         worst = max(ops, key=lambda t: t.median)
-        lines += [f"Attention ops: cost exponent vs length <= {OP_EXPONENT_TARGET:g} for "
-                  f"{sum(1 for t in ops if t.status == PASS)} of {len(ops)} (largest: {worst.candidate} "
-                  f"{fmt(worst.median, 2)}).", ""]
+        lines += [
+            f"Attention ops: cost exponent vs length <= {OP_EXPONENT_TARGET:g} for "
+            f"{sum(1 for t in ops if t.status == PASS)} of {len(ops)} (largest: {worst.candidate} "
+            f"{fmt(worst.median, 2)}).",
+            "",
+        ]
     lines += [f"{passed} of {len(targets)} targets PASS in this run.", ""]
     return "\n".join(lines)
 
@@ -402,8 +724,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     from .common import REPO_ROOT
 
-    p = argparse.ArgumentParser(prog="python -m benchmarks.report",
-                                description="Rebuild summary.md (the README's benchmark table) beside a results.json.")
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.report",
+        description="Rebuild summary.md (the README's benchmark table) beside a results.json.",
+    )
     p.add_argument("results", nargs="?", type=Path, default=REPO_ROOT / "benchmarks" / "results" / "results.json")
     args = p.parse_args(argv)
     print(write_summary(args.results), end="")

@@ -10,6 +10,7 @@ k = L - 1, and the extra work is only the larger bucket products, not
 anything that grows with k. The attention op alone (``relative_position_attention``
 forward + backward) is timed too, for information. Never asserts timing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,12 @@ def measure_repeatedly(step, device, min_time: float) -> float:
 
 
 def paired_ratio(steps, device, args) -> dict:
-    paired = run_paired(f"k={SHORT_K}", [f"k={LONG_K}"], lambda name: measure_repeatedly(steps[name], device,
-                                                                                        args.min_time), args.repeats)
+    paired = run_paired(
+        f"k={SHORT_K}",
+        [f"k={LONG_K}"],
+        lambda name: measure_repeatedly(steps[name], device, args.min_time),
+        args.repeats,
+    )
     return paired[f"k={LONG_K}"].ratio.as_dict()
 
 
@@ -76,9 +81,14 @@ def training_steps(args, device):
     target = torch.randint(dictionary.nspecial, len(dictionary), shape, generator=generator)
     previous = torch.cat([torch.full((args.sentences, 1), dictionary.eos()), target[:, :-1]], dim=1)
     sample = {
-        "id": torch.arange(args.sentences), "nsentences": args.sentences, "ntokens": target.numel(),
-        "net_input": {"src_tokens": source.to(device), "src_lengths": torch.full((args.sentences,), args.length).to(device),
-                      "prev_output_tokens": previous.to(device)},
+        "id": torch.arange(args.sentences),
+        "nsentences": args.sentences,
+        "ntokens": target.numel(),
+        "net_input": {
+            "src_tokens": source.to(device),
+            "src_lengths": torch.full((args.sentences,), args.length).to(device),
+            "prev_output_tokens": previous.to(device),
+        },
         "target": target.to(device),
     }
     steps = {}
@@ -116,13 +126,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     train = paired_ratio(training_steps(args, device), device, args)
     op = paired_ratio(op_steps(args, device), device, args)
     verdict = "PASS" if train["median"] >= TARGET else "MISS"
-    print(f"distattn_rpr_wmt_en_de training step ({args.scale}), {args.sentences} x {args.length} tokens, {device}: "
-          f"throughput k={LONG_K} / k={SHORT_K} = {train['median']:.3f} (target >= {TARGET}) {verdict}")
+    print(
+        f"distattn_rpr_wmt_en_de training step ({args.scale}), {args.sentences} x {args.length} tokens, {device}: "
+        f"throughput k={LONG_K} / k={SHORT_K} = {train['median']:.3f} (target >= {TARGET}) {verdict}"
+    )
     print(f"relative_position_attention fwd+bwd alone (information): k={LONG_K} / k={SHORT_K} = {op['median']:.3f}")
     if args.json is not None:
-        args.json.write_text(json.dumps({"train_ratio": train, "op_ratio": op, "target": TARGET, "verdict": verdict,
-                                         "length": args.length, "sentences": args.sentences, "scale": args.scale,
-                                         "machine": machine_description(device)}, indent=1) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "train_ratio": train,
+                    "op_ratio": op,
+                    "target": TARGET,
+                    "verdict": verdict,
+                    "length": args.length,
+                    "sentences": args.sentences,
+                    "scale": args.scale,
+                    "machine": machine_description(device),
+                },
+                indent=1,
+            )
+            + "\n"
+        )
     return 0
 
 

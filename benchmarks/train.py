@@ -1,6 +1,7 @@
 """Training throughput: target tokens per second of forward + backward +
 optimizer step on identical real batches, vanilla fairseq vs each candidate,
 measured in interleaved pairs (see :func:`benchmarks.common.run_paired`)."""
+
 from __future__ import annotations
 
 from typing import Callable, Dict, List, Sequence
@@ -84,7 +85,10 @@ def run_training(
         work, seconds = timed(lambda: sum(step(b) for b in batches), device)
         return work / seconds
 
-    log(f"  timing {len(configs)} models on {len(batches)} batch(es), {repeats} interleaved rounds after {warmup} warm-up")
+    log(
+        f"  timing {len(configs)} models on {len(batches)} batch(es), {repeats} interleaved rounds "
+        f"after {warmup} warm-up"
+    )
     paired = run_paired(baseline.key, [c.key for c in candidates], measure, repeats, warmup, log)
     results = {}
     for config in configs:

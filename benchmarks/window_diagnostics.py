@@ -28,6 +28,7 @@ recorded one, incremental decoding against teacher forcing) and writes
 generated from the numbers) and two PNGs under ``--out``. ``--tiny`` runs
 the same code on tiny random models (the test's mode).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -179,14 +180,18 @@ class WindowInputRecorder:
     def _hook(self, site):
         def hook(mechanism, args, kwargs, output):
             inputs = signature(mechanism.forward).bind(*args, **kwargs).arguments
-            self.inputs[site] = WindowInputs({k: v[0].double() for k, v in inputs["queries"].items()},
-                                             {k: v[0].double() for k, v in inputs["keys"].items()})
+            self.inputs[site] = WindowInputs(
+                {k: v[0].double() for k, v in inputs["queries"].items()},
+                {k: v[0].double() for k, v in inputs["keys"].items()},
+            )
+
         return hook
 
 
 def kind_name(site) -> str:
     return {"encoder self-attention": "encoder self", "decoder self-attention": "decoder self"}.get(
-        site.kind.description, "cross")
+        site.kind.description, "cross"
+    )
 
 
 def site_key(site) -> str:
@@ -196,8 +201,9 @@ def site_key(site) -> str:
 class SiteStatistics:
     """Everything measured at one attention site, pooled over sentences."""
 
-    def __init__(self, kind: str, layer: int, mechanism: str, is_window: bool, additive: bool = False,
-                 segment_size: int = 0):
+    def __init__(
+        self, kind: str, layer: int, mechanism: str, is_window: bool, additive: bool = False, segment_size: int = 0
+    ):
         self.kind, self.layer, self.mechanism = kind, layer, mechanism
         self.is_window, self.additive, self.segment_size = is_window, additive, segment_size
         self.pool = Pool()
@@ -237,8 +243,9 @@ class SiteStatistics:
         width = mask.sum(dim=-1)
         pool.add("width", width)
         pool.add("width_fraction", width / keys_seen)
-        reference = torch.stack([uniform_pointer_mask(int(n), self.segment_size).sum()
-                                 for n in visible.sum(dim=-1).tolist()])
+        reference = torch.stack(
+            [uniform_pointer_mask(int(n), self.segment_size).sum() for n in visible.sum(dim=-1).tolist()]
+        )
         pool.add("uniform_width", reference.expand(heads, tgt_len))
         visible_m = mask.masked_select(visible.expand_as(mask))
         pool.add("mean_m", visible_m)
@@ -274,10 +281,16 @@ class SiteStatistics:
     def result(self) -> Dict[str, object]:
         profile = (self.offset_sums / self.offset_counts.clamp_min(1)).tolist()
         return {
-            "kind": self.kind, "layer": self.layer, "mechanism": self.mechanism, "segment_size": self.segment_size,
+            "kind": self.kind,
+            "layer": self.layer,
+            "mechanism": self.mechanism,
+            "segment_size": self.segment_size,
             **self.pool.means(),
-            **({"m_by_offset": [None if c == 0 else value for value, c in zip(profile, self.offset_counts.tolist())]}
-               if self.is_window else {}),
+            **(
+                {"m_by_offset": [None if c == 0 else value for value, c in zip(profile, self.offset_counts.tolist())]}
+                if self.is_window
+                else {}
+            ),
         }
 
 
@@ -311,8 +324,9 @@ def measure(model, examples: Sequence) -> List[Dict[str, object]]:
 # ----------------------------------------------------------------------------- masking checks
 
 
-def _logits(model, sources: List[Tensor], decoder_inputs: List[Tensor], pad: int,
-            left_pad_source: bool = True) -> Tensor:
+def _logits(
+    model, sources: List[Tensor], decoder_inputs: List[Tensor], pad: int, left_pad_source: bool = True
+) -> Tensor:
     """Decoder logits ``[B, T, V]`` of a padded batch as fairseq's collater pads
     it (source left-padded, targets right-padded)."""
     from fairseq.data import data_utils
@@ -337,14 +351,16 @@ def masking_checks(model, examples: Sequence[Example], pad: int, left_pad_source
     examples = list(examples)[:CHECK_SENTENCES]
     result = {"batched_vs_single": 0.0, "fused_vs_recorded": 0.0, "incremental_vs_forced": 0.0}
     with torch.no_grad():
-        batched = _logits(model, [e.source for e in examples], [e.decoder_input for e in examples], pad,
-                          left_pad_source)
+        batched = _logits(
+            model, [e.source for e in examples], [e.decoder_input for e in examples], pad, left_pad_source
+        )
         device = next(model.parameters()).device
         for row, example in enumerate(examples):
             single = _logits(model, [example.source], [example.decoder_input], pad, left_pad_source)[0]
             length = len(example.decoder_input)
-            result["batched_vs_single"] = max(result["batched_vs_single"],
-                                              (batched[row, :length] - single).abs().max().item())
+            result["batched_vs_single"] = max(
+                result["batched_vs_single"], (batched[row, :length] - single).abs().max().item()
+            )
             with tool.AttentionRecorder(model) as recorder:
                 recorded = _logits(model, [example.source], [example.decoder_input], pad, left_pad_source)[0]
                 recorder.take()
@@ -354,7 +370,7 @@ def masking_checks(model, examples: Sequence[Example], pad: int, left_pad_source
             state: Dict = {}
             prev = example.decoder_input[None].to(device)
             for step in range(length):
-                step_logits = model.decoder(prev[:, :step + 1], encoder_out=encoder_out, incremental_state=state)[0]
+                step_logits = model.decoder(prev[:, : step + 1], encoder_out=encoder_out, incremental_state=state)[0]
                 difference = (step_logits[0, -1].double().cpu() - single[step]).abs().max().item()
                 result["incremental_vs_forced"] = max(result["incremental_vs_forced"], difference)
     result["sentences"] = len(examples)
@@ -399,12 +415,37 @@ def split_examples(model, task, split: str, count: int) -> List[Example]:
 
 
 TINY_DIMENSIONS = [
-    "--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
-    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2",
-    "--decoder-attention-heads", "2", "--dropout", "0", "--attention-dropout", "0",
+    "--encoder-layers",
+    "2",
+    "--decoder-layers",
+    "2",
+    "--encoder-embed-dim",
+    "16",
+    "--decoder-embed-dim",
+    "16",
+    "--encoder-ffn-embed-dim",
+    "32",
+    "--decoder-ffn-embed-dim",
+    "32",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
+    "--dropout",
+    "0",
+    "--attention-dropout",
+    "0",
 ]
-TINY_WINDOW = ["--encoder-self-attention", "window-aw", "--decoder-self-attention", "window-mw",
-               "--cross-attention", "window-aw-seg", "--window-segment-size", "2"]
+TINY_WINDOW = [
+    "--encoder-self-attention",
+    "window-aw",
+    "--decoder-self-attention",
+    "window-mw",
+    "--cross-attention",
+    "window-aw-seg",
+    "--window-segment-size",
+    "2",
+]
 
 
 def tiny_models(seed: int = 1):
@@ -414,15 +455,16 @@ def tiny_models(seed: int = 1):
     from fairseq.data import Dictionary
     from fairseq.tasks.translation import TranslationTask
 
-    import fairseq_distattn  # noqa: F401  (registers the architectures)
+    import fairseq_distattn.models  # noqa: F401  (registers the architectures)
 
     dictionary = Dictionary()
     for index in range(24):
         dictionary.add_symbol(f"w{index}")
     models = {}
     for name, arch, flags in (("window", "distattn_transformer", TINY_WINDOW), ("vanilla", "transformer", [])):
-        args = options.parse_args_and_arch(options.get_training_parser(),
-                                           ["data", "--task", "translation", "--arch", arch, *TINY_DIMENSIONS, *flags])
+        args = options.parse_args_and_arch(
+            options.get_training_parser(), ["data", "--task", "translation", "--arch", arch, *TINY_DIMENSIONS, *flags]
+        )
         torch.manual_seed(seed)
         initial = TranslationTask(args, dictionary, dictionary).build_model(args).eval()
         trained = copy.deepcopy(initial)
@@ -439,8 +481,15 @@ def tiny_examples(dictionary, count: int, seed: int = 2) -> List[Example]:
     examples = []
     for _ in range(count):
         lengths = torch.randint(3, 12, (2,), generator=generator).tolist()
-        source, target = (torch.cat([torch.randint(dictionary.nspecial, len(dictionary), (n,), generator=generator),
-                                     torch.tensor([dictionary.eos()])]) for n in lengths)
+        source, target = (
+            torch.cat(
+                [
+                    torch.randint(dictionary.nspecial, len(dictionary), (n,), generator=generator),
+                    torch.tensor([dictionary.eos()]),
+                ]
+            )
+            for n in lengths
+        )
         examples.append(Example(source, torch.cat([target[-1:], target[:-1]]), target))
     return examples
 
@@ -470,8 +519,13 @@ def quality_context(runs: Path) -> Optional[Dict[str, object]]:
             by_config.setdefault(record["config"], []).append(record)
     if set(by_config) != {"vanilla", "window"}:
         return None
-    return {name: [{"seed": r["seed"], "bleu": r["tokenized_bleu_compound_split"], "valid_ppl": r["valid_ppl_averaged"]}
-                   for r in sorted(records, key=lambda r: r["seed"])] for name, records in by_config.items()}
+    return {
+        name: [
+            {"seed": r["seed"], "bleu": r["tokenized_bleu_compound_split"], "valid_ppl": r["valid_ppl_averaged"]}
+            for r in sorted(records, key=lambda r: r["seed"])
+        ]
+        for name, records in by_config.items()
+    }
 
 
 def _sites(results: Dict, model: str, state: str) -> List[Dict]:
@@ -492,8 +546,11 @@ def _f(value, digits: int = 3) -> str:
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> List[str]:
-    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers),
-            *("| " + " | ".join(str(cell) for cell in row) + " |" for row in rows)]
+    return [
+        "| " + " | ".join(headers) + " |",
+        "|" + "---|" * len(headers),
+        *("| " + " | ".join(str(cell) for cell in row) + " |" for row in rows),
+    ]
 
 
 def findings(results: Dict) -> List[str]:
@@ -512,49 +569,78 @@ def findings(results: Dict) -> List[str]:
             f"(seed {', '.join(str(r['seed']) for r in quality['window'])}) against vanilla "
             f"{statistics.fmean(vanilla_bleu):.2f} +- {spread:.2f} over {len(vanilla_bleu)} seeds "
             f"({', '.join(_f(b, 2) for b in vanilla_bleu)}): a difference of {gap:+.2f}, "
-            + ("within one vanilla seed std, so on these numbers it does not train worse; the issue's gap was one "
-               "vanilla seed against one window seed." if abs(gap) <= spread else
-               "larger than one vanilla seed std.")
+            + (
+                "within one vanilla seed std, so on these numbers it does not train worse; the issue's gap was one "
+                "vanilla seed against one window seed."
+                if abs(gap) <= spread
+                else "larger than one vanilla seed std."
+            )
             + f" Valid perplexity: window {', '.join(_f(r['valid_ppl'], 2) for r in quality['window'])}, vanilla "
-            f"{', '.join(_f(r['valid_ppl'], 2) for r in quality['vanilla'])}.")
+            f"{', '.join(_f(r['valid_ppl'], 2) for r in quality['vanilla'])}."
+        )
     share = results["window_layers"]
     all_windowed = [kind for kind in KINDS if kind in share and share[kind][0] == share[kind][1]]
     lines.append(
         "**Layer placement.** Window layers per kind: "
         + ", ".join(f"{kind} {share[kind][0]}/{share[kind][1]}" for kind in KINDS if kind in share)
-        + (f". In {', '.join(all_windowed)} every layer is windowed: the paper windows only the lower 3 of 6 layers "
-           "and keeps the upper layers global (sec. 4.3), which this model cannot do at its depth."
-           if all_windowed else "."))
+        + (
+            f". In {', '.join(all_windowed)} every layer is windowed: the paper windows only the lower 3 of 6 layers "
+            "and keeps the upper layers global (sec. 4.3), which this model cannot do at its depth."
+            if all_windowed
+            else "."
+        )
+    )
 
     for kind in KINDS:
         init_sites = [s for s in initial if s["kind"] == kind and "width" in s]
         if not init_sites:
             continue
-        pointer = statistics.fmean((s["left_entropy"] + s["right_entropy"]) / 2 / s["uniform_entropy"]
-                                   for s in init_sites if s["uniform_entropy"] > 0)
+        pointer = statistics.fmean(
+            (s["left_entropy"] + s["right_entropy"]) / 2 / s["uniform_entropy"]
+            for s in init_sites
+            if s["uniform_entropy"] > 0
+        )
         width_ratio = statistics.fmean(s["width"] / s["uniform_width"] for s in init_sites)
         fraction = _kind_mean(initial, kind, "width_fraction")
         at_query, mean_m = _kind_mean(initial, kind, "m_at_query"), _kind_mean(initial, kind, "mean_m")
         uniform = pointer >= UNIFORM_POINTERS and abs(width_ratio - 1) <= 0.05
-        shape = ("neither everything visible (100%) nor a narrow window" if 0.2 <= fraction <= 0.8 else
-                 "nearly everything visible" if fraction > 0.8 else "a narrow window")
+        shape = (
+            "neither everything visible (100%) nor a narrow window"
+            if 0.2 <= fraction <= 0.8
+            else "nearly everything visible"
+            if fraction > 0.8
+            else "a narrow window"
+        )
         key = "own" if kind != "cross" else "diagonal"
         if abs(at_query - mean_m) <= NEAR * mean_m:
-            centre = (f"M at the query's {key} key ({at_query:.3f}) is about the mean M ({mean_m:.3f}): the window "
-                      "does not favour the query's neighbourhood")
+            centre = (
+                f"M at the query's {key} key ({at_query:.3f}) is about the mean M ({mean_m:.3f}): the window "
+                "does not favour the query's neighbourhood"
+            )
         elif at_query < mean_m:
-            centre = (f"Its peak is not at the query: M at the query's {key} key is {at_query:.3f} against a mean M "
-                      f"of {mean_m:.3f}")
+            centre = (
+                f"Its peak is not at the query: M at the query's {key} key is {at_query:.3f} against a mean M "
+                f"of {mean_m:.3f}"
+            )
         else:
             centre = f"M at the query's {key} key is {at_query:.3f}, above the mean M of {mean_m:.3f}"
         lines.append(
             f"**{kind.capitalize()}, step 0.** Boundary entropy is {pointer:.1%} of log n and the width "
             f"{width_ratio:.3f} times what uniform boundaries give"
-            + (", so M is the uniform-boundary window, a tent peaked at the middle of the visible keys whatever the "
-               "query: " if uniform else ": ")
+            + (
+                ", so M is the uniform-boundary window, a tent peaked at the middle of the visible keys whatever the "
+                "query: "
+                if uniform
+                else ": "
+            )
             + f"it covers {fraction:.1%} of the visible keys on average, {shape}. {centre}"
-            + (" (with uniform causal boundaries the newest key, the query's own, gets M = 2/n: the longer the "
-               "prefix, the less the current token is seen)." if kind == "decoder self" and uniform else "."))
+            + (
+                " (with uniform causal boundaries the newest key, the query's own, gets M = 2/n: the longer the "
+                "prefix, the less the current token is seen)."
+                if kind == "decoder self" and uniform
+                else "."
+            )
+        )
     mw_init = [s for s in initial if s["mechanism"].startswith("window-mw")]
     if mw_init:
         mass = statistics.fmean(s["mass"] for s in mw_init)
@@ -562,7 +648,8 @@ def findings(results: Dict) -> List[str]:
         lines.append(
             f"**MW scale.** The product S(score) * M keeps {mass:.1%} of the attention mass at step 0 (vanilla: "
             f"100%): the MW layers' outputs start at about {mass:.2f} of a vanilla layer's size; after training "
-            f"the mass is {mass_trained:.1%}.")
+            f"the mass is {mass_trained:.1%}."
+        )
     aw_init = [s for s in initial if "window_term_std" in s]
     if aw_init:
         ratio = statistics.fmean(s["window_term_std"] / s["global_std"] for s in aw_init)
@@ -572,35 +659,51 @@ def findings(results: Dict) -> List[str]:
         lines.append(
             f"**AW scale.** At step 0 the additive window term local * M has {ratio:.2f} times the within-row std "
             f"of the plain logits Q K^T / sqrt d (the local scores alone {local:.2f} times): "
-            + ("a small perturbation of vanilla attention, on a sane scale" if ratio < 1 else
-               "larger than the logits themselves")
-            + f"; after training the ratio is {ratio_trained:.2f}.")
+            + (
+                "a small perturbation of vanilla attention, on a sane scale"
+                if ratio < 1
+                else "larger than the logits themselves"
+            )
+            + f"; after training the ratio is {ratio_trained:.2f}."
+        )
     for kind in KINDS:
         window_sites = [s for s in trained if s["kind"] == kind and "width" in s]
         if not window_sites:
             continue
-        pointer = statistics.fmean((s["left_entropy"] + s["right_entropy"]) / 2 / s["uniform_entropy"]
-                                   for s in window_sites if s["uniform_entropy"] > 0)
+        pointer = statistics.fmean(
+            (s["left_entropy"] + s["right_entropy"]) / 2 / s["uniform_entropy"]
+            for s in window_sites
+            if s["uniform_entropy"] > 0
+        )
         at_query, mean_m = _kind_mean(trained, kind, "m_at_query"), _kind_mean(trained, kind, "mean_m")
         lines.append(
             f"**{kind.capitalize()}, trained.** Boundary entropy {pointer:.1%} of log n, window width "
             f"{_kind_mean(trained, kind, 'width_fraction'):.1%} of the visible keys "
             f"({_kind_mean(trained, kind, 'width'):.2f} keys), M at the query's key {at_query:.3f} vs mean M "
             f"{mean_m:.3f} ("
-            + ("the windows moved onto the query's neighbourhood" if at_query > (1 + NEAR) * mean_m else
-               "the windows are not centred on the query")
+            + (
+                "the windows moved onto the query's neighbourhood"
+                if at_query > (1 + NEAR) * mean_m
+                else "the windows are not centred on the query"
+            )
             + f"), M above 1 on {_kind_mean(trained, kind, 'm_above_one'):.1%} of the visible keys (eq. 9's double "
             f"count where l = r); attention entropy {_kind_mean(trained, kind, 'entropy'):.3f} nats vs vanilla "
-            f"{_kind_mean(vanilla_trained, kind, 'entropy'):.3f}.")
+            f"{_kind_mean(vanilla_trained, kind, 'entropy'):.3f}."
+        )
     checks = results["checks"]
     worst = max(checks[name] for name in ("batched_vs_single", "fused_vs_recorded", "incremental_vs_forced"))
     lines.append(
         f"**Masking.** Over {checks['sentences']} sentences the window model's logits agree batched with padding vs "
         f"alone ({checks['batched_vs_single']:.1e}), fused vs recorded path ({checks['fused_vs_recorded']:.1e}) "
         f"and incremental vs teacher-forced ({checks['incremental_vs_forced']:.1e}); "
-        + ("no attention kind masks differently in any path." if worst <= CONSISTENT_LOGITS else
-           f"**DEFECT: a difference of {worst:.1e} exceeds {CONSISTENT_LOGITS:.0e}: some path masks differently.**")
-        + " Every recorded attention row puts zero weight on keys its query may not see (checked per row).")
+        + (
+            "no attention kind masks differently in any path."
+            if worst <= CONSISTENT_LOGITS
+            else f"**DEFECT: a difference of {worst:.1e} exceeds {CONSISTENT_LOGITS:.0e}: "
+            "some path masks differently.**"
+        )
+        + " Every recorded attention row puts zero weight on keys its query may not see (checked per row)."
+    )
     lines.append(conclusion(results, worst))
     return lines
 
@@ -614,38 +717,53 @@ def conclusion(results: Dict, worst_check: float) -> str:
         vanilla_bleu = [r["bleu"] for r in quality["vanilla"]]
         gap = statistics.fmean(r["bleu"] for r in quality["window"]) - statistics.fmean(vanilla_bleu)
         spread = statistics.stdev(vanilla_bleu) if len(vanilla_bleu) > 1 else 0.0
-        parts.append(f"The window model does not train measurably worse: {gap:+.2f} BLEU against a vanilla seed std "
-                     f"of {spread:.2f}." if abs(gap) <= spread or gap > 0 else
-                     f"The window model trails vanilla by {-gap:.2f} BLEU, beyond the vanilla seed std of "
-                     f"{spread:.2f}.")
-    parts.append("No masking defect shows in any attention kind." if worst_check <= CONSISTENT_LOGITS
-                 else "A masking path disagrees (see Masking): that is a defect to fix before reading anything else.")
+        parts.append(
+            f"The window model does not train measurably worse: {gap:+.2f} BLEU against a vanilla seed std "
+            f"of {spread:.2f}."
+            if abs(gap) <= spread or gap > 0
+            else f"The window model trails vanilla by {-gap:.2f} BLEU, beyond the vanilla seed std of {spread:.2f}."
+        )
+    parts.append(
+        "No masking defect shows in any attention kind."
+        if worst_check <= CONSISTENT_LOGITS
+        else "A masking path disagrees (see Masking): that is a defect to fix before reading anything else."
+    )
     mw = [s for s in initial if s["mechanism"].startswith("window-mw")]
     uniform = all(abs(s["width"] / s["uniform_width"] - 1) <= NEAR for s in initial if "width" in s)
     if uniform:
-        parts.append("At step 0 every window is the uniform-boundary tent of eq. 9, which is what the paper's "
-                     "formulation gives with any small random initialisation of W_L, W_R (the paper states none): "
-                     "a broad window over the middle of the visible keys, independent of the query, not an "
-                     "all-visible mask.")
+        parts.append(
+            "At step 0 every window is the uniform-boundary tent of eq. 9, which is what the paper's "
+            "formulation gives with any small random initialisation of W_L, W_R (the paper states none): "
+            "a broad window over the middle of the visible keys, independent of the query, not an "
+            "all-visible mask."
+        )
     if mw:
         recent_suppressed = all(s["m_at_query"] < s["mean_m"] for s in mw if s["kind"] == "decoder self")
-        parts.append(f"Its cost is in MW: {statistics.fmean(s['mass'] for s in mw):.0%} of the attention mass "
-                     "survives at step 0"
-                     + (" and a decoder query's own, newest key gets less than the average key" if recent_suppressed
-                        else "")
-                     + ", a handicap vanilla does not have and that training has to undo.")
-    local = [kind for kind in KINDS if _kind_mean(trained, kind, "m_at_query") is not None
-             and _kind_mean(trained, kind, "m_at_query") > (1 + NEAR) * _kind_mean(trained, kind, "mean_m")]
+        parts.append(
+            f"Its cost is in MW: {statistics.fmean(s['mass'] for s in mw):.0%} of the attention mass "
+            "survives at step 0"
+            + (" and a decoder query's own, newest key gets less than the average key" if recent_suppressed else "")
+            + ", a handicap vanilla does not have and that training has to undo."
+        )
+    local = [
+        kind
+        for kind in KINDS
+        if _kind_mean(trained, kind, "m_at_query") is not None
+        and _kind_mean(trained, kind, "m_at_query") > (1 + NEAR) * _kind_mean(trained, kind, "mean_m")
+    ]
     if local:
-        parts.append(f"Training does undo it: in {', '.join(local)} the trained windows sit on the query's "
-                     "neighbourhood.")
+        parts.append(
+            f"Training does undo it: in {', '.join(local)} the trained windows sit on the query's neighbourhood."
+        )
     aw = [s for s in initial if "window_term_std" in s]
     if aw and all(s["window_term_std"] < s["global_std"] for s in aw):
         parts.append("The AW term starts smaller than the plain logits everywhere, so AW starts close to vanilla.")
     share = results["window_layers"]
     if any(windowed == total for windowed, total in share.values()):
-        parts.append("The one departure from the paper's recipe is placement: the quality grid's `@0-2` windows "
-                     "every layer of this 3-layer model, where the paper keeps the upper half global.")
+        parts.append(
+            "The one departure from the paper's recipe is placement: the quality grid's `@0-2` windows "
+            "every layer of this 3-layer model, where the paper keeps the upper half global."
+        )
     return "**Conclusion.** " + " ".join(parts)
 
 
@@ -671,50 +789,140 @@ def markdown(results: Dict) -> str:
     tables = {state: _by_site(results, *state) for state in STATES}
     lines += _table(
         ["kind", "layer", "window mechanism", "log n", *(f"{m} {s}" for m, s in STATES)],
-        [[kind, layer, tables[STATES[0]][(kind, layer)]["mechanism"],
-          _f(tables[STATES[0]][(kind, layer)]["uniform_entropy"]),
-          *(_f(tables[state].get((kind, layer), {}).get("entropy")) for state in STATES)] for kind, layer in keys])
-    lines += ["", "## 2. Window boundaries and soft-window width", "",
-              "Boundary entropies of eqs. 7-8 (log n: uniform); width = sum_j M_ij in keys and as a fraction of n; "
-              "uniform width: what uniform boundaries give (eq. 9: (n+1)(n+2)/(3n) keys); E[l], E[r]: expected "
-              "boundaries minus the query's key (cross: its proportional source position).", ""]
+        [
+            [
+                kind,
+                layer,
+                tables[STATES[0]][(kind, layer)]["mechanism"],
+                _f(tables[STATES[0]][(kind, layer)]["uniform_entropy"]),
+                *(_f(tables[state].get((kind, layer), {}).get("entropy")) for state in STATES),
+            ]
+            for kind, layer in keys
+        ],
+    )
+    lines += [
+        "",
+        "## 2. Window boundaries and soft-window width",
+        "",
+        "Boundary entropies of eqs. 7-8 (log n: uniform); width = sum_j M_ij in keys and as a fraction of n; "
+        "uniform width: what uniform boundaries give (eq. 9: (n+1)(n+2)/(3n) keys); E[l], E[r]: expected "
+        "boundaries minus the query's key (cross: its proportional source position).",
+        "",
+    ]
     rows = []
     for state in (("window", "init"), ("window", "trained")):
         for (kind, layer), s in tables[state].items():
             if "width" in s:
-                rows.append([state[1], kind, layer, s["mechanism"], _f(s["uniform_entropy"]), _f(s["left_entropy"]),
-                             _f(s["right_entropy"]), _f(s["width"], 2), _f(s["uniform_width"], 2),
-                             _f(s["width_fraction"]), _f(s["mean_m"]), _f(s["m_at_query"]), _f(s["max_m"]),
-                             _f(s["m_above_one"]), _f(s["left_offset"], 2),
-                             _f(s["right_offset"], 2)])
-    lines += _table(["state", "kind", "layer", "mechanism", "log n", "H(left)", "H(right)", "width (keys)",
-                     "uniform width", "width / n", "mean M", "M at query", "row max M", "share M > 1",
-                     "E[l] - q", "E[r] - q"], rows)
-    lines += ["", "## 3. Scale of the window terms", "",
-              "Within-row std over the visible keys (softmax ignores a per-row shift). AW: plain logits "
-              "Q K^T / sqrt d, local scores, the additive term local * M, and the total logits; MW: mean M and the "
-              "attention mass sum_j S(score)_ij M_ij left per row (vanilla: 1). Vanilla's logit std for comparison.",
-              ""]
+                rows.append(
+                    [
+                        state[1],
+                        kind,
+                        layer,
+                        s["mechanism"],
+                        _f(s["uniform_entropy"]),
+                        _f(s["left_entropy"]),
+                        _f(s["right_entropy"]),
+                        _f(s["width"], 2),
+                        _f(s["uniform_width"], 2),
+                        _f(s["width_fraction"]),
+                        _f(s["mean_m"]),
+                        _f(s["m_at_query"]),
+                        _f(s["max_m"]),
+                        _f(s["m_above_one"]),
+                        _f(s["left_offset"], 2),
+                        _f(s["right_offset"], 2),
+                    ]
+                )
+    lines += _table(
+        [
+            "state",
+            "kind",
+            "layer",
+            "mechanism",
+            "log n",
+            "H(left)",
+            "H(right)",
+            "width (keys)",
+            "uniform width",
+            "width / n",
+            "mean M",
+            "M at query",
+            "row max M",
+            "share M > 1",
+            "E[l] - q",
+            "E[r] - q",
+        ],
+        rows,
+    )
+    lines += [
+        "",
+        "## 3. Scale of the window terms",
+        "",
+        "Within-row std over the visible keys (softmax ignores a per-row shift). AW: plain logits "
+        "Q K^T / sqrt d, local scores, the additive term local * M, and the total logits; MW: mean M and the "
+        "attention mass sum_j S(score)_ij M_ij left per row (vanilla: 1). Vanilla's logit std for comparison.",
+        "",
+    ]
     rows = []
     for state in ("init", "trained"):
         window_sites, vanilla_sites = tables[("window", state)], tables[("vanilla", state)]
         for (kind, layer), s in window_sites.items():
             if "global_std" not in s:
                 continue
-            rows.append([state, kind, layer, s["mechanism"], _f(s["global_std"]), _f(s.get("local_std")),
-                         _f(s.get("window_term_std")), _f(s.get("logit_std")),
-                         _f(s["window_term_std"] / s["global_std"]) if "window_term_std" in s else "-",
-                         _f(s["mean_m"]), _f(s["mass"]), _f(vanilla_sites.get((kind, layer), {}).get("logit_std"))])
-    lines += _table(["state", "kind", "layer", "mechanism", "std QK^T/sqrt d", "std local", "std local*M",
-                     "std total logits", "local*M / QK^T", "mean M", "attention mass", "vanilla logit std"], rows)
+            rows.append(
+                [
+                    state,
+                    kind,
+                    layer,
+                    s["mechanism"],
+                    _f(s["global_std"]),
+                    _f(s.get("local_std")),
+                    _f(s.get("window_term_std")),
+                    _f(s.get("logit_std")),
+                    _f(s["window_term_std"] / s["global_std"]) if "window_term_std" in s else "-",
+                    _f(s["mean_m"]),
+                    _f(s["mass"]),
+                    _f(vanilla_sites.get((kind, layer), {}).get("logit_std")),
+                ]
+            )
+    lines += _table(
+        [
+            "state",
+            "kind",
+            "layer",
+            "mechanism",
+            "std QK^T/sqrt d",
+            "std local",
+            "std local*M",
+            "std total logits",
+            "local*M / QK^T",
+            "mean M",
+            "attention mass",
+            "vanilla logit std",
+        ],
+        rows,
+    )
     checks = results["checks"]
-    lines += ["", "## Masking consistency of the window model (trained)", "",
-              f"Largest |difference| of decoder logits over {checks['sentences']} sentences; float32.", ""]
-    lines += _table(["check", "max abs difference"],
-                    [[name.replace("_", " "), f"{checks[name]:.2e}"]
-                     for name in ("batched_vs_single", "fused_vs_recorded", "incremental_vs_forced")])
-    lines += ["", "Figures: `attention_entropy.png` (section 1), `window_mask_profile.png` (mean M by key offset from "
-              "the query's key, step 0 dashed, trained solid).", ""]
+    lines += [
+        "",
+        "## Masking consistency of the window model (trained)",
+        "",
+        f"Largest |difference| of decoder logits over {checks['sentences']} sentences; float32.",
+        "",
+    ]
+    lines += _table(
+        ["check", "max abs difference"],
+        [
+            [name.replace("_", " "), f"{checks[name]:.2e}"]
+            for name in ("batched_vs_single", "fused_vs_recorded", "incremental_vs_forced")
+        ],
+    )
+    lines += [
+        "",
+        "Figures: `attention_entropy.png` (section 1), `window_mask_profile.png` (mean M by key offset from "
+        "the query's key, step 0 dashed, trained solid).",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -732,10 +940,21 @@ def plot(results: Dict, out: Path) -> List[Path]:
         width = 0.8 / len(STATES)
         for index, state in enumerate(STATES):
             values = [tables[state].get((kind, layer), {}).get("entropy", float("nan")) for layer in layers]
-            ax.bar([layer + (index - 1.5) * width for layer in layers], values, width, label=" ".join(state),
-                   color=f"C{index // 2}", alpha=1.0 if state[1] == "trained" else 0.45)
-        ax.plot(layers, [tables[STATES[0]][(kind, layer)]["uniform_entropy"] for layer in layers], "k_",
-                markersize=25, label="log n (uniform)")
+            ax.bar(
+                [layer + (index - 1.5) * width for layer in layers],
+                values,
+                width,
+                label=" ".join(state),
+                color=f"C{index // 2}",
+                alpha=1.0 if state[1] == "trained" else 0.45,
+            )
+        ax.plot(
+            layers,
+            [tables[STATES[0]][(kind, layer)]["uniform_entropy"] for layer in layers],
+            "k_",
+            markersize=25,
+            label="log n (uniform)",
+        )
         ax.set_xticks(layers)
         ax.set_xlabel("layer")
         ax.set_ylabel("entropy (nats)")
@@ -753,8 +972,13 @@ def plot(results: Dict, out: Path) -> List[Path]:
         for state, style in (("init", "--"), ("trained", "-")):
             for s in _sites(results, "window", state):
                 if s["kind"] == kind and "m_by_offset" in s:
-                    ax.plot(offsets, [float("nan") if v is None else v for v in s["m_by_offset"]], style,
-                            color=f"C{s['layer']}", label=f"layer {s['layer']} {state}")
+                    ax.plot(
+                        offsets,
+                        [float("nan") if v is None else v for v in s["m_by_offset"]],
+                        style,
+                        color=f"C{s['layer']}",
+                        label=f"layer {s['layer']} {state}",
+                    )
         ax.set_xlabel("key offset j - query's key" + (" (proportional)" if kind == "cross" else ""))
         ax.set_ylabel("mean M")
         ax.set_title(kind, fontsize=10)
@@ -771,22 +995,35 @@ def plot(results: Dict, out: Path) -> List[Path]:
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT,
-                   help=f"the window model (default: {shown(DEFAULT_CHECKPOINT)}, else checkpoint_best.pt beside it)")
-    p.add_argument("--vanilla", type=Path, default=DEFAULT_VANILLA,
-                   help=f"the vanilla model (default: {shown(DEFAULT_VANILLA)})")
+    p.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=DEFAULT_CHECKPOINT,
+        help=f"the window model (default: {shown(DEFAULT_CHECKPOINT)}, else checkpoint_best.pt beside it)",
+    )
+    p.add_argument(
+        "--vanilla", type=Path, default=DEFAULT_VANILLA, help=f"the vanilla model (default: {shown(DEFAULT_VANILLA)})"
+    )
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help=f"data-bin (default: {shown(DEFAULT_DATA)})")
     p.add_argument("--split", default="test", help="split of --data (default: test, i.e. test_2016_flickr)")
     p.add_argument("--sentences", type=int, default=200, help="the first N sentence pairs (default: 200)")
-    p.add_argument("--quality-runs", type=Path, default=DEFAULT_QUALITY_RUNS,
-                   help="the quality grid's run files, for the BLEU context (default: "
-                        f"{shown(DEFAULT_QUALITY_RUNS)})")
-    p.add_argument("--out", type=Path, default=None,
-                   help=f"output directory (default: {shown(DEFAULT_OUT)}; with --tiny a temporary directory)")
+    p.add_argument(
+        "--quality-runs",
+        type=Path,
+        default=DEFAULT_QUALITY_RUNS,
+        help=f"the quality grid's run files, for the BLEU context (default: {shown(DEFAULT_QUALITY_RUNS)})",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"output directory (default: {shown(DEFAULT_OUT)}; with --tiny a temporary directory)",
+    )
     p.add_argument("--tiny", action="store_true", help="tiny random models and sentences: a smoke test in seconds")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
-    p.add_argument("--report", action="store_true",
-                   help="only rebuild the markdown and PNGs from --out's window_diagnostics.json")
+    p.add_argument(
+        "--report", action="store_true", help="only rebuild the markdown and PNGs from --out's window_diagnostics.json"
+    )
     args = p.parse_args(argv)
     if args.sentences < 1:
         p.error(f"argument --sentences: must be >= 1, got {args.sentences}")
@@ -802,8 +1039,12 @@ def run(args: argparse.Namespace) -> Dict[str, object]:
         models, dictionary = tiny_models()
         examples = tiny_examples(dictionary, args.sentences)
         pad, left_pad_source = dictionary.pad(), True
-        meta = {"checkpoint": "tiny random window model", "vanilla": "tiny random vanilla model",
-                "data": "random tokens", "split": "random"}
+        meta = {
+            "checkpoint": "tiny random window model",
+            "vanilla": "tiny random vanilla model",
+            "data": "random tokens",
+            "split": "random",
+        }
         quality = None
     else:
         checkpoint, vanilla = _checkpoint(args.checkpoint), _checkpoint(args.vanilla)
@@ -812,8 +1053,12 @@ def run(args: argparse.Namespace) -> Dict[str, object]:
         models = {"window": (window_trained, window_init), "vanilla": (vanilla_trained, vanilla_init)}
         examples = split_examples(window_trained, task, args.split, args.sentences)
         pad, left_pad_source = task.source_dictionary.pad(), bool(task.cfg.left_pad_source)
-        meta = {"checkpoint": shown(checkpoint), "vanilla": shown(vanilla), "data": shown(args.data),
-                "split": args.split}
+        meta = {
+            "checkpoint": shown(checkpoint),
+            "vanilla": shown(vanilla),
+            "data": shown(args.data),
+            "split": args.split,
+        }
         quality = quality_context(args.quality_runs)
     meta["sentences"] = len(examples)
     results: Dict[str, object] = {"meta": meta, "models": {}}

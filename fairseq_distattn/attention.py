@@ -5,6 +5,7 @@ It subclasses fairseq's ``MultiheadAttention`` (same ``q_proj``/``k_proj``/
 overrides ``forward`` completely: fairseq's fast path
 (``F.multi_head_attention_forward``) would bypass any hook.
 """
+
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -13,13 +14,12 @@ from fairseq.modules.quant_noise import quant_noise
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from .mechanisms import MechanismConfig, build_mechanism
+from .mechanisms import MechanismConfig, Stack, build_mechanism
 from .spec import MechanismOptions
-
 
 # Elements of one [B, H, rows, Tk] tensor of a recomputed query chunk (1 MiB in
 # float32): small beside a layer's activations, large enough to keep matmuls efficient.
-RECOMPUTE_CHUNK_ELEMENTS = 2 ** 18
+RECOMPUTE_CHUNK_ELEMENTS = 2**18
 
 
 class DistanceAwareMultiheadAttention(MultiheadAttention):
@@ -37,18 +37,26 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
         encoder_decoder_attention: bool = False,
         q_noise: float = 0.0,
         qn_block_size: int = 8,
+        stack: Optional[Stack] = None,
     ):
         super().__init__(
-            embed_dim, num_heads, kdim=kdim, vdim=vdim, dropout=dropout,
-            self_attention=self_attention, encoder_decoder_attention=encoder_decoder_attention,
-            q_noise=q_noise, qn_block_size=qn_block_size,
+            embed_dim,
+            num_heads,
+            kdim=kdim,
+            vdim=vdim,
+            dropout=dropout,
+            self_attention=self_attention,
+            encoder_decoder_attention=encoder_decoder_attention,
+            q_noise=q_noise,
+            qn_block_size=qn_block_size,
         )
         self.causal = causal
-        self.mechanism = build_mechanism(MechanismConfig(mechanism, num_heads, self.head_dim, options))
+        # stack: the layers of this attention kind, across which a mechanism may share parameters
+        self.mechanism = build_mechanism(MechanismConfig(mechanism, num_heads, self.head_dim, options, stack))
 
         def projection(input_dim):
             layer = nn.Linear(input_dim, embed_dim)
-            nn.init.xavier_uniform_(layer.weight, gain=2 ** -0.5)
+            nn.init.xavier_uniform_(layer.weight, gain=2**-0.5)
             nn.init.zeros_(layer.bias)
             return quant_noise(layer, q_noise, qn_block_size)
 
@@ -99,7 +107,7 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
 
         query_offset = 0
         if saved_state is not None and static_kv and "prev_key" in saved_state:
-            keys = {name[len("prev_"):]: tensor for name, tensor in saved_state.items() if self._is_cached_key(name)}
+            keys = {name[len("prev_") :]: tensor for name, tensor in saved_state.items() if self._is_cached_key(name)}
             key_padding_mask = saved_state.get("prev_key_padding_mask")
         else:
             if self.self_attention:
@@ -132,7 +140,9 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
         if saved_state is None and self._recomputes(queries["query"], keys["key"], need_weights):
             out, probs = self._attend_in_recomputed_chunks(queries, keys, key_padding_mask, dropout_p, need_weights)
         else:
-            out, probs = self.mechanism(queries, keys, key_padding_mask, self.causal, query_offset, dropout_p, need_weights, saved_state)
+            out, probs = self.mechanism(
+                queries, keys, key_padding_mask, self.causal, query_offset, dropout_p, need_weights, saved_state
+            )
         if saved_state is not None:
             self._set_input_buffer(incremental_state, saved_state)
 
@@ -147,13 +157,19 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
     def _recomputes(self, query: Tensor, key: Tensor, need_weights: bool) -> bool:
         threshold = self.mechanism.config.options.attention_recompute_length
         return (
-            0 < threshold <= key.size(2) and torch.is_grad_enabled() and query.requires_grad
+            0 < threshold <= key.size(2)
+            and torch.is_grad_enabled()
+            and query.requires_grad
             and self.mechanism.recompute_saves_memory(need_weights)
         )
 
     def _attend_in_recomputed_chunks(
-        self, queries: Dict[str, Tensor], keys: Dict[str, Tensor], key_padding_mask: Optional[Tensor],
-        dropout_p: float, need_weights: bool,
+        self,
+        queries: Dict[str, Tensor],
+        keys: Dict[str, Tensor],
+        key_padding_mask: Optional[Tensor],
+        dropout_p: float,
+        need_weights: bool,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """The mechanism over blocks of query rows, each under activation
         checkpointing: backward recomputes one block at a time, so no
@@ -171,8 +187,15 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
                 chunk_keys = {name: tensor[:, :, :end] for name, tensor in keys.items()}
                 chunk_padding = None if key_padding_mask is None else key_padding_mask[:, :end]
             out, probs = checkpoint(
-                self.mechanism, {name: tensor[:, :, start:end] for name, tensor in queries.items()},
-                chunk_keys, chunk_padding, self.causal, start, dropout_p, need_weights, None,
+                self.mechanism,
+                {name: tensor[:, :, start:end] for name, tensor in queries.items()},
+                chunk_keys,
+                chunk_padding,
+                self.causal,
+                start,
+                dropout_p,
+                need_weights,
+                None,
                 use_reentrant=False,
             )
             outputs.append(out)
@@ -180,4 +203,4 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
         return torch.cat(outputs, dim=2), torch.cat(weights, dim=2) if need_weights else None
 
     def _is_cached_key(self, name: str) -> bool:
-        return name.startswith("prev_") and name[len("prev_"):] in ("key", "value") + tuple(self.extra_key_proj)
+        return name.startswith("prev_") and name[len("prev_") :] in ("key", "value") + tuple(self.extra_key_proj)

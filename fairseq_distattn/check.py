@@ -11,11 +11,17 @@ the ``--user-dir`` to pass, and its attention per layer.
 Exit status: 0 when the checkpoint loads, 1 when it does not (one line on
 stderr says why), 2 for a bad command line.
 """
+
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
 import torch
+
+from .checkpoint_loading import allow_fairseq_checkpoints
+from .registry import option_flag
+from .spec import MechanismOptions
 
 PLUGIN_DIR = Path(__file__).resolve().parent
 PLUGIN_MODELS = ("distattn_transformer", "distattn_lm")
@@ -50,14 +56,16 @@ def attention_summary(config):
             continue
         layers = parse_spec(kind, spec, num_layers)
         lines.append(f"  {kind.description}: " + ", ".join(f"{i}={mechanism}" for i, mechanism in enumerate(layers)))
-    options = ("max_relative_position", "no_relative_values", "window_segment_size",
-               "distance_mask_alpha", "distance_mask_direction", "attention_recompute_length")
-    lines.append("  options: " + ", ".join(f"{name}={getattr(config, name)}" for name in options if hasattr(config, name)))
+    # every mechanism option the registry declares (a checkpoint keeps the ones it was trained with)
+    options = [option_flag(field).attr for field in dataclasses.fields(MechanismOptions)]
+    lines.append(
+        "  options: " + ", ".join(f"{name}={getattr(config, name)}" for name in options if hasattr(config, name))
+    )
     return lines
 
 
 def describe(path: Path) -> str:
-    # importing this package (python -m does) allow-listed fairseq's config classes
+    allow_fairseq_checkpoints()  # the allow-list fairseq's commands get from --user-dir
     state = torch.load(path, map_location="cpu", weights_only=True)
     config = model_config(state)
     if config is None:
@@ -84,8 +92,11 @@ def failure_reason(error: Exception) -> str:
     refusal = [line for line in lines if line.startswith("WeightsUnpickler error:")]
     if refusal:
         # keep torch's finding, not its advice to allow-list whatever the file names
-        finding = refusal[0][len("WeightsUnpickler error:"):].split(". Please")[0].strip()
-        return f"it holds an object outside the allow-list of fairseq's config classes ({finding}); do not load it with weights_only=False unless you trust its source"
+        finding = refusal[0][len("WeightsUnpickler error:") :].split(". Please")[0].strip()
+        return (
+            f"it holds an object outside the allow-list of fairseq's config classes ({finding}); "
+            "do not load it with weights_only=False unless you trust its source"
+        )
     return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 

@@ -17,6 +17,7 @@ checkpoints contain, found by loading real ones (single- and multi-rank):
 Each is a plain data container or type; unpickling them runs no code of the
 checkpoint's choosing.
 """
+
 import argparse
 import collections
 import typing

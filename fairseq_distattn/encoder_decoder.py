@@ -4,9 +4,11 @@ fairseq's ``build_encoder_layer(cfg)`` gets no layer index; the layers are
 built in order inside ``__init__``, so each build call takes the next plan
 from an iterator prepared beforehand (no layer is ever built twice).
 """
+
 from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase, TransformerEncoderBase
 
 from .layers import DistAttnDecoderLayer, DistAttnEncoderLayer, LayerAttentionPlan, wrap_layer
+from .mechanisms import Stack
 from .spec import CROSS, DECODER_SELF, ENCODER_SELF, MechanismOptions, SpecError, parse_spec
 
 
@@ -22,7 +24,8 @@ def encoder_plans(cfg):
     options = mechanism_options(cfg)
     layers = parse_spec(ENCODER_SELF, getattr(cfg, "encoder_self_attention", None), cfg.encoder.layers)
     options.check_kind(ENCODER_SELF, layers)
-    return [LayerAttentionPlan(mechanism, "vanilla", options) for mechanism in layers]
+    stack = Stack(ENCODER_SELF.description)
+    return [LayerAttentionPlan(mechanism, "vanilla", options, self_stack=stack) for mechanism in layers]
 
 
 def decoder_plans(cfg, no_encoder_attn: bool, decoder_only: bool = False):
@@ -32,11 +35,20 @@ def decoder_plans(cfg, no_encoder_attn: bool, decoder_only: bool = False):
     cross_spec = getattr(cfg, "cross_attention", None)
     if no_encoder_attn:
         if cross_spec not in (None, "vanilla"):
-            raise SpecError(CROSS.flag, cross_spec, "the decoder has no cross-attention (--no-cross-attention)",
-                            "vanilla, or leave out --no-cross-attention")
+            raise SpecError(
+                CROSS.flag,
+                cross_spec,
+                "the decoder has no cross-attention (--no-cross-attention)",
+                "vanilla, or leave out --no-cross-attention",
+            )
         cross_spec = None
     cross_layers = parse_spec(CROSS, cross_spec, cfg.decoder.layers)
-    return [LayerAttentionPlan(mine, cross, options) for mine, cross in zip(self_layers, cross_layers)]
+    options.check_kind(CROSS, cross_layers)
+    self_stack, cross_stack = Stack(DECODER_SELF.description), Stack(CROSS.description)
+    return [
+        LayerAttentionPlan(mine, cross, options, self_stack=self_stack, cross_stack=cross_stack)
+        for mine, cross in zip(self_layers, cross_layers)
+    ]
 
 
 class DistAttnTransformerEncoder(TransformerEncoderBase):
@@ -58,7 +70,9 @@ class DistAttnTransformerDecoder(TransformerDecoderBase):
         cfg = TransformerConfig.from_namespace(cfg)
         self.layer_plans = decoder_plans(cfg, no_encoder_attn, self.decoder_only)
         self._plans_to_build = iter(self.layer_plans)
-        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn, output_projection=output_projection)
+        super().__init__(
+            cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn, output_projection=output_projection
+        )
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         return wrap_layer(DistAttnDecoderLayer(cfg, next(self._plans_to_build), no_encoder_attn=no_encoder_attn), cfg)

@@ -27,6 +27,7 @@ path that only returns head-averaged weights, so its per-head probabilities
 are recomputed from its projections; window pointers are recomputed from the
 inputs the window mechanism received.
 """
+
 import argparse
 import logging
 import sys
@@ -112,16 +113,20 @@ def load_model(checkpoint: Path, args) -> LoadedModel:
         dictionary = Dictionary.load(str(args.dict))
         task = LanguageModelingTask(cfg.task, dictionary, output_dictionary=dictionary)
     else:
-        raise InspectError(f"--task {task_name}: give --data DATA_BIN (dictionary files are read for "
-                           "translation and language_modeling only)")
+        raise InspectError(
+            f"--task {task_name}: give --data DATA_BIN (dictionary files are read for "
+            "translation and language_modeling only)"
+        )
     model = task.build_model(cfg.model)
     try:
         model.load_state_dict(state["model"], strict=True, model_cfg=cfg.model)
     except RuntimeError as error:
         # torch's first line names the model, the next ones each mismatch
         details = [line.strip() for line in str(error).splitlines()[1:] if line.strip()]
-        raise InspectError(f"{checkpoint} does not fit the model its configuration builds (wrong dictionaries?): "
-                           f"{details[0] if details else str(error)}")
+        raise InspectError(
+            f"{checkpoint} does not fit the model its configuration builds (wrong dictionaries?): "
+            f"{details[0] if details else str(error)}"
+        )
     model.to(args.device).eval()
     updates = (state.get("optimizer_history") or [{}])[-1].get("num_updates", "?")
     name = model_name(cfg.model)
@@ -161,8 +166,9 @@ class AttentionRecord:
     window: Optional[WindowInternals] = None
 
 
-def boundary_pointers(query: Tensor, key: Tensor, key_padding_mask: Optional[Tensor], causal: bool,
-                      query_offset: int) -> Tensor:
+def boundary_pointers(
+    query: Tensor, key: Tensor, key_padding_mask: Optional[Tensor], causal: bool, query_offset: int
+) -> Tensor:
     """Eqs. 7-8: ``softmax(q W^Q (K W^K)^T / sqrt d)`` over the keys a query may
     see (not padding, not in the future when causal), ``[B, H, Tq, Tk]``."""
     scores = query.double() @ key.double().transpose(-2, -1) / query.size(-1) ** 0.5
@@ -177,12 +183,23 @@ def boundary_pointers(query: Tensor, key: Tensor, key_padding_mask: Optional[Ten
     return torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
 
 
-def window_internals(mechanism: DifferentiableWindow, queries: Dict[str, Tensor], keys: Dict[str, Tensor],
-                     key_padding_mask: Optional[Tensor], causal: bool, query_offset: int) -> WindowInternals:
+def window_internals(
+    mechanism: DifferentiableWindow,
+    queries: Dict[str, Tensor],
+    keys: Dict[str, Tensor],
+    key_padding_mask: Optional[Tensor],
+    causal: bool,
+    query_offset: int,
+) -> WindowInternals:
     """The window of the first sentence of a batch, from the mechanism's own inputs."""
     mask = DF.window_mask(
-        queries["left_query"], keys["left_key"], queries["right_query"], keys["right_key"],
-        segment_size=mechanism.segment_size, key_padding_mask=key_padding_mask, causal=causal,
+        queries["left_query"],
+        keys["left_key"],
+        queries["right_query"],
+        keys["right_key"],
+        segment_size=mechanism.segment_size,
+        key_padding_mask=key_padding_mask,
+        causal=causal,
         query_offset=query_offset,
     )
     left = boundary_pointers(queries["left_query"], keys["left_key"], key_padding_mask, causal, query_offset)
@@ -196,8 +213,9 @@ def _heads(module, x: Tensor) -> Tensor:
     return x.view(length, bsz, module.num_heads, module.head_dim).permute(1, 2, 0, 3)
 
 
-def vanilla_probs(module, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor],
-                  attn_mask: Optional[Tensor]) -> Tensor:
+def vanilla_probs(
+    module, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor]
+) -> Tensor:
     """Per-head probabilities of fairseq's ``MultiheadAttention``, ``[B, H, Tq, Tk]``,
     recomputed from its projections (its fused path returns only their mean)."""
     if module.bias_k is not None or module.add_zero_attn:
@@ -208,8 +226,10 @@ def vanilla_probs(module, query: Tensor, key: Tensor, value: Tensor, key_padding
         future = torch.ones(attn_mask.shape, dtype=torch.bool, device=attn_mask.device).triu(1)
         if not torch.equal(torch.isneginf(attn_mask), future) or bool(attn_mask.masked_fill(future, 0).any()):
             raise InspectError("a fairseq attention received an attn_mask other than the causal future mask")
-    q, k, v = (_heads(module, projection(x)) for projection, x in
-               ((module.q_proj, query), (module.k_proj, key), (module.v_proj, value)))
+    q, k, v = (
+        _heads(module, projection(x))
+        for projection, x in ((module.q_proj, query), (module.k_proj, key), (module.v_proj, value))
+    )
     padding = None if key_padding_mask is None else key_padding_mask.to(torch.bool)
     return DF.softmax_attention(q, k, v, key_padding_mask=padding, causal=causal, need_weights=True)[1]
 
@@ -260,22 +280,30 @@ class AttentionRecorder:
             query = inputs["query"]
             key = query if inputs.get("key") is None else inputs["key"]
             value = key if inputs.get("value") is None else inputs["value"]
-            self._store(site, vanilla_probs(module, query, key, value, inputs.get("key_padding_mask"),
-                                            inputs.get("attn_mask")))
+            self._store(
+                site, vanilla_probs(module, query, key, value, inputs.get("key_padding_mask"), inputs.get("attn_mask"))
+            )
+
         return hook
 
     def _weights_hook(self, site):
         def hook(module, args, output):
             self._store(site, output[1].transpose(0, 1))  # fairseq's [H, B, Tq, Tk]
+
         return hook
 
     def _window_hook(self, site):
         def hook(mechanism, args, kwargs, output):
             inputs = signature(mechanism.forward).bind(*args, **kwargs).arguments
             self._windows[site] = window_internals(
-                mechanism, inputs["queries"], inputs["keys"], inputs["key_padding_mask"], inputs["causal"],
+                mechanism,
+                inputs["queries"],
+                inputs["keys"],
+                inputs["key_padding_mask"],
+                inputs["causal"],
                 inputs["query_offset"],
             )
+
         return hook
 
 
@@ -320,8 +348,10 @@ def forward(loaded: LoadedModel, example: Example):
 
 def beam_search(loaded: LoadedModel, source: Tensor, args) -> Tensor:
     """The best hypothesis (ending with eos), as fairseq-interactive finds it."""
-    generator = loaded.task.build_generator([loaded.model], argparse.Namespace(
-        beam=args.beam, max_len_a=args.max_len_a, max_len_b=args.max_len_b, lenpen=args.lenpen))
+    generator = loaded.task.build_generator(
+        [loaded.model],
+        argparse.Namespace(beam=args.beam, max_len_a=args.max_len_a, max_len_b=args.max_len_b, lenpen=args.lenpen),
+    )
     device = next(loaded.model.parameters()).device
     lengths = torch.tensor([len(source)], device=device)
     sample = {"net_input": {"src_tokens": source[None].to(device), "src_lengths": lengths}}
@@ -336,10 +366,16 @@ class TextEncoder:
         from fairseq.data import encoders
 
         self.dictionary = dictionary
-        self.tokenizer = None if args.tokenizer is None else encoders.build_tokenizer(
-            argparse.Namespace(tokenizer=args.tokenizer, source_lang=lang or "en", target_lang=lang or "en"))
-        self.bpe = None if args.bpe is None else encoders.build_bpe(
-            argparse.Namespace(bpe=args.bpe, bpe_codes=args.bpe_codes))
+        self.tokenizer = (
+            None
+            if args.tokenizer is None
+            else encoders.build_tokenizer(
+                argparse.Namespace(tokenizer=args.tokenizer, source_lang=lang or "en", target_lang=lang or "en")
+            )
+        )
+        self.bpe = (
+            None if args.bpe is None else encoders.build_bpe(argparse.Namespace(bpe=args.bpe, bpe_codes=args.bpe_codes))
+        )
 
     def __call__(self, line: str) -> Tensor:
         line = line.strip()
@@ -419,8 +455,10 @@ class WindowSpans:
             return []
         lines = [f"window spans: mean soft-mask width sum_j M_ij per query, in keys, over {over}"]
         for site, widths in self.per_head().items():
-            lines.append(f"  {site.title}: {widths.mean().item():.3f} "
-                         f"(per head: {' '.join(f'{w:.3f}' for w in widths.tolist())})")
+            lines.append(
+                f"  {site.title}: {widths.mean().item():.3f} "
+                f"(per head: {' '.join(f'{w:.3f}' for w in widths.tolist())})"
+            )
         return lines
 
 
@@ -450,7 +488,8 @@ LABELLED_TOKENS = 60  # beyond this many tokens an axis shows positions, not tok
 
 def _label_axes(ax, row_labels: Sequence[str], column_labels: Sequence[str], ylabel: str, xlabel: str):
     for labels, set_ticks, set_labels, rotation in (
-        (column_labels, ax.set_xticks, ax.set_xticklabels, 90), (row_labels, ax.set_yticks, ax.set_yticklabels, 0),
+        (column_labels, ax.set_xticks, ax.set_xticklabels, 90),
+        (row_labels, ax.set_yticks, ax.set_yticklabels, 0),
     ):
         if len(labels) <= LABELLED_TOKENS:
             set_ticks(range(len(labels)))
@@ -463,8 +502,17 @@ def _panel_size(rows: int, columns: int) -> Tuple[float, float]:
     return min(9.0, 1.6 + 0.16 * columns), min(9.0, 1.2 + 0.16 * rows)
 
 
-def _heatmaps(matrices: Tensor, titles: Sequence[str], suptitle: str, row_labels, column_labels, axis_names,
-              path: Path, written: List[Path], cmap: str = "viridis"):
+def _heatmaps(
+    matrices: Tensor,
+    titles: Sequence[str],
+    suptitle: str,
+    row_labels,
+    column_labels,
+    axis_names,
+    path: Path,
+    written: List[Path],
+    cmap: str = "viridis",
+):
     heads = matrices.size(0)
     columns = min(heads, 4)
     figure, axes = _figure((heads + columns - 1) // columns, columns, *_panel_size(len(row_labels), len(column_labels)))
@@ -488,24 +536,44 @@ class Axes:
     names: Tuple[str, str]  # (row axis name, column axis name)
 
 
-def plot_sentence(records: Sequence[AttentionRecord], axes_of: Dict[AttentionKind, Axes], directory: Path,
-                  written: List[Path]):
+def plot_sentence(
+    records: Sequence[AttentionRecord], axes_of: Dict[AttentionKind, Axes], directory: Path, written: List[Path]
+):
     for record in records:
         site, axes = record.site, axes_of[record.site.kind]
         heads = record.probs.size(0)
         described = f" ({site.hyperparameters})" if site.hyperparameters else ""
         weights = ", weights softmax x M" if site.name.startswith("window-mw") else ""
-        _heatmaps(record.probs, [f"head {h}" for h in range(heads)], f"attention, {site.title}{described}{weights}",
-                  axes.queries, axes.keys, axes.names, directory / f"attention-{site.slug}.png", written)
+        _heatmaps(
+            record.probs,
+            [f"head {h}" for h in range(heads)],
+            f"attention, {site.title}{described}{weights}",
+            axes.queries,
+            axes.keys,
+            axes.names,
+            directory / f"attention-{site.slug}.png",
+            written,
+        )
         if record.window is not None:
             plot_window(record, axes, directory / f"window-{site.slug}.png", written)
         if isinstance(site.mechanism, DistanceAware):
             coefficients = da_coefficients(site.mechanism, *record.probs.shape[-2:])
             parameters = da_parameters(site.mechanism)
-            titles = [f"head {h}: " + ", ".join(f"{symbol}={values[h]:+.3f}" for symbol, values in parameters)
-                      for h in range(heads)]
-            _heatmaps(coefficients, titles, f"DA coefficients f(w |i-j|), {site.title}{described}", axes.queries,
-                      axes.keys, axes.names, directory / f"da-coefficients-{site.slug}.png", written, cmap="magma")
+            titles = [
+                f"head {h}: " + ", ".join(f"{symbol}={values[h]:+.3f}" for symbol, values in parameters)
+                for h in range(heads)
+            ]
+            _heatmaps(
+                coefficients,
+                titles,
+                f"DA coefficients f(w |i-j|), {site.title}{described}",
+                axes.queries,
+                axes.keys,
+                axes.names,
+                directory / f"da-coefficients-{site.slug}.png",
+                written,
+                cmap="magma",
+            )
 
 
 def plot_window(record: AttentionRecord, axes: Axes, path: Path, written: List[Path]):
@@ -517,9 +585,11 @@ def plot_window(record: AttentionRecord, axes: Axes, path: Path, written: List[P
     rows = range(len(axes.queries))
     equation = "eq. 11" if record.site.mechanism.segment_size else "eq. 9"
     for head in range(heads):
-        panels = ((window.left_pointer, "left boundary phi_l (eq. 7)"),
-                  (window.right_pointer, "right boundary phi_r (eq. 8)"),
-                  (window.mask, f"soft mask M ({equation}), E[l] >, E[r] <"))
+        panels = (
+            (window.left_pointer, "left boundary phi_l (eq. 7)"),
+            (window.right_pointer, "right boundary phi_r (eq. 8)"),
+            (window.mask, f"soft mask M ({equation}), E[l] >, E[r] <"),
+        )
         for column, (matrix, name) in enumerate(panels):
             ax = grid[head, column]
             image = ax.imshow(matrix[head].numpy(), cmap="viridis", aspect="auto", interpolation="nearest")
@@ -539,8 +609,12 @@ def _grouped_bars(ax, groups: Sequence[str], values: Sequence[Sequence[float]], 
     heads = max(len(v) for v in values)
     width = 0.8 / heads
     for head in range(heads):
-        ax.bar([g + (head - (heads - 1) / 2) * width for g in range(len(groups))],
-               [v[head] for v in values], width, label=f"head {head}")
+        ax.bar(
+            [g + (head - (heads - 1) / 2) * width for g in range(len(groups))],
+            [v[head] for v in values],
+            width,
+            label=f"head {head}",
+        )
     ax.axhline(0, color="black", linewidth=0.6)
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels(groups, fontsize=8)
@@ -559,8 +633,9 @@ def _legend_beside(ax):
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
-def plot_model(model, spans: Dict[AttentionSite, Tensor], span_note: str, max_distance: int, out: Path,
-               written: List[Path]):
+def plot_model(
+    model, spans: Dict[AttentionSite, Tensor], span_note: str, max_distance: int, out: Path, written: List[Path]
+):
     sites = attention_sites(model)
     da_sites = [site for site in sites if isinstance(site.mechanism, DistanceAware)]
     if da_sites:
@@ -573,8 +648,12 @@ def plot_model(model, spans: Dict[AttentionSite, Tensor], span_note: str, max_di
             _grouped_bars(ax, [label for label, _ in rows], [per_head for _, per_head in rows], symbol)
             ax.set_title(DA_PARAMETER_NOTES[symbol], fontsize=9)
         _legend_beside(axes[0, 0])
-        _save(figure, "DA: learned w and v per head and layer (Wu et al. 2021, Figs. 6-7; here in head order)",
-              out / "da-parameters.png", written)
+        _save(
+            figure,
+            "DA: learned w and v per head and layer (Wu et al. 2021, Figs. 6-7; here in head order)",
+            out / "da-parameters.png",
+            written,
+        )
 
         columns = min(len(da_sites), 3)
         figure, axes = _figure((len(da_sites) + columns - 1) // columns, columns, 4.0, 3.0)
@@ -591,14 +670,21 @@ def plot_model(model, spans: Dict[AttentionSite, Tensor], span_note: str, max_di
             ax.set_xlabel("distance |i - j|")
             ax.set_ylabel("f(w d)")
             ax.legend(fontsize=6)
-        _save(figure, "DA: coefficient f(w_h d) per head; learnable sigmoid (eq. 5): (1 + e^v) / (1 + e^(v - w d))",
-              out / "da-coefficient-curves.png", written)
+        _save(
+            figure,
+            "DA: coefficient f(w_h d) per head; learnable sigmoid (eq. 5): (1 + e^v) / (1 + e^(v - w d))",
+            out / "da-coefficient-curves.png",
+            written,
+        )
 
     rpr_sites = [site for site in sites if isinstance(site.mechanism, RelativePosition)]
     if rpr_sites:
         tables = [("relative keys a^K (eq. 4)", "relative_keys"), ("relative values a^V (eq. 3)", "relative_values")]
-        tables = [(name, attr) for name, attr in tables
-                  if any(getattr(site.mechanism, attr) is not None for site in rpr_sites)]
+        tables = [
+            (name, attr)
+            for name, attr in tables
+            if any(getattr(site.mechanism, attr) is not None for site in rpr_sites)
+        ]
         figure, axes = _figure(1, len(tables), 5.0, 3.5)
         for ax, (name, attr) in zip(axes.flat, tables):
             for site in rpr_sites:
@@ -608,25 +694,42 @@ def plot_model(model, spans: Dict[AttentionSite, Tensor], span_note: str, max_di
                 k = site.mechanism.config.options.max_relative_position
                 # a causal query never sees j > i: those rows keep their initial values
                 distances = range(-k, 1 if site.kind.causal else k + 1)
-                norms = table.detach().norm(dim=-1)[:len(distances)].cpu().numpy()
+                norms = table.detach().norm(dim=-1)[: len(distances)].cpu().numpy()
                 ax.plot(distances, norms, marker=".", label=site.title)
             ax.set_title(name, fontsize=9)
             ax.set_xlabel("relative distance j - i (clipped at +-k)")
             ax.set_ylabel("L2 norm of the table row")
             ax.legend(fontsize=6)
-        _save(figure, "rpr: norms of the relative position tables by distance (Shaw et al. 2018)",
-              out / "rpr-table-norms.png", written)
+        _save(
+            figure,
+            "rpr: norms of the relative position tables by distance (Shaw et al. 2018)",
+            out / "rpr-table-norms.png",
+            written,
+        )
 
     if spans:
         window_sites = list(spans)
         figure, axes = _figure(1, 1, max(8.0, 1.2 * len(window_sites)), 3.5)
-        _grouped_bars(axes[0, 0], [_site_label(site) for site in window_sites],
-                      [spans[site].tolist() for site in window_sites], "mean width sum_j M_ij (keys)")
-        axes[0, 0].plot(range(len(window_sites)), [spans[site].mean().item() for site in window_sites], "k_",
-                        markersize=20, label="mean over heads")
+        _grouped_bars(
+            axes[0, 0],
+            [_site_label(site) for site in window_sites],
+            [spans[site].tolist() for site in window_sites],
+            "mean width sum_j M_ij (keys)",
+        )
+        axes[0, 0].plot(
+            range(len(window_sites)),
+            [spans[site].mean().item() for site in window_sites],
+            "k_",
+            markersize=20,
+            label="mean over heads",
+        )
         _legend_beside(axes[0, 0])
-        _save(figure, f"differentiable window: mean span per layer and head, over {span_note}",
-              out / "window-spans.png", written)
+        _save(
+            figure,
+            f"differentiable window: mean span per layer and head, over {span_note}",
+            out / "window-spans.png",
+            written,
+        )
 
 
 # ----------------------------------------------------------------------------- command line
@@ -636,55 +739,88 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Plot what a fairseq_distattn model attends to and what its mechanisms learned:\n"
-                    "attention heatmaps of every layer and head, window masks and boundaries, DA\n"
-                    "coefficients, DA w/v, rpr table norms and window spans; print a per-layer summary.",
+        "attention heatmaps of every layer and head, window masks and boundaries, DA\n"
+        "coefficients, DA w/v, rpr table norms and window spans; print a per-layer summary.",
         epilog="example (BPE'd input, beam search):\n"
-               f"  echo 'a man is riding a bi@@ cycle .' | {PROG} \\\n"
-               "      checkpoints/window/checkpoint_best.pt --data data-bin/multi30k-en-de --out inspect/",
+        f"  echo 'a man is riding a bi@@ cycle .' | {PROG} \\\n"
+        "      checkpoints/window/checkpoint_best.pt --data data-bin/multi30k-en-de --out inspect/",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("checkpoint", type=Path, help="a checkpoint written by fairseq-train")
     parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory for the PNGs and summary.txt")
     dictionaries = parser.add_argument_group("dictionaries: --data, or the dictionary files")
-    dictionaries.add_argument("--data", type=Path, metavar="DATA_BIN",
-                              help="fairseq-preprocess's output directory (its dict.*.txt; also --subset's data)")
+    dictionaries.add_argument(
+        "--data",
+        type=Path,
+        metavar="DATA_BIN",
+        help="fairseq-preprocess's output directory (its dict.*.txt; also --subset's data)",
+    )
     dictionaries.add_argument("--source-dict", type=Path, metavar="FILE", help="translation: source dict.txt")
     dictionaries.add_argument("--target-dict", type=Path, metavar="FILE", help="translation: target dict.txt")
     dictionaries.add_argument("--dict", type=Path, metavar="FILE", help="language model: its dict.txt")
     dictionaries.add_argument("-s", "--source-lang", metavar="SRC", help="source language (default: the checkpoint's)")
-    dictionaries.add_argument("-t", "--target-lang", metavar="TARGET",
-                              help="target language (default: the checkpoint's)")
+    dictionaries.add_argument(
+        "-t", "--target-lang", metavar="TARGET", help="target language (default: the checkpoint's)"
+    )
 
     text = parser.add_argument_group("sentences")
-    text.add_argument("--sentence", action="append", metavar="TEXT",
-                      help="a source sentence (a language model's text), as fairseq-interactive reads it; repeatable")
-    text.add_argument("--target", action="append", metavar="TEXT",
-                      help="translation: force this target for the --sentence of the same rank instead of beam search")
-    text.add_argument("--input", metavar="FILE",
-                      help="one sentence a line, optionally SOURCE<TAB>TARGET; '-' reads standard input (the default "
-                           "when no --sentence and no --subset is given)")
-    text.add_argument("--tokenizer", choices=["moses"],
-                      help="Moses-tokenise raw input first (as fairseq-interactive --tokenizer moses)")
-    text.add_argument("--bpe", choices=["subword_nmt"],
-                      help="apply BPE to raw input first (as fairseq-interactive --bpe subword_nmt; needs --bpe-codes)")
+    text.add_argument(
+        "--sentence",
+        action="append",
+        metavar="TEXT",
+        help="a source sentence (a language model's text), as fairseq-interactive reads it; repeatable",
+    )
+    text.add_argument(
+        "--target",
+        action="append",
+        metavar="TEXT",
+        help="translation: force this target for the --sentence of the same rank instead of beam search",
+    )
+    text.add_argument(
+        "--input",
+        metavar="FILE",
+        help="one sentence a line, optionally SOURCE<TAB>TARGET; '-' reads standard input (the default "
+        "when no --sentence and no --subset is given)",
+    )
+    text.add_argument(
+        "--tokenizer",
+        choices=["moses"],
+        help="Moses-tokenise raw input first (as fairseq-interactive --tokenizer moses)",
+    )
+    text.add_argument(
+        "--bpe",
+        choices=["subword_nmt"],
+        help="apply BPE to raw input first (as fairseq-interactive --bpe subword_nmt; needs --bpe-codes)",
+    )
     text.add_argument("--bpe-codes", metavar="FILE", help="the codes of --bpe subword_nmt")
 
     generation = parser.add_argument_group("beam search (translation without --target)")
     generation.add_argument("--beam", type=int, default=5, metavar="N", help="beam size (default: 5)")
-    generation.add_argument("--max-len-a", type=float, default=0, metavar="A",
-                            help="generate at most a*src_len+b tokens (default: 0)")
-    generation.add_argument("--max-len-b", type=int, default=200, metavar="B",
-                            help="generate at most a*src_len+b tokens (default: 200)")
+    generation.add_argument(
+        "--max-len-a", type=float, default=0, metavar="A", help="generate at most a*src_len+b tokens (default: 0)"
+    )
+    generation.add_argument(
+        "--max-len-b", type=int, default=200, metavar="B", help="generate at most a*src_len+b tokens (default: 200)"
+    )
     generation.add_argument("--lenpen", type=float, default=1.0, help="length penalty (default: 1)")
 
     model_level = parser.add_argument_group("model-level plots")
-    model_level.add_argument("--subset", metavar="SPLIT",
-                             help="measure window spans over every sentence of this split of --data (reference "
-                                  "targets forced) instead of over the sentences given")
-    model_level.add_argument("--subset-sentences", type=int, default=0, metavar="N",
-                             help="only the first N sentences of --subset (default: 0, all)")
-    model_level.add_argument("--max-distance", type=int, default=50, metavar="D",
-                             help="DA f(d) curves for d = 0..D (default: 50)")
+    model_level.add_argument(
+        "--subset",
+        metavar="SPLIT",
+        help="measure window spans over every sentence of this split of --data (reference "
+        "targets forced) instead of over the sentences given",
+    )
+    model_level.add_argument(
+        "--subset-sentences",
+        type=int,
+        default=0,
+        metavar="N",
+        help="only the first N sentences of --subset (default: 0, all)",
+    )
+    model_level.add_argument(
+        "--max-distance", type=int, default=50, metavar="D", help="DA f(d) curves for d = 0..D (default: 50)"
+    )
     parser.add_argument("--cpu", action="store_true", help="run on CPU even when a GPU is available")
     return parser
 
@@ -704,8 +840,11 @@ def check_arguments(parser: argparse.ArgumentParser, args):
         parser.error("arguments --bpe and --bpe-codes go together")
     if args.subset is not None and args.data is None:
         parser.error("argument --subset: needs --data")
-    for flag, value, least in (("--beam", args.beam, 1), ("--max-distance", args.max_distance, 1),
-                               ("--subset-sentences", args.subset_sentences, 0)):
+    for flag, value, least in (
+        ("--beam", args.beam, 1),
+        ("--max-distance", args.max_distance, 1),
+        ("--subset-sentences", args.subset_sentences, 0),
+    ):
         if value < least:
             parser.error(f"argument {flag}: invalid value {value}: must be an integer >= {least}")
     if not args.sentence and args.input is None and args.subset is None:
@@ -799,7 +938,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     check_arguments(parser, args)
     args.device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     # fairseq configures the root logger at DEBUG when its wav2vec2 models are
-    # imported; this tool's output is its own lines, warnings aside
+    # imported (here, with the plugin's fairseq side); this tool's output is its own lines, warnings aside
+    from . import models  # noqa: F401
+
     logging.getLogger().setLevel(logging.WARNING)
     try:
         lines = run(args)

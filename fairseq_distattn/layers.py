@@ -1,12 +1,15 @@
 """Transformer layers whose attention build hooks pick the mechanism of
 their layer; everything else is fairseq's layer unchanged."""
-from dataclasses import dataclass
+
+from dataclasses import dataclass, field
+from typing import Optional
 
 from fairseq.distributed import fsdp_wrap
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 from .attention import DistanceAwareMultiheadAttention
+from .mechanisms import Stack
 from .spec import MechanismOptions
 
 
@@ -17,11 +20,27 @@ class LayerAttentionPlan:
     self_attention: str
     cross_attention: str
     options: MechanismOptions
+    # the stacks the layer's attentions belong to (what a mechanism shares across layers)
+    self_stack: Optional[Stack] = field(default=None, compare=False, repr=False)
+    cross_stack: Optional[Stack] = field(default=None, compare=False, repr=False)
 
 
-def build_distance_aware_attention(layer, mechanism: str, options: MechanismOptions, embed_dim: int, num_heads: int, cfg, **kind):
+def build_distance_aware_attention(
+    layer,
+    mechanism: str,
+    options: MechanismOptions,
+    embed_dim: int,
+    num_heads: int,
+    cfg,
+    stack: Optional[Stack] = None,
+    **kind,
+):
     return DistanceAwareMultiheadAttention(
-        embed_dim, num_heads, mechanism, options,
+        embed_dim,
+        num_heads,
+        mechanism,
+        options,
+        stack=stack,
         dropout=cfg.attention_dropout,
         q_noise=layer.quant_noise,
         qn_block_size=layer.quant_noise_block_size,
@@ -48,7 +67,13 @@ class DistAttnEncoderLayer(TransformerEncoderLayerBase):
         if self.plan.self_attention == "vanilla":
             return super().build_self_attention(embed_dim, cfg)
         return build_distance_aware_attention(
-            self, self.plan.self_attention, self.plan.options, embed_dim, cfg.encoder.attention_heads, cfg,
+            self,
+            self.plan.self_attention,
+            self.plan.options,
+            embed_dim,
+            cfg.encoder.attention_heads,
+            cfg,
+            stack=self.plan.self_stack,
             self_attention=True,
         )
 
@@ -62,14 +87,29 @@ class DistAttnDecoderLayer(TransformerDecoderLayerBase):
         if self.plan.self_attention == "vanilla":
             return super().build_self_attention(embed_dim, cfg, add_bias_kv, add_zero_attn)
         return build_distance_aware_attention(
-            self, self.plan.self_attention, self.plan.options, embed_dim, cfg.decoder.attention_heads, cfg,
-            self_attention=True, causal=True,
+            self,
+            self.plan.self_attention,
+            self.plan.options,
+            embed_dim,
+            cfg.decoder.attention_heads,
+            cfg,
+            stack=self.plan.self_stack,
+            self_attention=True,
+            causal=True,
         )
 
     def build_encoder_attention(self, embed_dim, cfg):
         if self.plan.cross_attention == "vanilla":
             return super().build_encoder_attention(embed_dim, cfg)
         return build_distance_aware_attention(
-            self, self.plan.cross_attention, self.plan.options, embed_dim, cfg.decoder.attention_heads, cfg,
-            kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim, encoder_decoder_attention=True,
+            self,
+            self.plan.cross_attention,
+            self.plan.options,
+            embed_dim,
+            cfg.decoder.attention_heads,
+            cfg,
+            stack=self.plan.cross_stack,
+            kdim=cfg.encoder.embed_dim,
+            vdim=cfg.encoder.embed_dim,
+            encoder_decoder_attention=True,
         )

@@ -10,6 +10,7 @@ Each filter names one known message (matched from its start) and the module
 the warning is attributed to, so the same text raised from anywhere else, and
 every other warning, still shows.
 """
+
 import warnings
 
 # (category, message regex, module regex): the module is the one Python names
@@ -24,16 +25,19 @@ KNOWN_WARNINGS = (
     # it depends on the depth of fairseq's call: the pseudo-module "sys" when that
     # is above the stack ("sys:1:" under fairseq-train), the fairseq-* script itself
     # (__main__) under fairseq-generate, or a fairseq module; the message names hydra
-    (UserWarning, r"\s*'[^']*' is validated against ConfigStore schema with the same name\.\n"
-     r"This behavior is deprecated in Hydra", r"(sys|__main__)\Z|fairseq(_cli)?\."),
+    (
+        UserWarning,
+        r"\s*'[^']*' is validated against ConfigStore schema with the same name\.\n"
+        r"This behavior is deprecated in Hydra",
+        r"(sys|__main__)\Z|fairseq(_cli)?\.",
+    ),
     # fairseq's data loaders always ask for pinned memory, which a CPU-only torch cannot give
     (UserWarning, r"'pin_memory' argument is set as true but no accelerator is found", r"torch\.utils\.data\."),
     # fairseq's train/valid steps use torch.cuda.amp.autocast(enabled=False) even on CPU
     (FutureWarning, r"`torch\.cuda\.amp\.autocast\(args\.\.\.\)` is deprecated", r"fairseq\."),
     # fairseq's MultiheadAttention (the vanilla layers) passes a bool padding mask
     # with a float attention mask to torch
-    (UserWarning, r"Support for mismatched key_padding_mask and attn_mask is deprecated",
-     r"torch\.nn\.functional\Z"),
+    (UserWarning, r"Support for mismatched key_padding_mask and attn_mask is deprecated", r"torch\.nn\.functional\Z"),
 )
 
 

@@ -8,6 +8,7 @@ values a mechanism has (DA's ``w`` and ``v`` per head, rpr table norms),
 printed by ``python -m fairseq_distattn.inspect``. Hyperparameters come from
 each mechanism's ``extra_repr``, the text the model print shows.
 """
+
 import logging
 from dataclasses import dataclass
 from typing import List, Optional
@@ -111,8 +112,11 @@ DA_PARAMETERS = {"distance_weight": "w", "sharpness": "v", "linear_slope": "k", 
 
 def da_parameters(mechanism: DistanceAware):
     """``(symbol, [H] tensor)`` of each per-head parameter this DA layer has."""
-    return [(symbol, getattr(mechanism, name).detach()) for name, symbol in DA_PARAMETERS.items()
-            if getattr(mechanism, name, None) is not None]
+    return [
+        (symbol, getattr(mechanism, name).detach())
+        for name, symbol in DA_PARAMETERS.items()
+        if getattr(mechanism, name, None) is not None
+    ]
 
 
 def learned_values(mechanism: Optional[Mechanism], causal: bool = False) -> List[str]:
@@ -130,7 +134,8 @@ def learned_values(mechanism: Optional[Mechanism], causal: bool = False) -> List
         return [
             f"{name} table row norms at d = {distances}: "
             + " ".join(f"{norm:.4f}" for norm in table.detach().norm(dim=-1)[rows].tolist())
-            for name, table in tables if table is not None
+            for name, table in tables
+            if table is not None
         ]
     return []
 
@@ -140,8 +145,12 @@ def attention_summary(model: nn.Module) -> List[str]:
     lines = []
     encoder = getattr(model, "encoder", None)
     sides = [("encoder", encoder), ("decoder", model.decoder)] if encoder is not None else [("decoder", model.decoder)]
-    lines.append("absolute position embeddings: " + ", ".join(
-        f"{side} {'off' if getattr(part, 'embed_positions', None) is None else 'on'}" for side, part in sides))
+    lines.append(
+        "absolute position embeddings: "
+        + ", ".join(
+            f"{side} {'off' if getattr(part, 'embed_positions', None) is None else 'on'}" for side, part in sides
+        )
+    )
     sites = attention_sites(model)
     for kind in KIND_SLUGS:
         of_kind = [site for site in sites if site.kind is kind]

@@ -6,6 +6,7 @@ fairseq 0.12 reads torchrun's ``RANK``/``WORLD_SIZE`` environment in
 without one. This wraps it so that, with no GPU, the device id is 0 (unused
 on CPU) and everything else is fairseq's own.
 """
+
 import torch
 from fairseq.distributed import utils as distributed_utils
 

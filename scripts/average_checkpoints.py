@@ -18,9 +18,10 @@ is dropped (it does not belong to the average; --keep-optimizer-state keeps the
 newest input's).
 
 Checkpoints are loaded with torch's weights-only unpickler (the default from torch
-2.6): importing fairseq_distattn allow-lists the few plain classes fairseq pickles
+2.6): importing fairseq_distattn.models allow-lists the few plain classes fairseq pickles
 into a checkpoint, so no arbitrary code from a checkpoint file runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,7 +38,7 @@ if str(REPO_ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-import fairseq_distattn  # noqa: E402,F401  (registers the safe globals for fairseq checkpoints)
+import fairseq_distattn.models  # noqa: E402,F401  (registers the safe globals for fairseq checkpoints)
 
 EPOCH_RE = re.compile(r"^checkpoint(\d+)\.pt$")
 UPDATE_RE = re.compile(r"^checkpoint_\d+_(\d+)\.pt$")
@@ -53,8 +54,7 @@ def load_checkpoint(path: Path):
         raise SystemExit(f"average_checkpoints: cannot load {path}: {error}")
 
 
-def last_checkpoints(directory: Path, n: int, by: str = "epoch",
-                     upper_bound: Optional[int] = None) -> List[Path]:
+def last_checkpoints(directory: Path, n: int, by: str = "epoch", upper_bound: Optional[int] = None) -> List[Path]:
     """The ``n`` checkpoints with the highest epoch (checkpointN.pt) or update
     (checkpoint_E_U.pt) number in ``directory``, oldest first."""
     directory = Path(directory)
@@ -88,13 +88,17 @@ def average_states(paths: Sequence[Path], keep_optimizer_state: bool = False):
         if keys is None:
             keys = list(model.keys())
         elif list(model.keys()) != keys:
-            raise SystemExit(f"average_checkpoints: {path} has different parameters than {paths[0]}: "
-                             f"{sorted(set(model) ^ set(keys))[:10]}")
+            raise SystemExit(
+                f"average_checkpoints: {path} has different parameters than {paths[0]}: "
+                f"{sorted(set(model) ^ set(keys))[:10]}"
+            )
         for key in keys:
             tensor = model[key]
             if key in sums and tuple(tensor.shape) != tuple(sums[key].shape):
-                raise SystemExit(f"average_checkpoints: {key} has shape {tuple(tensor.shape)} in {path} "
-                                 f"but {tuple(sums[key].shape)} before")
+                raise SystemExit(
+                    f"average_checkpoints: {key} has shape {tuple(tensor.shape)} in {path} "
+                    f"but {tuple(sums[key].shape)} before"
+                )
             if tensor.is_floating_point():
                 value = tensor.detach().to(torch.float64)
             else:
@@ -132,15 +136,16 @@ def write_average(paths: Sequence[Path], output: Path, keep_optimizer_state: boo
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--inputs", nargs="+", required=True,
-                        help="checkpoint files, or one directory with --num-*-checkpoints")
+    parser.add_argument(
+        "--inputs", nargs="+", required=True, help="checkpoint files, or one directory with --num-*-checkpoints"
+    )
     parser.add_argument("--output", required=True, help="averaged checkpoint to write")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--num-epoch-checkpoints", type=int, help="the last N checkpointN.pt of the directory")
-    group.add_argument("--num-update-checkpoints", type=int,
-                       help="the last N checkpoint_E_U.pt of the directory")
-    parser.add_argument("--checkpoint-upper-bound", type=int,
-                        help="ignore checkpoints after this epoch / update number")
+    group.add_argument("--num-update-checkpoints", type=int, help="the last N checkpoint_E_U.pt of the directory")
+    parser.add_argument(
+        "--checkpoint-upper-bound", type=int, help="ignore checkpoints after this epoch / update number"
+    )
     parser.add_argument("--keep-optimizer-state", action="store_true")
     args = parser.parse_args(argv)
 

@@ -36,6 +36,7 @@ ref/) or a fairseq data-bin directory (then give --ref-dir or the --ref-* files 
 the references and the languages). Arguments after ``--`` go to fairseq-generate /
 fairseq-eval-lm unchanged.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -163,8 +164,10 @@ def score_generate_output(generate_file: Path, setup: Setup, args, out_dir: Path
     n = expected_count(setup, src, tgt, src_raw)
     if n is None:
         n = len(output.sources)
-        log(f"warning: no raw source file or binarised data to count the {setup.subset} sentences; "
-            f"checking against the {n} S- lines of the output")
+        log(
+            f"warning: no raw source file or binarised data to count the {setup.subset} sentences; "
+            f"checking against the {n} S- lines of the output"
+        )
     mt_eval.check_complete(output.hyps.keys(), n, setup.subset)
     hyps = [output.hyps[i] for i in range(n)]
 
@@ -190,8 +193,10 @@ def score_generate_output(generate_file: Path, setup: Setup, args, out_dir: Path
         refs_raw = [output.targets.get(i, "") for i in range(n)]
         if setup.segmentation != "sentencepiece":
             refs_raw = mt_eval.moses_detokenize(refs_raw, tgt)
-        notes.append("no raw references: sacreBLEU is computed against detokenised T- lines "
-                     "(not comparable to published sacreBLEU scores)")
+        notes.append(
+            "no raw references: sacreBLEU is computed against detokenised T- lines "
+            "(not comparable to published sacreBLEU scores)"
+        )
     for name, refs in (("tokenised", refs_tok), ("raw", refs_raw)):
         if len(refs) != n:
             raise EvalError(f"{len(refs)} {name} references for {n} {setup.subset} sentences")
@@ -245,7 +250,7 @@ def split_passthrough(argv: Sequence[str]):
     argv = list(argv)
     if "--" in argv:
         i = argv.index("--")
-        return argv[:i], argv[i + 1:]
+        return argv[:i], argv[i + 1 :]
     return argv, []
 
 
@@ -258,8 +263,7 @@ def run_logged(cmd: List[str], stdout_path: Path, log_path: Path, what: str) -> 
     if proc.returncode != 0:
         tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]
         tail = [line if len(line) <= 300 else line[:300] + " ..." for line in tail]
-        raise EvalError(f"{what} failed with exit status {proc.returncode} (log: {log_path}):\n"
-                        + "\n".join(tail))
+        raise EvalError(f"{what} failed with exit status {proc.returncode} (log: {log_path}):\n" + "\n".join(tail))
 
 
 def averaged_checkpoint(args, out_dir: Path) -> str:
@@ -281,8 +285,11 @@ def checkpoint_and_output_dir(args, setup: Setup, out_name: str):
         raise EvalError(f"no data-bin directory at {setup.data_bin}")
     if not args.path and not args.checkpoint_dir:
         raise EvalError("give --path CHECKPOINT or --checkpoint-dir DIR (with --average-last N)")
-    out_dir = Path(args.output_dir) if args.output_dir else (
-        Path(args.checkpoint_dir or Path(args.path.split(":")[0]).parent) / f"{out_name}-{setup.subset}")
+    out_dir = (
+        Path(args.output_dir)
+        if args.output_dir
+        else (Path(args.checkpoint_dir or Path(args.path.split(":")[0]).parent) / f"{out_name}-{setup.subset}")
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     if not args.checkpoint_dir:
         return args.path, out_dir
@@ -297,12 +304,28 @@ def cmd_mt(args, passthrough: List[str]) -> int:
     src, tgt = setup.languages()
 
     remove_bpe = "sentencepiece" if setup.segmentation == "sentencepiece" else "subword_nmt"
-    cmd = [tool("fairseq-generate"), str(setup.data_bin),
-           "--user-dir", str(USER_DIR),
-           "--task", "translation", "--source-lang", src, "--target-lang", tgt,
-           "--path", path, "--gen-subset", setup.subset,
-           "--beam", str(args.beam), "--lenpen", str(args.lenpen),
-           "--remove-bpe", remove_bpe]
+    cmd = [
+        tool("fairseq-generate"),
+        str(setup.data_bin),
+        "--user-dir",
+        str(USER_DIR),
+        "--task",
+        "translation",
+        "--source-lang",
+        src,
+        "--target-lang",
+        tgt,
+        "--path",
+        path,
+        "--gen-subset",
+        setup.subset,
+        "--beam",
+        str(args.beam),
+        "--lenpen",
+        str(args.lenpen),
+        "--remove-bpe",
+        remove_bpe,
+    ]
     cmd += ["--batch-size", str(args.batch_size)] if args.batch_size else ["--max-tokens", str(args.max_tokens)]
     if args.cpu:
         cmd.append("--cpu")
@@ -333,21 +356,36 @@ def cmd_score(args, passthrough: List[str]) -> int:
 def cmd_lm(args, passthrough: List[str]) -> int:
     setup = Setup(args, args.data)
     path, out_dir = checkpoint_and_output_dir(args, setup, "evaluate-lm")
-    cmd = [tool("fairseq-eval-lm"), str(setup.data_bin),
-           "--user-dir", str(USER_DIR), "--task", "language_modeling",
-           "--path", path, "--gen-subset", setup.subset,
-           "--sample-break-mode", args.sample_break_mode,
-           "--tokens-per-sample", str(args.tokens_per_sample),
-           "--context-window", str(args.context_window),
-           "--max-tokens", str(args.max_tokens),
-           "--softmax-batch", str(args.softmax_batch)]
+    cmd = [
+        tool("fairseq-eval-lm"),
+        str(setup.data_bin),
+        "--user-dir",
+        str(USER_DIR),
+        "--task",
+        "language_modeling",
+        "--path",
+        path,
+        "--gen-subset",
+        setup.subset,
+        "--sample-break-mode",
+        args.sample_break_mode,
+        "--tokens-per-sample",
+        str(args.tokens_per_sample),
+        "--context-window",
+        str(args.context_window),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--softmax-batch",
+        str(args.softmax_batch),
+    ]
     if args.cpu:
         cmd.append("--cpu")
     cmd += passthrough
     log_file = out_dir / f"eval-lm-{setup.subset}.log"
     run_logged(cmd, out_dir / f"eval-lm-{setup.subset}.out", log_file, "fairseq-eval-lm")
-    text = log_file.read_text(encoding="utf-8", errors="replace") + (
-        out_dir / f"eval-lm-{setup.subset}.out").read_text(encoding="utf-8", errors="replace")
+    text = log_file.read_text(encoding="utf-8", errors="replace") + (out_dir / f"eval-lm-{setup.subset}.out").read_text(
+        encoding="utf-8", errors="replace"
+    )
     m_count = re.search(r"Evaluated ([\d,]+) tokens", text)
     m_ppl = re.search(r"Loss \(base 2\): ([\d.]+), Perplexity: ([\d.]+|inf|nan)", text)
     if not m_count or not m_ppl:
@@ -356,15 +394,27 @@ def cmd_lm(args, passthrough: List[str]) -> int:
     sizes = mt_eval.indexed_dataset_sizes(setup.data_bin / f"{setup.subset}.idx")
     expected = sum(sizes) if sizes is not None else None
     if expected is not None and count != expected:
-        raise EvalError(f"fairseq-eval-lm scored {count:,} tokens but the {setup.subset} set has "
-                        f"{expected:,} (with </s>): sentences were skipped or truncated (too long for "
-                        "--tokens-per-sample / the model's positions?)", status=3)
-    result = {"subset": setup.subset, "tokens": count, "loss_base2": float(m_ppl.group(1)),
-              "perplexity": float(m_ppl.group(2)), "checkpoint": path,
-              "settings": {"sample_break_mode": args.sample_break_mode,
-                           "tokens_per_sample": args.tokens_per_sample,
-                           "context_window": args.context_window, "max_tokens": args.max_tokens,
-                           "softmax_batch": args.softmax_batch, "extra": passthrough}}
+        raise EvalError(
+            f"fairseq-eval-lm scored {count:,} tokens but the {setup.subset} set has "
+            f"{expected:,} (with </s>): sentences were skipped or truncated (too long for "
+            "--tokens-per-sample / the model's positions?)",
+            status=3,
+        )
+    result = {
+        "subset": setup.subset,
+        "tokens": count,
+        "loss_base2": float(m_ppl.group(1)),
+        "perplexity": float(m_ppl.group(2)),
+        "checkpoint": path,
+        "settings": {
+            "sample_break_mode": args.sample_break_mode,
+            "tokens_per_sample": args.tokens_per_sample,
+            "context_window": args.context_window,
+            "max_tokens": args.max_tokens,
+            "softmax_batch": args.softmax_batch,
+            "extra": passthrough,
+        },
+    }
     (out_dir / "perplexity.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"{PROG}: scored all {count:,} tokens of {setup.subset}; outputs in {out_dir}")
     print(f"perplexity = {result['perplexity']:.2f} (loss {result['loss_base2']:.4f} bits/token)")
@@ -381,12 +431,22 @@ def add_reference_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--src-raw", help="raw source file (counts the test sentences)")
     g.add_argument("--ref-raw", help="raw reference file for sacreBLEU")
     g.add_argument("--ref-tok", help="Moses-tokenised reference file for tokenised BLEU")
-    g.add_argument("--segmentation", choices=["subword_nmt", "sentencepiece"],
-                   help="subword model of the data (default: from prep.json, else subword_nmt)")
-    g.add_argument("--compound-split", choices=["auto", "yes", "no"], default="auto",
-                   help="compound splitting for tokenised BLEU (auto: for German targets)")
-    p.add_argument("--output-dir", help="where to write hypotheses and scores (default: mt: evaluate-SUBSET "
-                                        "beside the checkpoint; score: the directory of GENERATE_OUTPUT)")
+    g.add_argument(
+        "--segmentation",
+        choices=["subword_nmt", "sentencepiece"],
+        help="subword model of the data (default: from prep.json, else subword_nmt)",
+    )
+    g.add_argument(
+        "--compound-split",
+        choices=["auto", "yes", "no"],
+        default="auto",
+        help="compound splitting for tokenised BLEU (auto: for German targets)",
+    )
+    p.add_argument(
+        "--output-dir",
+        help="where to write hypotheses and scores (default: mt: evaluate-SUBSET "
+        "beside the checkpoint; score: the directory of GENERATE_OUTPUT)",
+    )
 
 
 def add_checkpoint_args(p: argparse.ArgumentParser) -> None:
@@ -394,14 +454,19 @@ def add_checkpoint_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--path", help="checkpoint (colon-separated for an ensemble)")
     g.add_argument("--checkpoint-dir", help="average checkpoints of this directory (with --average-last)")
     g.add_argument("--average-last", type=int, help="average the last N checkpoints of --checkpoint-dir")
-    g.add_argument("--average-by", choices=["epoch", "update"], default="epoch",
-                   help="checkpointN.pt (epoch, default) or checkpoint_E_U.pt (update) files")
+    g.add_argument(
+        "--average-by",
+        choices=["epoch", "update"],
+        default="epoch",
+        help="checkpointN.pt (epoch, default) or checkpoint_E_U.pt (update) files",
+    )
     g.add_argument("--cpu", action="store_true", help="run on CPU")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="evaluate.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="evaluate.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("mt", help="translate a test set and report BLEU")
@@ -426,8 +491,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_checkpoint_args(p)
     g = p.add_argument_group("fairseq-eval-lm settings (sentence-level, 1B Word benchmark)")
     g.add_argument("--subset", default="test")
-    g.add_argument("--sample-break-mode", default="eos",
-                   help="eos: each sentence scored on its own (default; the benchmark's sentences are shuffled)")
+    g.add_argument(
+        "--sample-break-mode",
+        default="eos",
+        help="eos: each sentence scored on its own (default; the benchmark's sentences are shuffled)",
+    )
     g.add_argument("--tokens-per-sample", type=int, default=512)
     g.add_argument("--context-window", type=int, default=0)
     g.add_argument("--max-tokens", type=int, default=4096)

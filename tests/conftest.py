@@ -207,8 +207,7 @@ def mt_data(tmp_path_factory, real_text) -> Dict[str, Path]:
 
     joint = prep / "train.tok.joint"
     joint.write_text(
-        (prep / "train.tok.en").read_text(encoding="utf-8")
-        + (prep / "train.tok.de").read_text(encoding="utf-8"),
+        (prep / "train.tok.en").read_text(encoding="utf-8") + (prep / "train.tok.de").read_text(encoding="utf-8"),
         encoding="utf-8",
     )
     codes = prep / "codes"
@@ -216,16 +215,38 @@ def mt_data(tmp_path_factory, real_text) -> Dict[str, Path]:
     for split in sizes:
         for lang in ("en", "de"):
             run_cli(
-                ["subword-nmt", "apply-bpe", "-c", codes,
-                 "-i", prep / f"{split}.tok.{lang}", "-o", prep / f"{split}.bpe.{lang}"]
+                [
+                    "subword-nmt",
+                    "apply-bpe",
+                    "-c",
+                    codes,
+                    "-i",
+                    prep / f"{split}.tok.{lang}",
+                    "-o",
+                    prep / f"{split}.bpe.{lang}",
+                ]
             )
 
     data_bin = root / "data-bin"
     run_cli(
-        ["fairseq-preprocess", "--source-lang", "en", "--target-lang", "de",
-         "--trainpref", prep / "train.bpe", "--validpref", prep / "valid.bpe",
-         "--testpref", prep / "test.bpe", "--destdir", data_bin,
-         "--joined-dictionary", "--workers", "1"]
+        [
+            "fairseq-preprocess",
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+            "--trainpref",
+            prep / "train.bpe",
+            "--validpref",
+            prep / "valid.bpe",
+            "--testpref",
+            prep / "test.bpe",
+            "--destdir",
+            data_bin,
+            "--joined-dictionary",
+            "--workers",
+            "1",
+        ]
     )
     for name in ("dict.en.txt", "dict.de.txt", "train.en-de.en.bin", "test.en-de.de.idx"):
         assert (data_bin / name).is_file(), f"fairseq-preprocess did not write {name}"
@@ -257,16 +278,27 @@ def lm_data(tmp_path_factory, lm_text_source) -> Dict[str, Path]:
         lines = moses_tokenise(lines, "en")
     splits = {
         "train": lines[:LM_TRAIN_LINES],
-        "valid": lines[LM_TRAIN_LINES:LM_TRAIN_LINES + LM_VALID_LINES],
-        "test": lines[LM_TRAIN_LINES + LM_VALID_LINES:],
+        "valid": lines[LM_TRAIN_LINES : LM_TRAIN_LINES + LM_VALID_LINES],
+        "test": lines[LM_TRAIN_LINES + LM_VALID_LINES :],
     }
     for split, split_lines in splits.items():
         write_lines(prep / f"{split}.txt", split_lines)
     data_bin = root / "data-bin"
     run_cli(
-        ["fairseq-preprocess", "--only-source",
-         "--trainpref", prep / "train.txt", "--validpref", prep / "valid.txt",
-         "--testpref", prep / "test.txt", "--destdir", data_bin, "--workers", "1"]
+        [
+            "fairseq-preprocess",
+            "--only-source",
+            "--trainpref",
+            prep / "train.txt",
+            "--validpref",
+            prep / "valid.txt",
+            "--testpref",
+            prep / "test.txt",
+            "--destdir",
+            data_bin,
+            "--workers",
+            "1",
+        ]
     )
     for name in ("dict.txt", "train.bin", "valid.bin", "test.bin"):
         assert (data_bin / name).is_file(), f"fairseq-preprocess did not write {name}"

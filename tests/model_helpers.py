@@ -1,25 +1,55 @@
 """Small fairseq models and batches for the model-level tests."""
+
 import torch
 from fairseq import options
 from fairseq.data import Dictionary
 from fairseq.tasks.language_modeling import LanguageModelingTask
 from fairseq.tasks.translation import TranslationTask
 
-import fairseq_distattn  # noqa: F401 (registers the models)
+import fairseq_distattn.models  # noqa: F401 (registers the models)
 
 TINY = [
-    "--encoder-layers", "2", "--decoder-layers", "2",
-    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
-    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
-    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-    "--max-relative-position", "3", "--window-segment-size", "2",
-    "--dropout", "0", "--attention-dropout", "0",
+    "--encoder-layers",
+    "2",
+    "--decoder-layers",
+    "2",
+    "--encoder-embed-dim",
+    "16",
+    "--decoder-embed-dim",
+    "16",
+    "--encoder-ffn-embed-dim",
+    "32",
+    "--decoder-ffn-embed-dim",
+    "32",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
+    "--max-relative-position",
+    "3",
+    "--window-segment-size",
+    "2",
+    "--dropout",
+    "0",
+    "--attention-dropout",
+    "0",
 ]
 
 TINY_LM = [
-    "--decoder-layers", "2", "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32",
-    "--decoder-attention-heads", "2", "--max-relative-position", "3",
-    "--dropout", "0", "--attention-dropout", "0",
+    "--decoder-layers",
+    "2",
+    "--decoder-embed-dim",
+    "16",
+    "--decoder-ffn-embed-dim",
+    "32",
+    "--decoder-attention-heads",
+    "2",
+    "--max-relative-position",
+    "3",
+    "--dropout",
+    "0",
+    "--attention-dropout",
+    "0",
 ]
 
 
@@ -72,11 +102,13 @@ def random_tokens(d, rows, length, seed):
 
 def left_pad(sentences, pad):
     width = max(len(s) for s in sentences)
-    return torch.stack([torch.cat([torch.full((width - len(s),), pad, dtype=torch.long, device=s.device), s])
-                        for s in sentences])
+    return torch.stack(
+        [torch.cat([torch.full((width - len(s),), pad, dtype=torch.long, device=s.device), s]) for s in sentences]
+    )
 
 
 def right_pad(sentences, pad):
     width = max(len(s) for s in sentences)
-    return torch.stack([torch.cat([s, torch.full((width - len(s),), pad, dtype=torch.long, device=s.device)])
-                        for s in sentences])
+    return torch.stack(
+        [torch.cat([s, torch.full((width - len(s),), pad, dtype=torch.long, device=s.device)]) for s in sentences]
+    )

@@ -18,6 +18,7 @@ the full forward; every flag is in ``--help``, refused values exit 2 with one
 line (the CLI cases are rows of tests/test_bad_inputs.py); a tiny model
 trains with each variant; checkpoints without the new options load unchanged.
 """
+
 import argparse
 import math
 import re
@@ -100,8 +101,10 @@ def reference_distance_aware(q, k, v, params, padding, causal, query_offset, map
                 position = query_offset + i
                 visible = [key_visible(padding, causal, b, position, j) for j in range(src_len)]
                 products = [dot(q[b, h, i], k[b, h, j]) for j in range(src_len)]
-                f = [paper_mapping(mapping, float(params["distance_weight"][h]) * abs(position - j), h, params)
-                     for j in range(src_len)]
+                f = [
+                    paper_mapping(mapping, float(params["distance_weight"][h]) * abs(position - j), h, params)
+                    for j in range(src_len)
+                ]
                 if adjusting == "early-multiply":
                     logits = [max(0.0, products[j]) * f[j] / math.sqrt(dim) for j in range(src_len)]
                 elif adjusting == "early-add":
@@ -125,6 +128,7 @@ def reference_distance_aware(q, k, v, params, padding, causal, query_offset, map
 
 def mapping_parameters(mapping, heads, generator, requires_grad=False):
     """The per-head parameters each mapping takes (w always)."""
+
     def head_values(scale=1.0, shift=0.0):
         values = torch.randn(heads, generator=generator, dtype=torch.float64) * scale + shift
         return values.requires_grad_(requires_grad)
@@ -140,9 +144,19 @@ def mapping_parameters(mapping, heads, generator, requires_grad=False):
 
 def call_distance_aware(q, k, v, params, padding, causal, query_offset, mapping, adjusting):
     return DF.distance_aware_attention(
-        q, k, v, params["distance_weight"], params.get("sharpness"), padding, causal, query_offset,
-        mapping=mapping, adjusting=adjusting, linear_slope=params.get("linear_slope"),
-        linear_intercept=params.get("linear_intercept"), clip_threshold=CLIP_THRESHOLD if mapping == "clip" else None,
+        q,
+        k,
+        v,
+        params["distance_weight"],
+        params.get("sharpness"),
+        key_padding_mask=padding,
+        causal=causal,
+        query_offset=query_offset,
+        mapping=mapping,
+        adjusting=adjusting,
+        linear_slope=params.get("linear_slope"),
+        linear_intercept=params.get("linear_intercept"),
+        clip_threshold=CLIP_THRESHOLD if mapping == "clip" else None,
     )
 
 
@@ -175,7 +189,8 @@ def test_distance_aware_variant_matches_the_paper(mapping, adjusting, case):
     params = mapping_parameters(mapping, HEADS, generator)
     out, probs = call_distance_aware(q, k, v, params, padding, causal, query_offset, mapping, adjusting)
     expected_out, expected_probs = reference_distance_aware(
-        q.numpy(), k.numpy(), v.numpy(), params, padding.tolist(), causal, query_offset, mapping, adjusting)
+        q.numpy(), k.numpy(), v.numpy(), params, padding.tolist(), causal, query_offset, mapping, adjusting
+    )
     assert_close(probs, expected_probs, **TIGHT)
     assert_close(out, expected_out, **TIGHT)
 
@@ -183,7 +198,9 @@ def test_distance_aware_variant_matches_the_paper(mapping, adjusting, case):
 def test_the_defaults_are_eq5_and_eq6():
     q, k, v, padding, causal, query_offset, generator = case_inputs(CASES[0], seed=5)
     params = mapping_parameters("learnable-sigmoid", HEADS, generator)
-    default = DF.distance_aware_attention(q, k, v, params["distance_weight"], params["sharpness"], padding)
+    default = DF.distance_aware_attention(
+        q, k, v, params["distance_weight"], params["sharpness"], key_padding_mask=padding
+    )
     explicit = call_distance_aware(q, k, v, params, padding, False, 0, "learnable-sigmoid", "early-multiply")
     assert torch.equal(default[0], explicit[0]) and torch.equal(default[1], explicit[1])
     assert MechanismOptions().da_mapping == "learnable-sigmoid" and MechanismOptions().da_adjusting == "early-multiply"
@@ -195,10 +212,29 @@ def test_coefficients_are_the_papers_f(mapping):
     generator = torch.Generator().manual_seed(3)
     params = mapping_parameters(mapping, HEADS, generator)
     coefficients = distance_coefficients(
-        params["distance_weight"], params.get("sharpness"), 4, 7, 2, mapping, params.get("linear_slope"),
-        params.get("linear_intercept"), CLIP_THRESHOLD if mapping == "clip" else None)
-    expected = torch.tensor([[[paper_mapping(mapping, float(params["distance_weight"][h]) * abs(2 + i - j), h, params)
-                               for j in range(7)] for i in range(4)] for h in range(HEADS)], dtype=torch.float64)
+        params["distance_weight"],
+        params.get("sharpness"),
+        4,
+        7,
+        2,
+        mapping,
+        params.get("linear_slope"),
+        params.get("linear_intercept"),
+        CLIP_THRESHOLD if mapping == "clip" else None,
+    )
+    expected = torch.tensor(
+        [
+            [
+                [
+                    paper_mapping(mapping, float(params["distance_weight"][h]) * abs(2 + i - j), h, params)
+                    for j in range(7)
+                ]
+                for i in range(4)
+            ]
+            for h in range(HEADS)
+        ],
+        dtype=torch.float64,
+    )
     assert_close(coefficients, expected, **TIGHT)
 
 
@@ -222,8 +258,9 @@ def test_distance_aware_variant_gradients(mapping, adjusting):
 
 def da_call(**overrides):
     q, k, v, *_ = case_inputs(CASES[0], seed=1)
-    arguments = dict(distance_weight=torch.zeros(HEADS, dtype=torch.float64),
-                     sharpness=torch.zeros(HEADS, dtype=torch.float64))
+    arguments = dict(
+        distance_weight=torch.zeros(HEADS, dtype=torch.float64), sharpness=torch.zeros(HEADS, dtype=torch.float64)
+    )
     arguments.update(overrides)
     return lambda: DF.distance_aware_attention(q, k, v, **arguments)
 
@@ -235,8 +272,10 @@ DA_ERRORS = [
     (dict(sharpness=None), "needs sharpness"),
     (dict(mapping="sigmoid"), "sharpness is only used by mapping 'learnable-sigmoid'"),
     (dict(mapping="linear", sharpness=None, linear_slope=ZEROS), "needs linear_intercept"),
-    (dict(mapping="linear", sharpness=None, linear_slope=ZEROS, linear_intercept=torch.zeros(2)),
-     "linear_intercept must be [H]"),
+    (
+        dict(mapping="linear", sharpness=None, linear_slope=ZEROS, linear_intercept=torch.zeros(2)),
+        "linear_intercept must be [H]",
+    ),
     (dict(mapping="clip", sharpness=None), "needs clip_threshold"),
     (dict(mapping="clip", sharpness=None, clip_threshold=float("nan")), "finite number > 0"),
     (dict(mapping="clip", sharpness=None, clip_threshold=0.0), "finite number > 0"),
@@ -268,8 +307,10 @@ def reference_query_value_interaction(q, k, v, params, padding, causal, query_of
                 if interaction == "values-only":
                     values[b, h, j] = v[b, h, j]
                     continue
-                visible = [(padding is None or not padding[b][query_offset + i])
-                           and (not causal or query_offset + i <= j) for i in range(tgt_len)]
+                visible = [
+                    (padding is None or not padding[b][query_offset + i]) and (not causal or query_offset + i <= j)
+                    for i in range(tgt_len)
+                ]
                 alpha = naive_softmax([dot(v[b, h, j], q[b, h, i]) / math.sqrt(dim) for i in range(tgt_len)], visible)
                 query_mix = sum(alpha[i] * q[b, h, i] for i in range(tgt_len))
                 projection = params["value_projection"][h].numpy()
@@ -318,10 +359,20 @@ def test_query_value_interaction_variant_matches_the_paper(interaction, case):
     q, k, v, padding, causal, query_offset, generator = case_inputs(case, seed=13)
     params = interaction_parameters(interaction, generator)
     out, probs = DF.query_value_interaction_attention(
-        q, k, v, params["value_projection"], params["gate_weight"], params["gate_bias"], padding, causal, query_offset,
-        interaction=interaction)
+        q,
+        k,
+        v,
+        params["value_projection"],
+        params["gate_weight"],
+        params["gate_bias"],
+        key_padding_mask=padding,
+        causal=causal,
+        query_offset=query_offset,
+        interaction=interaction,
+    )
     expected_out, expected_probs = reference_query_value_interaction(
-        q.numpy(), k.numpy(), v.numpy(), params, padding.tolist(), causal, query_offset, interaction)
+        q.numpy(), k.numpy(), v.numpy(), params, padding.tolist(), causal, query_offset, interaction
+    )
     assert_close(probs, expected_probs, **TIGHT)
     assert_close(out, expected_out, **TIGHT)
 
@@ -335,8 +386,17 @@ def test_query_value_interaction_variant_gradients(interaction):
 
     def run(q, k, v, *values):
         given = {**params, **dict(zip(names, values))}
-        return DF.query_value_interaction_attention(q, k, v, given["value_projection"], given["gate_weight"],
-                                                    given["gate_bias"], padding, causal, interaction=interaction)[0]
+        return DF.query_value_interaction_attention(
+            q,
+            k,
+            v,
+            given["value_projection"],
+            given["gate_weight"],
+            given["gate_bias"],
+            key_padding_mask=padding,
+            causal=causal,
+            interaction=interaction,
+        )[0]
 
     assert gradcheck(run, (q, k, v, *(params[name] for name in names)), eps=1e-6, atol=1e-7, fast_mode=True)
 
@@ -345,8 +405,10 @@ def test_query_value_interaction_variant_gradients(interaction):
 def test_values_only_is_plain_attention(dtype):
     q, k, v, padding, *_ = case_inputs(CASES[0], seed=6)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    out, probs = DF.query_value_interaction_attention(q, k, v, None, None, None, padding, interaction="values-only")
-    plain_out, plain_probs = DF.softmax_attention(q, k, v, padding)
+    out, probs = DF.query_value_interaction_attention(
+        q, k, v, None, None, None, key_padding_mask=padding, interaction="values-only"
+    )
+    plain_out, plain_probs = DF.softmax_attention(q, k, v, key_padding_mask=padding)
     assert torch.equal(out, plain_out) and torch.equal(probs, plain_probs)
 
 
@@ -356,8 +418,10 @@ QVI_ERRORS = [
     (dict(interaction="values-only"), "does not use value_projection"),
     (dict(interaction="summation"), "does not use gate_weight"),
     (dict(interaction="gated", value_projection=None), "needs value_projection"),
-    (dict(interaction="interactions-only", value_projection=None, gate_weight=None, gate_bias=None),
-     "needs value_projection"),
+    (
+        dict(interaction="interactions-only", value_projection=None, gate_weight=None, gate_bias=None),
+        "needs value_projection",
+    ),
 ]
 
 
@@ -412,12 +476,24 @@ def test_each_variant_holds_only_its_parameters(mechanism, flags):
 
 def test_the_papers_choices_build_the_modules_checkpoints_were_saved_from():
     model, _ = translation_model(extra=[*TINY, "--encoder-self-attention", "da", "--decoder-self-attention", "qvi"])
-    da, = mechanisms_of(model, DistanceAware)[:1]
-    qvi, = mechanisms_of(model, QueryValueInteraction)[:1]
+    (da,) = mechanisms_of(model, DistanceAware)[:1]
+    (qvi,) = mechanisms_of(model, QueryValueInteraction)[:1]
     assert da.extra_repr() == "heads=2" and qvi.extra_repr() == "heads=2, head_dim=8"
-    explicit, _ = translation_model(extra=[*TINY, "--encoder-self-attention", "da", "--decoder-self-attention", "qvi",
-                                           "--da-mapping", "learnable-sigmoid", "--da-adjusting", "early-multiply",
-                                           "--qvi-interaction", "gated"])
+    explicit, _ = translation_model(
+        extra=[
+            *TINY,
+            "--encoder-self-attention",
+            "da",
+            "--decoder-self-attention",
+            "qvi",
+            "--da-mapping",
+            "learnable-sigmoid",
+            "--da-adjusting",
+            "early-multiply",
+            "--qvi-interaction",
+            "gated",
+        ]
+    )
     assert model.state_dict().keys() == explicit.state_dict().keys()
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, explicit.state_dict()[name]), name
@@ -426,8 +502,11 @@ def test_the_papers_choices_build_the_modules_checkpoints_were_saved_from():
 def test_a_checkpoint_without_the_new_options_builds_the_papers_model():
     """fairseq rebuilds a checkpoint's model from its saved args: those of an
     earlier version lack the new options, which take the papers' choices."""
-    args = parse("translation", "distattn_transformer", [*TINY, "--encoder-self-attention", "da",
-                                                         "--decoder-self-attention", "qvi"])
+    args = parse(
+        "translation",
+        "distattn_transformer",
+        [*TINY, "--encoder-self-attention", "da", "--decoder-self-attention", "qvi"],
+    )
     for attr in ("da_mapping", "da_adjusting", "da_clip_threshold", "qvi_interaction"):
         delattr(args, attr)
     options = MechanismOptions.from_args(args)
@@ -436,7 +515,10 @@ def test_a_checkpoint_without_the_new_options_builds_the_papers_model():
 
     set_distattn_defaults(args)
     assert {attr: getattr(args, attr) for attr in ("da_mapping", "da_adjusting", "qvi_interaction")} == {
-        "da_mapping": "learnable-sigmoid", "da_adjusting": "early-multiply", "qvi_interaction": "gated"}
+        "da_mapping": "learnable-sigmoid",
+        "da_adjusting": "early-multiply",
+        "qvi_interaction": "gated",
+    }
 
 
 def source_batch(d, rows):
@@ -472,14 +554,15 @@ def test_incremental_beam_decoding_matches_full_forward(mechanism, flags):
 @pytest.mark.parametrize("mechanism,flags", MODEL_VARIANTS, ids=[variant_id(v) for v in MODEL_VARIANTS])
 def test_sentence_output_is_independent_of_batch_padding(mechanism, flags):
     """The late adjustments add or multiply f after the softmax: padding must still weigh 0."""
-    model, d = translation_model(extra=[*TINY, "--encoder-self-attention", mechanism,
-                                        "--decoder-self-attention", mechanism, *flags])
+    model, d = translation_model(
+        extra=[*TINY, "--encoder-self-attention", mechanism, "--decoder-self-attention", mechanism, *flags]
+    )
     src_tokens, src_lengths = source_batch(d, rows=4)
     targets = [random_tokens(d, 1, n, seed=20 + i)[0] for i, n in enumerate([6, 4, 2, 5])]
     batch = model(src_tokens, src_lengths, right_pad(targets, d.pad()))[0]
     for row in range(len(targets)):
-        source = src_tokens[row, src_tokens.size(1) - src_lengths[row]:][None]
-        alone = model(source, src_lengths[row:row + 1], targets[row][None])[0]
+        source = src_tokens[row, src_tokens.size(1) - src_lengths[row] :][None]
+        alone = model(source, src_lengths[row : row + 1], targets[row][None])[0]
         assert_close(batch[row, : len(targets[row])], alone[0], **MODEL_TOLERANCE)
 
 
@@ -487,8 +570,10 @@ def test_sentence_output_is_independent_of_batch_padding(mechanism, flags):
 def test_a_tiny_model_trains_with_each_variant(mechanism, flags):
     """A few Adam steps on one batch: the loss falls and every parameter of the
     variant moves (DA's v, k and b get no gradient at w = 0, so after step one)."""
-    model, d = translation_model(extra=[*TINY, "--encoder-self-attention", mechanism,
-                                        "--decoder-self-attention", mechanism, *flags], perturb=False)
+    model, d = translation_model(
+        extra=[*TINY, "--encoder-self-attention", mechanism, "--decoder-self-attention", mechanism, *flags],
+        perturb=False,
+    )
     model.train()
     src_tokens, src_lengths = source_batch(d, rows=4)
     targets = right_pad([random_tokens(d, 1, n, seed=60 + i)[0] for i, n in enumerate([6, 4, 3, 5])], d.pad())
@@ -499,8 +584,9 @@ def test_a_tiny_model_trains_with_each_variant(mechanism, flags):
     losses = []
     for _ in range(8):
         logits = model(src_tokens, src_lengths, prev_output_tokens)[0]
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1),
-                                                 ignore_index=d.pad())
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=d.pad()
+        )
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -514,8 +600,12 @@ def test_a_tiny_model_trains_with_each_variant(mechanism, flags):
 # ------------------------------------------------------------------ flags
 
 
-NEW_FLAGS = {"--da-mapping": DA_MAPPINGS, "--da-adjusting": DA_ADJUSTINGS, "--da-clip-threshold": None,
-             "--qvi-interaction": QVI_INTERACTIONS}
+NEW_FLAGS = {
+    "--da-mapping": DA_MAPPINGS,
+    "--da-adjusting": DA_ADJUSTINGS,
+    "--da-clip-threshold": None,
+    "--qvi-interaction": QVI_INTERACTIONS,
+}
 
 
 def test_every_option_has_a_default_that_is_the_papers_choice():
@@ -526,24 +616,44 @@ def test_every_option_has_a_default_that_is_the_papers_choice():
 
 
 def test_the_flags_reach_the_model_and_are_absent_unless_given():
-    args = parse("translation", "distattn_transformer", [*TINY, "--da-mapping", "clip", "--da-clip-threshold", "2.5",
-                                                        "--da-adjusting", "late-add", "--qvi-interaction", "summation"])
+    args = parse(
+        "translation",
+        "distattn_transformer",
+        [
+            *TINY,
+            "--da-mapping",
+            "clip",
+            "--da-clip-threshold",
+            "2.5",
+            "--da-adjusting",
+            "late-add",
+            "--qvi-interaction",
+            "summation",
+        ],
+    )
     options = MechanismOptions.from_args(args)
     assert (options.da_mapping, options.da_clip_threshold, options.da_adjusting, options.qvi_interaction) == (
-        "clip", 2.5, "late-add", "summation")
+        "clip",
+        2.5,
+        "late-add",
+        "summation",
+    )
     plain = parse("translation", "distattn_transformer", [])
     assert plain.da_mapping == "learnable-sigmoid"  # filled in by the architecture
     assert not hasattr(parse("translation", "transformer", []), "da_mapping")
 
 
-@pytest.mark.parametrize("attr,value,flag", [
-    ("da_mapping", "tanh", "--da-mapping"),
-    ("da_adjusting", None, "--da-adjusting"),
-    ("qvi_interaction", "gate", "--qvi-interaction"),
-    ("da_clip_threshold", 0.0, "--da-clip-threshold"),
-    ("da_clip_threshold", float("inf"), "--da-clip-threshold"),
-    ("da_clip_threshold", True, "--da-clip-threshold"),
-])
+@pytest.mark.parametrize(
+    "attr,value,flag",
+    [
+        ("da_mapping", "tanh", "--da-mapping"),
+        ("da_adjusting", None, "--da-adjusting"),
+        ("qvi_interaction", "gate", "--qvi-interaction"),
+        ("da_clip_threshold", 0.0, "--da-clip-threshold"),
+        ("da_clip_threshold", float("inf"), "--da-clip-threshold"),
+        ("da_clip_threshold", True, "--da-clip-threshold"),
+    ],
+)
 def test_options_refuse_bad_values_with_one_line(attr, value, flag):
     with pytest.raises(SpecError) as error:
         MechanismOptions.from_args(argparse.Namespace(**{attr: value}))
@@ -551,8 +661,16 @@ def test_options_refuse_bad_values_with_one_line(attr, value, flag):
     assert "\n" not in message and message.startswith(f"argument {flag}: invalid value {str(value)!r}")
 
 
-@pytest.mark.parametrize("flags", [["--da-mapping", "tanh"], ["--da-adjusting", "late"], ["--qvi-interaction", "gate"],
-                                   ["--da-clip-threshold", "-1"], ["--da-clip-threshold", "nan"]])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--da-mapping", "tanh"],
+        ["--da-adjusting", "late"],
+        ["--qvi-interaction", "gate"],
+        ["--da-clip-threshold", "-1"],
+        ["--da-clip-threshold", "nan"],
+    ],
+)
 def test_the_parser_refuses_a_bad_value_with_exit_2_and_one_line(flags, capsys):
     with pytest.raises(SystemExit) as exit_info:
         translation_model(extra=[*TINY, "--encoder-self-attention", "da", *flags])
@@ -564,8 +682,9 @@ def test_the_parser_refuses_a_bad_value_with_exit_2_and_one_line(flags, capsys):
 def test_option_flags_are_accepted_without_their_mechanism_like_every_option():
     """As --distance-mask-alpha or --window-segment-size: an option is a model
     setting, valid (and checked) whether or not a layer uses it."""
-    model, _ = translation_model(extra=[*TINY, "--encoder-self-attention", "rpr", "--da-mapping", "clip",
-                                        "--qvi-interaction", "summation"])
+    model, _ = translation_model(
+        extra=[*TINY, "--encoder-self-attention", "rpr", "--da-mapping", "clip", "--qvi-interaction", "summation"]
+    )
     assert not mechanisms_of(model, DistanceAware) and not mechanisms_of(model, QueryValueInteraction)
 
 
@@ -586,38 +705,113 @@ def test_help_lists_the_ablation_flags_and_their_choices():
 # ------------------------------------------------------------------ command line and checkpoints
 
 MT_CLI = ["--user-dir", "fairseq_distattn", "--task", "translation", "--source-lang", "en", "--target-lang", "de"]
-CLI_TINY = ["--arch", "distattn_transformer", "--encoder-layers", "2", "--decoder-layers", "2",
-            "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "16",
-            "--decoder-ffn-embed-dim", "16", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-            "--encoder-self-attention", "da", "--decoder-self-attention", "qvi"]
+CLI_TINY = [
+    "--arch",
+    "distattn_transformer",
+    "--encoder-layers",
+    "2",
+    "--decoder-layers",
+    "2",
+    "--encoder-embed-dim",
+    "16",
+    "--decoder-embed-dim",
+    "16",
+    "--encoder-ffn-embed-dim",
+    "16",
+    "--decoder-ffn-embed-dim",
+    "16",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
+    "--encoder-self-attention",
+    "da",
+    "--decoder-self-attention",
+    "qvi",
+]
 
 
 def train_and_generate(data, save_dir: Path, flags):
-    train = run_cli(["fairseq-train", data["bin"], *MT_CLI, *CLI_TINY, *flags, "--optimizer", "adam", "--lr", "5e-3",
-                     "--max-tokens", "1024", "--max-update", "2", "--seed", "1", "--num-workers", "0",
-                     "--disable-validation", "--no-epoch-checkpoints", "--save-dir", save_dir])
+    train = run_cli(
+        [
+            "fairseq-train",
+            data["bin"],
+            *MT_CLI,
+            *CLI_TINY,
+            *flags,
+            "--optimizer",
+            "adam",
+            "--lr",
+            "5e-3",
+            "--max-tokens",
+            "1024",
+            "--max-update",
+            "2",
+            "--seed",
+            "1",
+            "--num-workers",
+            "0",
+            "--disable-validation",
+            "--no-epoch-checkpoints",
+            "--save-dir",
+            save_dir,
+        ]
+    )
     return train.stdout + train.stderr, generate(data, save_dir / "checkpoint_last.pt")
 
 
 def generate(data, checkpoint: Path) -> str:
-    proc = run_cli(["fairseq-generate", data["bin"], *MT_CLI, "--path", checkpoint, "--gen-subset", "test",
-                    "--beam", "2", "--batch-size", "4", "--required-batch-size-multiple", "1", "--max-len-b", "8",
-                    "--num-workers", "0"])
+    proc = run_cli(
+        [
+            "fairseq-generate",
+            data["bin"],
+            *MT_CLI,
+            "--path",
+            checkpoint,
+            "--gen-subset",
+            "test",
+            "--beam",
+            "2",
+            "--batch-size",
+            "4",
+            "--required-batch-size-multiple",
+            "1",
+            "--max-len-b",
+            "8",
+            "--num-workers",
+            "0",
+        ]
+    )
     lines = [line for line in proc.stdout.splitlines() if re.match(r"^[HP]-\d+\t", line)]
     assert len(lines) == 2 * data["n_test"], proc.stdout[-2000:]
     return "\n".join(sorted(lines))
 
 
 def test_an_ablation_trains_generates_and_reloads_from_the_command_line(mt_data, workdir):
-    log, _ = train_and_generate(mt_data, workdir / "ablation", [
-        "--da-mapping", "clip", "--da-clip-threshold", "4", "--da-adjusting", "late-add",
-        "--qvi-interaction", "summation"])
+    log, _ = train_and_generate(
+        mt_data,
+        workdir / "ablation",
+        [
+            "--da-mapping",
+            "clip",
+            "--da-clip-threshold",
+            "4",
+            "--da-adjusting",
+            "late-add",
+            "--qvi-interaction",
+            "summation",
+        ],
+    )
     # the model summary logged at build names each layer's variant
     assert "da (heads=2, mapping=clip, T=4, adjusting=late-add)" in log, log[-3000:]
     assert "qvi (heads=2, head_dim=8, interaction=summation)" in log, log[-3000:]
     saved = torch.load(workdir / "ablation" / "checkpoint_last.pt", weights_only=True)["cfg"]["model"]
     assert (saved.da_mapping, saved.da_clip_threshold, saved.da_adjusting, saved.qvi_interaction) == (
-        "clip", 4.0, "late-add", "summation")
+        "clip",
+        4.0,
+        "late-add",
+        "summation",
+    )
 
 
 def test_a_checkpoint_saved_before_the_options_existed_loads_unchanged(mt_data, workdir):
@@ -655,7 +849,7 @@ def flag_values(arguments):
     """``{flag: value}`` of a command line (``True`` for a flag without one)."""
     values, position = {}, 0
     while position < len(arguments):
-        flag, rest = arguments[position], arguments[position + 1:]
+        flag, rest = arguments[position], arguments[position + 1 :]
         takes_value = bool(rest) and not rest[0].startswith("--")
         values[flag] = rest[0] if takes_value else True
         position += 2 if takes_value else 1
@@ -676,8 +870,9 @@ def layer_mechanisms(model, flag):
 def test_every_ablation_builds_the_model_it_names(layers):
     depth = ["--encoder-layers", str(layers), "--decoder-layers", str(layers)]
     for ablation in ablations(layers):
-        model, _ = translation_model("distattn_transformer_iwslt_de_en", extra=[*TINY, *depth, *ablation.train_args],
-                                     perturb=False)
+        model, _ = translation_model(
+            "distattn_transformer_iwslt_de_en", extra=[*TINY, *depth, *ablation.train_args], perturb=False
+        )
         flags = flag_values(ablation.train_args)
         for flag in ("--encoder-self-attention", "--decoder-self-attention", "--cross-attention"):
             mechanism, _, layer_range = flags.get(flag, "vanilla").partition("@")
@@ -687,8 +882,10 @@ def test_every_ablation_builds_the_model_it_names(layers):
             assert layer_mechanisms(model, flag) == expected, (ablation.name, flag)
         if "--da-mapping" in flags or "--da-adjusting" in flags:
             da = mechanisms_of(model, DistanceAware)[0]
-            assert (da.mapping, da.adjusting) == (flags.get("--da-mapping", "learnable-sigmoid"),
-                                                  flags.get("--da-adjusting", "early-multiply")), ablation.name
+            assert (da.mapping, da.adjusting) == (
+                flags.get("--da-mapping", "learnable-sigmoid"),
+                flags.get("--da-adjusting", "early-multiply"),
+            ), ablation.name
             assert model.encoder.embed_positions is None, ablation.name
         if "--qvi-interaction" in flags:
             assert mechanisms_of(model, QueryValueInteraction)[0].interaction == flags["--qvi-interaction"]
@@ -709,8 +906,9 @@ README = Path(__file__).resolve().parent.parent / "examples" / "ablations" / "RE
 
 def readme_ablations():
     """``{name: flags}`` of the README's ``ablate NAME FLAGS...`` lines."""
-    commands = [shlex.split(line) for line in README.read_text(encoding="utf-8").splitlines()
-                if line.startswith("ablate ")]
+    commands = [
+        shlex.split(line) for line in README.read_text(encoding="utf-8").splitlines() if line.startswith("ablate ")
+    ]
     names = [command[1] for command in commands]
     assert len(set(names)) == len(names), "a configuration is listed twice"
     return {command[1]: tuple(command[2:]) for command in commands}
@@ -719,12 +917,12 @@ def readme_ablations():
 def readme_recipe(name, flags):
     """The README's ``ablate`` function as the fairseq-train arguments it runs."""
     text = README.read_text(encoding="utf-8")
-    body = text[text.index("fairseq-train $DATA"):text.index("\n}\n")]
+    body = text[text.index("fairseq-train $DATA") : text.index("\n}\n")]
     words = []
     for word in shlex.split(body.replace("\\\n", " "))[1:]:
         words.extend(flags if word == "$@" else [word.replace("$DATA", "data").replace("$name", name)])
     user_dir = words.index("--user-dir")
-    return words[:user_dir] + words[user_dir + 2:]  # the plugin is imported already
+    return words[:user_dir] + words[user_dir + 2 :]  # the plugin is imported already
 
 
 def test_the_readme_lists_every_ablation_as_the_harness_holds_it():

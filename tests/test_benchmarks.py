@@ -1,6 +1,7 @@
 """Smoke test of the benchmark harness (benchmarks/): it runs end to end at
 tiny sizes (--quick) and writes well-formed outputs. No timing assertions:
 the harness reports targets, it never asserts them."""
+
 from __future__ import annotations
 
 import json
@@ -14,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.common import Summary, fit_exponent, run_paired
 from benchmarks import configs as C
-from benchmarks.configs import LM_FLOORS, LM_PRESETS, MT_PRESETS, mt_mechanism_configs
-from benchmarks.floor import WINDOW_FLOOR_LAYERS
+from benchmarks.common import Summary, fit_exponent, run_paired
+from benchmarks.configs import LM_FLOORS, LM_PRESETS, MT_FLOORS, MT_PRESETS, mt_mechanism_configs
+from benchmarks.floor import TRANSLATION_WINDOW_FLOOR, WINDOW_FLOOR_LAYERS, WINDOW_SEGMENT_SIZE
 from benchmarks.report import TRAIN_TARGETS, md_table
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -33,10 +34,10 @@ def png_info(data: bytes):
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG signature"
     pos, chunks = 8, []
     while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos:pos + 4])
-        kind = data[pos + 4:pos + 8]
-        body = data[pos + 8:pos + 8 + length]
-        (crc,) = struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind = data[pos + 4 : pos + 8]
+        body = data[pos + 8 : pos + 8 + length]
+        (crc,) = struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])
         assert zlib.crc32(kind + body) & 0xFFFFFFFF == crc, f"bad CRC in {kind!r} chunk"
         chunks.append((kind, body))
         pos += 12 + length
@@ -92,7 +93,10 @@ def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.run", "--quick", "--out", str(out)],
-        cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=QUICK_TIMEOUT,
+        cwd=str(REPO_ROOT),
+        capture_output=True,
+        text=True,
+        timeout=QUICK_TIMEOUT,
     )
     assert proc.returncode == 0, f"harness failed ({proc.returncode}):\n{proc.stderr[-5000:]}"
     return out, proc
@@ -119,8 +123,15 @@ def test_quick_run_writes_all_outputs(quick_run):
 def test_machine_description(quick_run):
     out, _ = quick_run
     rows = {r["item"]: r["value"] for r in sections((out / "results.md").read_text())["## Machine"]}
-    for item in ("CPU", "logical CPUs / physical cores", "torch threads (fixed)", "device",
-                 "torch / fairseq / numpy / python", "scale", "command"):
+    for item in (
+        "CPU",
+        "logical CPUs / physical cores",
+        "torch threads (fixed)",
+        "device",
+        "torch / fairseq / numpy / python",
+        "scale",
+        "command",
+    ):
         assert rows.get(item) and rows[item] != "None", f"machine row {item!r} missing"
     assert rows["scale"].startswith("tiny")
     assert "--quick" in rows["command"]
@@ -154,7 +165,7 @@ def test_training_tables(quick_run):
     out, _ = quick_run
     tables = sections((out / "results.md").read_text())
     mt = tables["## Training throughput: translation"]
-    expected = ["transformer"] + [c.key for c in MT_PRESETS] + [c.key for c in mt_mechanism_configs()]
+    expected = ["transformer"] + [c.key for c in MT_PRESETS + MT_FLOORS] + [c.key for c in mt_mechanism_configs()]
     assert [r["config"] for r in mt] == expected
     lm = tables["## Training throughput: language model"]
     assert [r["config"] for r in lm] == ["transformer_lm"] + [c.key for c in LM_PRESETS]
@@ -175,9 +186,10 @@ def test_training_tables(quick_run):
 def test_generation_tables(quick_run):
     out, _ = quick_run
     tables = sections((out / "results.md").read_text())
-    for heading, baseline, presets in (("## Generation: translation, beam 5", "transformer", MT_PRESETS),
-                                       ("## Generation: language model, beam 5", "transformer_lm",
-                                        [*LM_PRESETS, *LM_FLOORS])):
+    for heading, baseline, presets in (
+        ("## Generation: translation, beam 5", "transformer", [*MT_PRESETS, *MT_FLOORS]),
+        ("## Generation: language model, beam 5", "transformer_lm", [*LM_PRESETS, *LM_FLOORS]),
+    ):
         rows = tables[heading]
         assert [r["config"] for r in rows] == [baseline] + [c.key for c in presets]
         lengths = {r["tokens/sentence"] for r in rows}
@@ -211,8 +223,8 @@ def test_window_floor_is_vanilla_plus_the_window_work_of_the_preset_layers():
                 for model, state in ((vanilla, vanilla_state), (floor, floor_state)):
                     model.decoder.reorder_incremental_state_scripting(state, torch.tensor([1, 1]))
                 tokens[0] = tokens[1]
-            expected = vanilla.decoder(tokens[:, :step + 1], incremental_state=vanilla_state)[0]
-            out = floor.decoder(tokens[:, :step + 1], incremental_state=floor_state)[0]
+            expected = vanilla.decoder(tokens[:, : step + 1], incremental_state=vanilla_state)[0]
+            out = floor.decoder(tokens[:, : step + 1], incremental_state=floor_state)[0]
             torch.testing.assert_close(out, expected, rtol=0, atol=0)
     for index, layer in enumerate(floor.decoder.layers):
         buffer = layer.self_attn._get_input_buffer(floor_state)
@@ -222,11 +234,298 @@ def test_window_floor_is_vanilla_plus_the_window_work_of_the_preset_layers():
             torch.testing.assert_close(buffer["prev_right_key"][0], buffer["prev_right_key"][1], rtol=0, atol=0)
 
 
+def _floor_dictionary():
+    from fairseq.data import Dictionary
+
+    dictionary = Dictionary()
+    for i in range(40):
+        dictionary.add_symbol(f"w{i}")
+    return dictionary
+
+
+def _translation_batch(dictionary, bsz=3, src_len=9, tgt_len=7):
+    """A fairseq batch with left-padded sources and right-padded targets."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(dictionary.nspecial, len(dictionary), (bsz, src_len), generator=g)
+    src[0, :3] = dictionary.pad()  # left padding (fairseq's default for sources)
+    target = torch.randint(dictionary.nspecial, len(dictionary), (bsz, tgt_len), generator=g)
+    target[:, -1] = dictionary.eos()
+    target[1, -3:] = dictionary.pad()
+    target[1, -4] = dictionary.eos()
+    prev = torch.cat([torch.full((bsz, 1), dictionary.eos()), target[:, :-1]], dim=1)
+    prev[1, -2:] = dictionary.pad()
+    lengths = (src != dictionary.pad()).sum(1)
+    return {
+        "id": torch.arange(bsz),
+        "nsentences": bsz,
+        "ntokens": int((target != dictionary.pad()).sum()),
+        "net_input": {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": prev},
+        "target": target,
+    }
+
+
+def _vanilla_and_floor(dictionary):
+    """fairseq's transformer and window-floor at tiny size, the floor holding vanilla's weights."""
+    scale = C.SCALES["tiny"]
+    vanilla = C.build(C.MT_BASELINE, scale, dictionary, "cpu")
+    floor = C.build(MT_FLOORS[0], scale, dictionary, "cpu")
+    loaded = floor.model.load_state_dict(vanilla.model.state_dict(), strict=False)
+    assert not loaded.unexpected_keys
+    assert loaded.missing_keys and all(".window_" in k for k in loaded.missing_keys)
+    # the floor draws its projections after fairseq's model: the same seed gives vanilla's weights anyway
+    assert all(torch_equal(v, floor.model.state_dict()[k]) for k, v in vanilla.model.state_dict().items())
+    return vanilla, floor
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.equal(a, b)
+
+
+def test_translation_window_floor_covers_the_window_presets_layers():
+    """window-floor windows what distattn_window_wmt_en_de windows (kind, layers, b) and
+    holds as many parameters: vanilla's plus the window's projections."""
+    dictionary = _floor_dictionary()
+    scale = C.SCALES["paper"]  # the preset's own 6 + 6 layers
+    preset = C.build(next(c for c in MT_PRESETS if c.key == "window-preset"), scale, dictionary, "cpu")
+    floor = C.build(MT_FLOORS[0], scale, dictionary, "cpu")
+    assert MT_FLOORS[0].floor_of == "window-preset" and MT_FLOORS[0].arch == C.MT_BASELINE.arch
+    plans = {
+        "encoder_self": [p.self_attention for p in preset.model.encoder.layer_plans],
+        "decoder_self": [p.self_attention for p in preset.model.decoder.layer_plans],
+        "cross": [p.cross_attention for p in preset.model.decoder.layer_plans],
+    }
+    for name, (kind, layers) in TRANSLATION_WINDOW_FLOOR.items():
+        windowed = tuple(i for i, plan in enumerate(plans[name]) if plan != "vanilla")
+        assert windowed == layers, name
+        assert {plans[name][i] for i in layers} == {f"window-{kind}"}, name
+    assert preset.model.decoder.layer_plans[0].options.window_segment_size == WINDOW_SEGMENT_SIZE
+    assert floor.parameters == preset.parameters
+    assert "aw-seg@0-2" in C.attention_layout(floor)
+
+
+def test_translation_window_floor_is_vanilla_plus_work_in_training():
+    """Same loss and same gradients as fairseq's transformer with the same weights (in train
+    mode, dropout included), and the window's work is in the graph: its projections get gradients."""
+    import torch
+
+    from benchmarks.train import TrainStep
+
+    dictionary = _floor_dictionary()
+    vanilla, floor = _vanilla_and_floor(dictionary)
+    sample = _translation_batch(dictionary)
+    grads = []
+    for built in (vanilla, floor):
+        built.model.train()
+        built.model.zero_grad()
+        torch.manual_seed(3)
+        loss, _, _ = built.criterion(built.model, sample)
+        loss.backward()
+        grads.append({k: p.grad for k, p in built.model.named_parameters()})
+    for key, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][key], grad, rtol=0, atol=0, msg=key)
+    window = {k: g for k, g in grads[1].items() if ".window_" in k}
+    assert len(window) == 3 * (6 + 4 + 6) * 2  # layers x (enc AW + dec MW + cross AW-seg projections) x (w, b)
+    assert all(g is not None and not g.any() for g in window.values())
+    with torch.no_grad():
+        for built in (vanilla, floor):
+            built.model.eval()
+        net_input = sample["net_input"]
+        expected = vanilla.model(**net_input)[0]
+        torch.testing.assert_close(floor.model(**net_input)[0], expected, rtol=0, atol=0)
+    assert TrainStep(floor)(sample) == sample["ntokens"]  # the harness's training step runs
+
+
+def test_translation_window_floor_is_vanilla_plus_work_in_decoding():
+    """Incremental decoding under beam search: vanilla's outputs at every step, with the
+    pointer keys cached beside fairseq's (cross-attention: one copy per sentence, like prev_key),
+    and fairseq's SequenceGenerator finds vanilla's hypotheses."""
+    import torch
+    from fairseq.sequence_generator import SequenceGenerator
+
+    dictionary = _floor_dictionary()
+    vanilla, floor = _vanilla_and_floor(dictionary)
+    sample = _translation_batch(dictionary)
+    bsz, beam = sample["net_input"]["src_tokens"].size(0), 2
+    models = (vanilla.model.eval(), floor.model.eval())
+    states = ({}, {})
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.full((bsz * beam, 1), dictionary.eos())
+    with torch.no_grad():
+        encoder_outs = []
+        for model in models:
+            model.decoder.set_beam_size(beam)
+            out = model.encoder(sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"])
+            encoder_outs.append(model.encoder.reorder_encoder_out(out, torch.arange(bsz).repeat_interleave(beam)))
+        for step in range(4):
+            if step == 2:  # beam search reorders the hypotheses within each sentence
+                order = torch.arange(bsz * beam).view(bsz, beam).flip(1).reshape(-1)
+                for model, state in zip(models, states):
+                    model.decoder.reorder_incremental_state_scripting(state, order)
+                tokens = tokens[order]
+            outputs = [
+                model.decoder(tokens, encoder_out=enc, incremental_state=state)[0]
+                for model, enc, state in zip(models, encoder_outs, states)
+            ]
+            torch.testing.assert_close(outputs[1], outputs[0], rtol=0, atol=0)
+            tokens = torch.cat(
+                [tokens, torch.randint(dictionary.nspecial, len(dictionary), (bsz * beam, 1), generator=g)], dim=1
+            )
+    for index, layer in enumerate(floor.model.decoder.layers):
+        own = layer.self_attn._get_input_buffer(states[1])
+        cross = layer.encoder_attn._get_input_buffer(states[1])
+        windowed = index in TRANSLATION_WINDOW_FLOOR["decoder_self"][1]
+        assert ("prev_left_key" in own) == windowed and ("prev_local_key" in cross) == windowed
+        if windowed:
+            assert own["prev_left_key"].shape == own["prev_key"].shape  # [B * beam, H, step, D]
+            assert cross["prev_left_key"].shape == cross["prev_key"].shape  # [B, H, source, D]: one per sentence
+            assert cross["prev_window_segments"].size(0) == bsz
+    for model in models:
+        model.decoder.set_beam_size(1)
+    hypotheses = []
+    for built in (vanilla, floor):
+        generator = SequenceGenerator([built.model], dictionary, beam_size=3, max_len_a=0, max_len_b=5, min_len=5)
+        with torch.no_grad():
+            found = generator.generate([built.model], sample)
+        hypotheses.append([(h[0]["tokens"].tolist(), float(h[0]["score"])) for h in found])
+    assert hypotheses[0] == hypotheses[1]
+
+
+def _hand_made_results(with_floor: bool = True) -> dict:
+    """A results.json as the harness writes it, reduced to what the report reads."""
+
+    def row(kind, ratios, **extra):
+        summary = (
+            {"median": sorted(ratios)[len(ratios) // 2], "min": min(ratios), "max": max(ratios), "n": len(ratios)}
+            if ratios
+            else None
+        )
+        return {"kind": kind, "ratios": ratios, "ratio": summary, **extra}
+
+    train = {
+        "transformer": row("baseline", []),
+        "window-preset": row("preset", [0.72, 0.80, 0.75]),
+        "qvi": row("mechanism", [0.91, 0.92, 0.93]),
+    }
+    generate = {"transformer": row("baseline", []), "window-preset": row("preset", [0.74, 0.76, 0.70])}
+    lm_generate = {
+        "transformer_lm": row("baseline", []),
+        "lm-window-preset": row("preset", [0.90, 0.94, 0.93]),
+        "lm-window-floor": row("floor", [0.95, 0.94, 0.90], floor_of="lm-window-preset"),
+    }
+    if with_floor:
+        train["window-floor"] = row("floor", [0.80, 0.80, 0.75], floor_of="window-preset")
+        generate["window-floor"] = row("floor", [0.80, 0.80, 0.75], floor_of="window-preset")
+    return {
+        "meta": {"scale": "small", "repeats": 3, "command": "python -m benchmarks.run"},
+        "machine": {"device": "cpu", "cpu": "test", "torch_threads": 1, "git": "abc"},
+        "train": {"translation": train},
+        "generate": {"translation": generate, "lm": lm_generate},
+    }
+
+
+def test_report_computes_the_floor_ratios_per_round():
+    """preset / floor is, per round, the preset's ratio to vanilla over the floor's (both paired
+    with vanilla in the same round); the window preset's targets become >= 0.97 of its floor,
+    the LM preset's stay relative to vanilla; the summary shows both ratios and the floors' rows."""
+    from benchmarks.report import FLOOR_TARGET, evaluate_targets, floor_comparisons, floors_section, render_summary
+
+    results = _hand_made_results()
+    comparisons = {(c.section, c.preset): c for c in floor_comparisons(results)}
+    assert set(comparisons) == {
+        ("train", "window-preset"),
+        ("generate", "window-preset"),
+        ("generate", "lm-window-preset"),
+    }
+    train = comparisons["train", "window-preset"]
+    assert train.floor == "window-floor" and train.task == "translation"
+    assert train.preset_vs_floor.median == pytest.approx(1.0)  # rounds: 0.90, 1.00, 1.00
+    assert (train.preset_vs_floor.low, train.preset_vs_floor.high) == (pytest.approx(0.9), pytest.approx(1.0))
+    assert (train.floor_vs_vanilla.median, train.floor_vs_vanilla.low) == (0.80, 0.75)
+    assert train.preset_vs_vanilla.median == 0.75
+    generate = comparisons["generate", "window-preset"]
+    assert generate.preset_vs_floor.median == pytest.approx(0.70 / 0.75)  # rounds: 0.925, 0.95, 0.933
+    assert generate.preset_vs_floor.low == pytest.approx(0.925)
+
+    targets = {(t.section, t.candidate): t for t in evaluate_targets(results)}
+    row = targets["train", "window-preset"]
+    assert (row.reference, row.threshold, row.status) == ("window-floor", FLOOR_TARGET, "PASS")
+    assert row.metric == "tokens/s ratio to window-floor" and row.median == pytest.approx(1.0)
+    row = targets["generate", "window-preset"]
+    assert (row.reference, row.status, row.median) == ("window-floor", "MISS", pytest.approx(0.70 / 0.75))
+    row = targets["generate", "lm-window-preset"]  # no floor target: the vanilla one stays
+    assert (row.reference, row.threshold, row.median, row.status) == ("vanilla", 0.92, 0.93, "PASS")
+    assert ("train", "qvi") in targets and ("generate", "window-floor") not in targets
+    assert ("generate", "lm-window-floor") not in targets
+
+    summary = render_summary(results, list(targets.values()))
+    lines = {line.split(" | ")[0]: line for line in summary.splitlines() if line.startswith("| `")}
+    assert "| 1.00 [0.90-1.00] of window-floor (>= 0.97) PASS; 0.75 of vanilla |" in lines["| `window-preset`"]
+    assert "0.93 [0.92-0.95] of window-floor (>= 0.97) MISS; 0.74 of vanilla" in lines["| `window-preset`"]
+    assert lines["| `window-floor`"] == (
+        "| `window-floor` | 0.80 [0.75-0.80] (floor of window-preset, no target) | "
+        "0.80 [0.75-0.80] (floor of window-preset, no target) | - |"
+    )
+    # per round 0.947, 1.0, 1.033
+    assert "0.93 [0.90-0.94] (>= 0.92) PASS; 1.00 of lm-window-floor" in lines["| `lm-window-preset`"]
+    assert lines["| `lm-window-floor`"].startswith(
+        "| `lm-window-floor` | - | 0.94 [0.90-0.95] (floor of lm-window-preset"
+    )
+    floors = sections("## Cost floors\n\n" + floors_section(floor_comparisons(results)))["## Cost floors"]
+    assert [(r["section"], r["preset"], r["floor"], r["target (preset / floor)"]) for r in floors] == [
+        ("train", "window-preset", "window-floor", ">= 0.97"),
+        ("generate", "window-preset", "window-floor", ">= 0.97"),
+        ("generate", "lm-window-preset", "lm-window-floor", "-"),
+    ]
+    assert floors[0]["preset / floor"] == "1.000 [0.900-1.000]"
+    assert floors[0]["floor / vanilla"] == "0.800 [0.750-0.800]"
+
+
+def test_report_without_the_floor_keeps_the_vanilla_targets():
+    """A run without window-floor (or an older results.json) is judged as before."""
+    from benchmarks.report import evaluate_targets, floor_comparisons, render_summary
+
+    results = _hand_made_results(with_floor=False)
+    targets = {(t.section, t.candidate): t for t in evaluate_targets(results)}
+    assert (targets["train", "window-preset"].reference, targets["train", "window-preset"].threshold) == (
+        "vanilla",
+        dict(TRAIN_TARGETS)["window-preset"],
+    )
+    assert targets["generate", "window-preset"].threshold == 0.92
+    assert [c.preset for c in floor_comparisons(results)] == ["lm-window-preset"]
+    for row in results["generate"]["lm"].values():
+        row.pop("floor_of", None)  # results written before floors were paired with their presets
+    summary = render_summary(results, evaluate_targets(results))
+    assert "of `<floor>`" not in summary and "floor" not in summary
+
+
+def test_quick_run_reports_the_window_floor(quick_run):
+    out, _ = quick_run
+    markdown = (out / "results.md").read_text()
+    floors = sections(markdown)["## Cost floors"]
+    assert [(r["section"], r["task"], r["preset"], r["floor"]) for r in floors] == [
+        ("train", "translation", "window-preset", "window-floor"),
+        ("generate", "translation", "window-preset", "window-floor"),
+        ("generate", "lm", "lm-window-preset", "lm-window-floor"),
+    ]
+    targets = {(r["section"], r["candidate"]): r for r in sections(markdown)["## Targets"]}
+    for section in ("train", "generate"):
+        assert targets[section, "window-preset"]["target"] == ">= 0.97"
+        assert targets[section, "window-preset"]["metric"].endswith("ratio to window-floor")
+    results = json.loads((out / "results.json").read_text())
+    assert len(results["floors"]) == 3
+    assert "| `window-floor` |" in (out / "summary.md").read_text()
+
+
 def test_memory_table(quick_run):
     out, _ = quick_run
     rows = sections((out / "results.md").read_text())["## Peak memory, forward + backward"]
-    assert [r["config"] for r in rows] == (["transformer"] + [c.key for c in MT_PRESETS]
-                                           + ["transformer_lm"] + [c.key for c in LM_PRESETS])
+    assert [r["config"] for r in rows] == (
+        ["transformer"] + [c.key for c in MT_PRESETS] + ["transformer_lm"] + [c.key for c in LM_PRESETS]
+    )
     lengths = [int(h.split("=")[1]) for h in rows[0] if h.startswith("MiB L=")]
     assert lengths == [16, 32, 64]
     for row in rows:
@@ -242,8 +541,9 @@ def test_memory_table(quick_run):
 def test_memory_pass_time_table(quick_run):
     out, _ = quick_run
     rows = sections((out / "results.md").read_text())["## Time of the memory pass"]
-    assert [r["config"] for r in rows] == (["transformer"] + [c.key for c in MT_PRESETS]
-                                           + ["transformer_lm"] + [c.key for c in LM_PRESETS])
+    assert [r["config"] for r in rows] == (
+        ["transformer"] + [c.key for c in MT_PRESETS] + ["transformer_lm"] + [c.key for c in LM_PRESETS]
+    )
     for row in rows:
         for n in (16, 32, 64):
             assert number(row[f"ms L={n}"]) > 0
@@ -270,8 +570,9 @@ def test_results_json_matches_report(quick_run):
     results = json.loads((out / "results.json").read_text())
     assert {"meta", "machine", "train", "generate", "memory", "ops", "targets"} <= set(results)
     rows = sections((out / "results.md").read_text())["## Targets"]
-    assert [(t["section"], t["candidate"], t["status"]) for t in results["targets"]] == \
-        [(r["section"], r["candidate"], r["status"]) for r in rows]
+    assert [(t["section"], t["candidate"], t["status"]) for t in results["targets"]] == [
+        (r["section"], r["candidate"], r["status"]) for r in rows
+    ]
     for section in ("translation", "lm"):
         for key, r in results["train"][section].items():
             assert r["throughput"]["n"] == len(r["samples"]) > 0
@@ -295,24 +596,34 @@ def test_fallback_plot_is_a_valid_png(quick_run, tmp_path):
 
 
 def test_script_entry_point_and_bad_flags():
-    help_text = subprocess.run([sys.executable, "benchmarks/run.py", "--help"], cwd=str(REPO_ROOT),
-                               capture_output=True, text=True, timeout=120)
+    help_text = subprocess.run(
+        [sys.executable, "benchmarks/run.py", "--help"], cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=120
+    )
     assert help_text.returncode == 0
     for flag in ("--quick", "--out", "--device", "--repeats", "--sections"):
         assert flag in help_text.stdout
-    bad = subprocess.run([sys.executable, "-m", "benchmarks.run", "--sections", "train,speed"], cwd=str(REPO_ROOT),
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--sections", "train,speed"],
+        cwd=str(REPO_ROOT),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "--sections" in bad.stderr
-    unknown = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--sections", "ops",
-                              "--configs", "no-such-model"], cwd=str(REPO_ROOT), capture_output=True, text=True,
-                             timeout=120)
+    unknown = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--quick", "--sections", "ops", "--configs", "no-such-model"],
+        cwd=str(REPO_ROOT),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert unknown.returncode == 2 and "no-such-model" in unknown.stderr
 
 
 def test_fit_exponent_recovers_power_laws():
     lengths = [64, 128, 256, 512, 1024]
-    assert fit_exponent(lengths, [3e-6 * n ** 2 for n in lengths]) == pytest.approx(2.0)
-    assert fit_exponent(lengths, [1e-4 * n ** 1.5 for n in lengths]) == pytest.approx(1.5)
+    assert fit_exponent(lengths, [3e-6 * n**2 for n in lengths]) == pytest.approx(2.0)
+    assert fit_exponent(lengths, [1e-4 * n**1.5 for n in lengths]) == pytest.approx(1.5)
 
 
 def test_run_paired_interleaves_and_pairs_ratios():
@@ -346,7 +657,9 @@ def test_committed_results_name_no_directory_of_the_machine_that_made_them():
     for path in sorted((REPO_ROOT / "benchmarks" / "results").rglob("*")):
         if path.suffix in (".md", ".json"):
             text = path.read_text(encoding="utf-8")
-            assert checkout not in text and "/tmp/" not in text and "/root/" not in text, f"{path} embeds a machine path"
+            assert checkout not in text and "/tmp/" not in text and "/root/" not in text, (
+                f"{path} embeds a machine path"
+            )
 
 
 def test_data_descriptions_are_relative_to_the_repository(tmp_path):

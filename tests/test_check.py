@@ -16,12 +16,34 @@ except ImportError:  # rootdir-relative import mode without the package
 
 MT_TASK = ["--task", "translation", "--source-lang", "en", "--target-lang", "de"]
 TINY = [
-    "--encoder-layers", "2", "--decoder-layers", "2",
-    "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
-    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
-    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-    "--optimizer", "adam", "--lr", "1e-4", "--max-tokens", "1024", "--max-update", "1",
-    "--disable-validation", "--num-workers", "0", "--no-save-optimizer-state",
+    "--encoder-layers",
+    "2",
+    "--decoder-layers",
+    "2",
+    "--encoder-embed-dim",
+    "32",
+    "--decoder-embed-dim",
+    "32",
+    "--encoder-ffn-embed-dim",
+    "32",
+    "--decoder-ffn-embed-dim",
+    "32",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
+    "--optimizer",
+    "adam",
+    "--lr",
+    "1e-4",
+    "--max-tokens",
+    "1024",
+    "--max-update",
+    "1",
+    "--disable-validation",
+    "--num-workers",
+    "0",
+    "--no-save-optimizer-state",
 ]
 
 
@@ -29,28 +51,69 @@ def check(path, cwd=None):
     """Run the tool the way the README documents it, from another directory."""
     return subprocess.run(
         [sys.executable, "-m", "fairseq_distattn.check", str(path)],
-        capture_output=True, text=True, env=cli_env(), cwd=str(cwd or REPO_ROOT.parent), timeout=300,
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        cwd=str(cwd or REPO_ROOT.parent),
+        timeout=300,
     )
 
 
 def train(data_bin, save_dir, arch_args, user_dir=True):
-    run_cli(["fairseq-train", data_bin, *(["--user-dir", "fairseq_distattn"] if user_dir else []),
-             *MT_TASK, *arch_args, *TINY, "--save-dir", save_dir])
+    run_cli(
+        [
+            "fairseq-train",
+            data_bin,
+            *(["--user-dir", "fairseq_distattn"] if user_dir else []),
+            *MT_TASK,
+            *arch_args,
+            *TINY,
+            "--save-dir",
+            save_dir,
+        ]
+    )
     return save_dir / "checkpoint_last.pt"
 
 
 @pytest.fixture(scope="module")
 def plugin_checkpoint(mt_data, tmp_path_factory):
     save_dir = tmp_path_factory.mktemp("check") / "checkpoints"
-    return train(mt_data["bin"], save_dir, [
-        "--arch", "distattn_transformer", "--encoder-self-attention", "rpr@0,window-aw@1",
-        "--decoder-self-attention", "da", "--cross-attention", "window-aw-seg@1", "--max-relative-position", "5",
-    ])
+    return train(
+        mt_data["bin"],
+        save_dir,
+        [
+            "--arch",
+            "distattn_transformer",
+            "--encoder-self-attention",
+            "rpr@0,window-aw@1",
+            "--decoder-self-attention",
+            "da",
+            "--cross-attention",
+            "window-aw-seg@1",
+            "--max-relative-position",
+            "5",
+        ],
+    )
 
 
 def test_without_user_dir_fairseq_fails_and_the_tool_names_the_user_dir(plugin_checkpoint, mt_data):
-    generate = ["fairseq-generate", mt_data["bin"], *MT_TASK, "--path", plugin_checkpoint, "--gen-subset", "test",
-                "--beam", "2", "--max-len-b", "5", "--required-batch-size-multiple", "1", "--num-workers", "0"]
+    generate = [
+        "fairseq-generate",
+        mt_data["bin"],
+        *MT_TASK,
+        "--path",
+        plugin_checkpoint,
+        "--gen-subset",
+        "test",
+        "--beam",
+        "2",
+        "--max-len-b",
+        "5",
+        "--required-batch-size-multiple",
+        "1",
+        "--num-workers",
+        "0",
+    ]
     failed = run_cli(generate, check=False)
     assert failed.returncode != 0 and "UnpicklingError" in failed.stderr  # the symptom the README describes
 
@@ -85,7 +148,9 @@ def test_an_unreadable_file_gives_one_error_line_and_status_1(content, workdir):
     proc = check(path)
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].startswith(f"python -m fairseq_distattn.check: error: cannot read {path}")
+    assert (
+        proc.stderr.strip().splitlines()[-1].startswith(f"python -m fairseq_distattn.check: error: cannot read {path}")
+    )
 
 
 def test_a_checkpoint_with_code_in_it_is_refused_not_run(workdir):

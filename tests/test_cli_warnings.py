@@ -12,18 +12,48 @@ except ImportError:  # rootdir-relative import mode without the package
     from conftest import run_cli
 
 TINY_MODEL = [
-    "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
-    "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
-    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+    "--encoder-layers",
+    "1",
+    "--decoder-layers",
+    "1",
+    "--encoder-embed-dim",
+    "32",
+    "--decoder-embed-dim",
+    "32",
+    "--encoder-ffn-embed-dim",
+    "64",
+    "--decoder-ffn-embed-dim",
+    "64",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
 ]
 
 
 def train(data_bin, save_dir, *args):
-    return run_cli([
-        "fairseq-train", data_bin, "--task", "translation", *TINY_MODEL,
-        "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "1000", "--max-update", "2",
-        "--num-workers", "0", "--save-dir", save_dir, *args,
-    ])
+    return run_cli(
+        [
+            "fairseq-train",
+            data_bin,
+            "--task",
+            "translation",
+            *TINY_MODEL,
+            "--optimizer",
+            "adam",
+            "--lr",
+            "1e-3",
+            "--max-tokens",
+            "1000",
+            "--max-update",
+            "2",
+            "--num-workers",
+            "0",
+            "--save-dir",
+            save_dir,
+            *args,
+        ]
+    )
 
 
 def test_train_with_the_plugin_prints_no_warnings_and_writes_tensorboard_events(mt_data, workdir):
@@ -34,11 +64,21 @@ def test_train_with_the_plugin_prints_no_warnings_and_writes_tensorboard_events(
         assert re.search(message, plain.stderr, flags=re.I), f"fairseq no longer prints {message!r}"
 
     tensorboard = workdir / "tensorboard"
-    quiet = train(mt_data["bin"], workdir / "plugin", "--user-dir", "fairseq_distattn",
-                  "--arch", "distattn_transformer", "--encoder-self-attention", "rpr",
-                  "--tensorboard-logdir", tensorboard)
-    print(f"stderr lines: {len(plain.stderr.splitlines())} without the plugin, "
-          f"{len(quiet.stderr.splitlines())} with it")
+    quiet = train(
+        mt_data["bin"],
+        workdir / "plugin",
+        "--user-dir",
+        "fairseq_distattn",
+        "--arch",
+        "distattn_transformer",
+        "--encoder-self-attention",
+        "rpr",
+        "--tensorboard-logdir",
+        tensorboard,
+    )
+    print(
+        f"stderr lines: {len(plain.stderr.splitlines())} without the plugin, {len(quiet.stderr.splitlines())} with it"
+    )
     assert "Warning" not in quiet.stderr, quiet.stderr
     assert "tensorboard not found" not in quiet.stdout
     for split in ("train", "valid"):
@@ -48,8 +88,13 @@ def test_train_with_the_plugin_prints_no_warnings_and_writes_tensorboard_events(
 def test_the_same_message_from_other_code_still_shows():
     # Filters are scoped by module: the pin_memory text raised by anything but
     # torch's data loader (here __main__) is not hidden.
-    proc = run_cli(["python", "-c",
-                    "import warnings, fairseq_distattn\n"
-                    "warnings.warn(\"'pin_memory' argument is set as true but no accelerator is found\")\n"
-                    "warnings.warn('hydra.experimental.compose() is no longer experimental')"])
+    proc = run_cli(
+        [
+            "python",
+            "-c",
+            "import warnings, fairseq_distattn\n"
+            "warnings.warn(\"'pin_memory' argument is set as true but no accelerator is found\")\n"
+            "warnings.warn('hydra.experimental.compose() is no longer experimental')",
+        ]
+    )
     assert proc.stderr.count("UserWarning") == 2, proc.stderr

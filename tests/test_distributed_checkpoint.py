@@ -1,6 +1,7 @@
 """Two CPU ranks train, save, and resume from the checkpoint with no
 environment variable: the multi-rank resume path broadcasts the loaded state
 through torch.save/torch.load, which needs the plugin's safe globals."""
+
 import os
 import shutil
 import socket
@@ -32,9 +33,24 @@ def tiny_translation_data(tmp_path_factory):
             text = (source / f"{name}.{lang}").read_text(encoding="utf-8").splitlines()[:lines]
             (work / f"{split}.{lang}").write_text("\n".join(text) + "\n", encoding="utf-8")
     subprocess.run(
-        [BIN / "fairseq-preprocess", "--source-lang", "en", "--target-lang", "de", "--trainpref", work / "train",
-         "--validpref", work / "valid", "--destdir", work / "bin", "--joined-dictionary", "--workers", "1"],
-        check=True, capture_output=True,
+        [
+            BIN / "fairseq-preprocess",
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+            "--trainpref",
+            work / "train",
+            "--validpref",
+            work / "valid",
+            "--destdir",
+            work / "bin",
+            "--joined-dictionary",
+            "--workers",
+            "1",
+        ],
+        check=True,
+        capture_output=True,
     )
     return work / "bin"
 
@@ -43,18 +59,69 @@ def train_two_ranks(data, save_dir, max_update):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"}
     common = [
-        BIN / "fairseq-train", data, "--user-dir", REPO / "fairseq_distattn", "--task", "translation",
-        "--arch", "distattn_transformer", "--encoder-layers", "2", "--decoder-layers", "2",
-        "--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
-        "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-        "--encoder-self-attention", "rpr", "--decoder-self-attention", "da@0", "--cross-attention", "window-aw-seg@1",
-        "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "500", "--save-dir", save_dir, "--num-workers", "0",
-        "--cpu", "--ddp-backend", "legacy_ddp", "--distributed-backend", "gloo", "--distributed-world-size", "2",
-        "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-no-spawn",
-        "--no-epoch-checkpoints", "--disable-validation", "--max-update", str(max_update),
+        BIN / "fairseq-train",
+        data,
+        "--user-dir",
+        REPO / "fairseq_distattn",
+        "--task",
+        "translation",
+        "--arch",
+        "distattn_transformer",
+        "--encoder-layers",
+        "2",
+        "--decoder-layers",
+        "2",
+        "--encoder-embed-dim",
+        "32",
+        "--decoder-embed-dim",
+        "32",
+        "--encoder-ffn-embed-dim",
+        "64",
+        "--decoder-ffn-embed-dim",
+        "64",
+        "--encoder-attention-heads",
+        "2",
+        "--decoder-attention-heads",
+        "2",
+        "--encoder-self-attention",
+        "rpr",
+        "--decoder-self-attention",
+        "da@0",
+        "--cross-attention",
+        "window-aw-seg@1",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "1e-3",
+        "--max-tokens",
+        "500",
+        "--save-dir",
+        save_dir,
+        "--num-workers",
+        "0",
+        "--cpu",
+        "--ddp-backend",
+        "legacy_ddp",
+        "--distributed-backend",
+        "gloo",
+        "--distributed-world-size",
+        "2",
+        "--distributed-init-method",
+        f"tcp://127.0.0.1:{port}",
+        "--distributed-no-spawn",
+        "--no-epoch-checkpoints",
+        "--disable-validation",
+        "--max-update",
+        str(max_update),
     ]
     ranks = [
-        subprocess.Popen([*common, "--distributed-rank", str(rank)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(
+            [*common, "--distributed-rank", str(rank)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for rank in range(2)
     ]
     logs = [rank.communicate(timeout=300)[0] for rank in ranks]

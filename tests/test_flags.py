@@ -1,6 +1,7 @@
 """The plugin's flags reach the model (that fairseq-train --help lists them is
 tests/test_cli.py::test_help_lists_plugin_flags); flags that do not apply to
 the LM are refused like any bad value."""
+
 import pytest
 
 from .model_helpers import TINY_LM, language_model, parse

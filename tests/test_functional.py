@@ -22,6 +22,7 @@ is checked for: agreement with its reference on masked / causal / offset /
 cross-attention cases, exact zeros, gradcheck, incremental decoding, and
 invariance to left/right padding; plus mechanism-specific properties.
 """
+
 import math
 import zlib
 from dataclasses import dataclass, replace
@@ -35,6 +36,7 @@ from torch.testing import assert_close
 
 from fairseq_distattn.functional import (
     additive_window_attention,
+    alibi_attention,
     distance_aware_attention,
     distance_mask_attention,
     multiplicative_window_attention,
@@ -42,6 +44,7 @@ from fairseq_distattn.functional import (
     query_value_interaction_attention,
     relative_position_attention,
     softmax_attention,
+    t5_bias_attention,
     window_mask,
 )
 
@@ -49,6 +52,8 @@ DTYPE = torch.float64
 TIGHT = dict(rtol=1e-10, atol=1e-12)
 MAX_DISTANCE = 2  # Shaw clipping distance k; small so clipping is exercised with T=5/6
 ALPHA = 0.7  # distance-mask scale
+# t5-bias: few buckets and a short max_distance, so that the cases' distances reach the log-spaced buckets
+T5_BUCKETS, T5_MAX_DISTANCE = 8, 6
 PAD_AMOUNTS = (0, 1, 3)  # padding tokens per batch element (cycled)
 
 
@@ -96,7 +101,7 @@ def make_padding_mask(padding: Optional[str], batch: int, src_len: int) -> Optio
         # element 1 is entirely padding (no visible key at all), element 2 right-padded
         mask[1 % batch, :] = True
         if batch > 2:
-            mask[2, src_len - 2:] = True
+            mask[2, src_len - 2 :] = True
         return mask
     for b in range(batch):
         amount = min(PAD_AMOUNTS[b % len(PAD_AMOUNTS)], src_len)
@@ -105,7 +110,7 @@ def make_padding_mask(padding: Optional[str], batch: int, src_len: int) -> Optio
         if padding == "left":
             mask[b, :amount] = True
         elif padding == "right":
-            mask[b, src_len - amount:] = True
+            mask[b, src_len - amount :] = True
         else:
             raise ValueError(padding)
     return mask
@@ -211,8 +216,10 @@ def naive_attention(q, k, padding, causal, query_offset, logit, value, allowed=N
             for i in range(tgt_len):
                 position = query_offset + i
                 logits = [logit(b, h, i, position, j) for j in range(src_len)]
-                visible = [key_is_visible(padding, causal, b, position, j) and (allowed is None or allowed(position, j))
-                           for j in range(src_len)]
+                visible = [
+                    key_is_visible(padding, causal, b, position, j) and (allowed is None or allowed(position, j))
+                    for j in range(src_len)
+                ]
                 alpha = naive_softmax(logits, visible)
                 for j in range(src_len):
                     weights[b, h, i, j] = alpha[j] if weight is None else weight(b, h, i, j, alpha[j])
@@ -225,7 +232,11 @@ def reference_softmax_attention(params, padding, causal, query_offset):
     q, k, v = to_numpy(params["q"]), to_numpy(params["k"]), to_numpy(params["v"])
     dim = q.shape[-1]
     return naive_attention(
-        q, k, padding, causal, query_offset,
+        q,
+        k,
+        padding,
+        causal,
+        query_offset,
         logit=lambda b, h, i, position, j: dot(q[b, h, i], k[b, h, j]) / math.sqrt(dim),
         value=lambda b, h, position, j: v[b, h, j],
     )
@@ -244,7 +255,11 @@ def reference_relative_position(params, padding, causal, query_offset):
         return v[b, h, j] if rel_values is None else v[b, h, j] + rel_values[bucket(position, j)]
 
     return naive_attention(
-        q, k, padding, causal, query_offset,
+        q,
+        k,
+        padding,
+        causal,
+        query_offset,
         logit=lambda b, h, i, position, j: dot(q[b, h, i], k[b, h, j] + rel_keys[bucket(position, j)]) / math.sqrt(dim),
         value=value,
     )
@@ -268,13 +283,90 @@ def reference_distance_mask(params, padding, causal, query_offset, direction):
     """softmax(QK^T/sqrt(d) + M_dir - alpha |i-j|) V; forward: j <= i, backward: j >= i."""
     q, k, v = to_numpy(params["q"]), to_numpy(params["k"]), to_numpy(params["v"])
     dim = q.shape[-1]
-    allowed = {None: None, "forward": lambda position, j: j <= position,
-               "backward": lambda position, j: j >= position}[direction]
+    allowed = {None: None, "forward": lambda position, j: j <= position, "backward": lambda position, j: j >= position}[
+        direction
+    ]
     return naive_attention(
-        q, k, padding, causal, query_offset,
+        q,
+        k,
+        padding,
+        causal,
+        query_offset,
         logit=lambda b, h, i, position, j: dot(q[b, h, i], k[b, h, j]) / math.sqrt(dim) - ALPHA * abs(position - j),
         value=lambda b, h, position, j: v[b, h, j],
         allowed=allowed,
+    )
+
+
+def paper_alibi_slopes(n: int):
+    """Press et al.'s ``get_slopes`` (their code, as the paper describes it):
+    2^(-8/n) to the powers 1..n; for n not a power of 2, those of the closest
+    smaller power of 2, then every other slope of twice that power."""
+
+    def power_of_2(n):
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start * start**i for i in range(n)]
+
+    if math.log2(n).is_integer():
+        return power_of_2(n)
+    closest = 2 ** math.floor(math.log2(n))
+    return power_of_2(closest) + paper_alibi_slopes(2 * closest)[0::2][: n - closest]
+
+
+def reference_alibi(params, padding, causal, query_offset):
+    """ALiBi, Press et al. 2022 sec. 3: softmax(q_i K^T / sqrt(d) + m * [-(i-1), ..., -1, 0]) V,
+    i.e. -m_h (i - j) on the keys a causal query sees; -m_h |i - j| (symmetric) without causality."""
+    q, k, v = to_numpy(params["q"]), to_numpy(params["k"]), to_numpy(params["v"])
+    dim, slopes = q.shape[-1], paper_alibi_slopes(q.shape[1])
+
+    def bias(h, position, j):
+        return -slopes[h] * (position - j) if causal else -slopes[h] * abs(position - j)
+
+    return naive_attention(
+        q,
+        k,
+        padding,
+        causal,
+        query_offset,
+        logit=lambda b, h, i, position, j: dot(q[b, h, i], k[b, h, j]) / math.sqrt(dim) + bias(h, position, j),
+        value=lambda b, h, position, j: v[b, h, j],
+    )
+
+
+def t5_relative_position_bucket(relative_position, bidirectional, num_buckets, max_distance):
+    """T5's ``_relative_position_bucket`` (Mesh TensorFlow / Raffel et al. 2020), one scalar
+    ``relative_position = j - i``, logarithm in float64."""
+    ret, n = 0, -relative_position
+    if bidirectional:
+        num_buckets //= 2
+        ret += num_buckets if n < 0 else 0
+        n = abs(n)
+    else:
+        n = max(n, 0)
+    max_exact = num_buckets // 2
+    if n < max_exact:
+        return ret + n
+    large = max_exact + int(math.log(n / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact))
+    return ret + min(large, num_buckets - 1)
+
+
+def reference_t5_bias(params, padding, causal, query_offset):
+    """T5 (Raffel et al. 2020 sec. 2.1): a learned scalar per head and relative position
+    bucket added to the logit; bidirectional buckets in the encoder, unidirectional in the decoder."""
+    q, k, v, table = (to_numpy(params[name]) for name in ("q", "k", "v", "t5_table"))
+    dim = q.shape[-1]
+
+    def bias(h, position, j):
+        return table[t5_relative_position_bucket(j - position, not causal, T5_BUCKETS, T5_MAX_DISTANCE), h]
+
+    return naive_attention(
+        q,
+        k,
+        padding,
+        causal,
+        query_offset,
+        logit=lambda b, h, i, position, j: dot(q[b, h, i], k[b, h, j]) / math.sqrt(dim) + bias(h, position, j),
+        value=lambda b, h, position, j: v[b, h, j],
     )
 
 
@@ -327,7 +419,11 @@ def reference_multiplicative_window(params, padding, causal, query_offset, mask)
     mask = to_numpy(mask)
     dim = q.shape[-1]
     return naive_attention(
-        q, k, padding, causal, query_offset,
+        q,
+        k,
+        padding,
+        causal,
+        query_offset,
         logit=lambda b, h, i, position, j: dot(q[b, h, i], k[b, h, j]) / math.sqrt(dim),
         value=lambda b, h, position, j: v[b, h, j],
         weight=lambda b, h, i, j, alpha: alpha * mask[b, h, i, j],
@@ -346,8 +442,9 @@ def reference_additive_window(params, padding, causal, query_offset, mask):
         local_score = dot(q_local[b, h, i], k_local[b, h, j]) * mask[b, h, i, j]
         return (global_score + local_score) / math.sqrt(dim)
 
-    return naive_attention(q_global, k_global, padding, causal, query_offset, logit,
-                           value=lambda b, h, position, j: v[b, h, j])
+    return naive_attention(
+        q_global, k_global, padding, causal, query_offset, logit, value=lambda b, h, position, j: v[b, h, j]
+    )
 
 
 def reference_query_aware_values(params, query_padding, causal, query_offset, value_offset):
@@ -375,9 +472,7 @@ def reference_query_aware_values(params, query_padding, causal, query_offset, va
                 query_mix = np.zeros(dim)
                 for i in range(num_queries):
                     query_mix += alpha[i] * queries[b, h, i]
-                projected = np.array(
-                    [sum(v[b, h, j, d] * projection[h, d, e] for d in range(dim)) for e in range(dim)]
-                )
+                projected = np.array([sum(v[b, h, j, d] * projection[h, d, e] for d in range(dim)) for e in range(dim)])
                 interaction = query_mix * projected
                 beta = sigmoid(dot(gate_weight[h], np.concatenate([interaction, v[b, h, j]])) + gate_bias[h])
                 values[b, h, j] = (1.0 - beta) * interaction + beta * v[b, h, j]
@@ -388,10 +483,14 @@ def reference_query_value_interaction(params, padding, causal, query_offset):
     """QVI eq. 10: softmax(QK^T/sqrt(d)) g(Q, V), queries padded where their own position is."""
     q, k = to_numpy(params["q"]), to_numpy(params["k"])
     dim = q.shape[-1]
-    query_padding = None if padding is None else padding[:, query_offset:query_offset + q.shape[2]]
+    query_padding = None if padding is None else padding[:, query_offset : query_offset + q.shape[2]]
     values = reference_query_aware_values(params, query_padding, causal, query_offset, 0)
     return naive_attention(
-        q, k, padding, causal, query_offset,
+        q,
+        k,
+        padding,
+        causal,
+        query_offset,
         logit=lambda b, h, i, position, j: dot(q[b, h, i], k[b, h, j]) / math.sqrt(dim),
         value=lambda b, h, position, j: values[b, h, j],
     )
@@ -440,13 +539,25 @@ def per_position(scale: float = 1.0):
     def make(name: str, case: Case, gen: torch.Generator) -> torch.Tensor:
         b, h, tq, tk, d = case.batch, case.heads, case.tgt_len, case.src_len, case.dim
         shapes = {
-            "q": (b, h, tq, d), "q_left": (b, h, tq, d), "q_right": (b, h, tq, d),
-            "q_global": (b, h, tq, d), "q_local": (b, h, tq, d),
-            "k": (b, h, tk, d), "v": (b, h, tk, d), "k_left": (b, h, tk, d), "k_right": (b, h, tk, d),
-            "k_global": (b, h, tk, d), "k_local": (b, h, tk, d),
-            "rel_keys": (2 * MAX_DISTANCE + 1, d), "rel_values": (2 * MAX_DISTANCE + 1, d),
-            "distance_weight": (h,), "sharpness": (h,),
-            "value_projection": (h, d, d), "gate_weight": (h, 2 * d), "gate_bias": (h,),
+            "q": (b, h, tq, d),
+            "q_left": (b, h, tq, d),
+            "q_right": (b, h, tq, d),
+            "q_global": (b, h, tq, d),
+            "q_local": (b, h, tq, d),
+            "k": (b, h, tk, d),
+            "v": (b, h, tk, d),
+            "k_left": (b, h, tk, d),
+            "k_right": (b, h, tk, d),
+            "k_global": (b, h, tk, d),
+            "k_local": (b, h, tk, d),
+            "rel_keys": (2 * MAX_DISTANCE + 1, d),
+            "rel_values": (2 * MAX_DISTANCE + 1, d),
+            "distance_weight": (h,),
+            "sharpness": (h,),
+            "value_projection": (h, d, d),
+            "gate_weight": (h, 2 * d),
+            "gate_bias": (h,),
+            "t5_table": (T5_BUCKETS, h),
         }
         if name == "mask":  # soft window mask input of MW/AW: values in (0, 1)
             return torch.rand(b, h, tq, tk, generator=gen, dtype=DTYPE)
@@ -465,8 +576,15 @@ def _window_inputs(params):
 
 def run_window_mask(segment_size):
     def run(params, padding, causal, query_offset):
-        return (window_mask(*_window_inputs(params), segment_size=segment_size, key_padding_mask=padding,
-                            causal=causal, query_offset=query_offset),)
+        return (
+            window_mask(
+                *_window_inputs(params),
+                segment_size=segment_size,
+                key_padding_mask=padding,
+                causal=causal,
+                query_offset=query_offset,
+            ),
+        )
 
     return run
 
@@ -483,8 +601,13 @@ def run_window_pipeline(segment_size, attention, reference_attention):
     ``attention(params, mask, padding, causal, query_offset)``."""
 
     def run(params, padding, causal, query_offset):
-        mask = window_mask(*_window_inputs(params), segment_size=segment_size, key_padding_mask=padding,
-                           causal=causal, query_offset=query_offset)
+        mask = window_mask(
+            *_window_inputs(params),
+            segment_size=segment_size,
+            key_padding_mask=padding,
+            causal=causal,
+            query_offset=query_offset,
+        )
         return attention(params, mask, padding, causal, query_offset)
 
     def reference(params, padding, causal, query_offset):
@@ -495,24 +618,49 @@ def run_window_pipeline(segment_size, attention, reference_attention):
 
 
 def run_multiplicative_pipeline(segment_size):
-    def attention(params, mask, *conventions):
-        return multiplicative_window_attention(params["q"], params["k"], params["v"], mask, *conventions)
+    def attention(params, mask, padding, causal, query_offset):
+        return multiplicative_window_attention(
+            params["q"],
+            params["k"],
+            params["v"],
+            mask,
+            key_padding_mask=padding,
+            causal=causal,
+            query_offset=query_offset,
+        )
 
     return run_window_pipeline(segment_size, attention, reference_multiplicative_window)
 
 
 def run_additive_pipeline(segment_size):
-    def attention(params, mask, *conventions):
-        return additive_window_attention(params["q_global"], params["k_global"], params["q_local"],
-                                         params["k_local"], params["v"], mask, *conventions)
+    def attention(params, mask, padding, causal, query_offset):
+        return additive_window_attention(
+            params["q_global"],
+            params["k_global"],
+            params["q_local"],
+            params["k_local"],
+            params["v"],
+            mask,
+            key_padding_mask=padding,
+            causal=causal,
+            query_offset=query_offset,
+        )
 
     return run_window_pipeline(segment_size, attention, reference_additive_window)
 
 
 def run_distance_mask(direction):
     def run(params, padding, causal, query_offset):
-        return distance_mask_attention(params["q"], params["k"], params["v"], ALPHA, key_padding_mask=padding,
-                                       causal=causal, query_offset=query_offset, direction=direction)
+        return distance_mask_attention(
+            params["q"],
+            params["k"],
+            params["v"],
+            ALPHA,
+            key_padding_mask=padding,
+            causal=causal,
+            query_offset=query_offset,
+            direction=direction,
+        )
 
     def reference(params, padding, causal, query_offset):
         return reference_distance_mask(params, to_numpy(padding), causal, query_offset, direction)
@@ -534,44 +682,83 @@ OPS = [
         "softmax_attention",
         dict(_QKV),
         per_position(),
-        lambda p, pad, c, o: softmax_attention(p["q"], p["k"], p["v"], pad, c, o),
+        lambda p, pad, c, o: softmax_attention(p["q"], p["k"], p["v"], key_padding_mask=pad, causal=c, query_offset=o),
         lambda p, pad, c, o: reference_softmax_attention(p, to_numpy(pad), c, o),
     ),
     OpSpec(
         "relative_position_keys_only",
         {**_QKV, "rel_keys": PARAM},
         per_position(),
-        lambda p, pad, c, o: relative_position_attention(p["q"], p["k"], p["v"], p["rel_keys"], None,
-                                                         MAX_DISTANCE, pad, c, o),
+        lambda p, pad, c, o: relative_position_attention(
+            p["q"], p["k"], p["v"], p["rel_keys"], None, MAX_DISTANCE, key_padding_mask=pad, causal=c, query_offset=o
+        ),
         lambda p, pad, c, o: reference_relative_position(p, to_numpy(pad), c, o),
     ),
     OpSpec(
         "relative_position_keys_and_values",
         {**_QKV, "rel_keys": PARAM, "rel_values": PARAM},
         per_position(),
-        lambda p, pad, c, o: relative_position_attention(p["q"], p["k"], p["v"], p["rel_keys"], p["rel_values"],
-                                                         MAX_DISTANCE, pad, c, o),
+        lambda p, pad, c, o: relative_position_attention(
+            p["q"],
+            p["k"],
+            p["v"],
+            p["rel_keys"],
+            p["rel_values"],
+            MAX_DISTANCE,
+            key_padding_mask=pad,
+            causal=c,
+            query_offset=o,
+        ),
         lambda p, pad, c, o: reference_relative_position(p, to_numpy(pad), c, o),
     ),
     OpSpec(
         "distance_aware",
         {**_QKV, "distance_weight": PARAM, "sharpness": PARAM},
         per_position(),
-        lambda p, pad, c, o: distance_aware_attention(p["q"], p["k"], p["v"], p["distance_weight"],
-                                                      p["sharpness"], pad, c, o),
+        lambda p, pad, c, o: distance_aware_attention(
+            p["q"], p["k"], p["v"], p["distance_weight"], p["sharpness"], key_padding_mask=pad, causal=c, query_offset=o
+        ),
         lambda p, pad, c, o: reference_distance_aware(p, to_numpy(pad), c, o),
     ),
-    OpSpec("window_mask_token", dict(_WINDOW), per_position(), run_window_mask(0), ref_window_mask(0),
-           output_kinds=("pairs",), probability_output=None, rows_sum_to_one=False),
-    OpSpec("window_mask_segment2", dict(_WINDOW), per_position(), run_window_mask(2), ref_window_mask(2),
-           output_kinds=("pairs",), probability_output=None, rows_sum_to_one=False, uses_segments=True),
-    OpSpec("window_mask_segment3", dict(_WINDOW), per_position(), run_window_mask(3), ref_window_mask(3),
-           output_kinds=("pairs",), probability_output=None, rows_sum_to_one=False, uses_segments=True),
+    OpSpec(
+        "window_mask_token",
+        dict(_WINDOW),
+        per_position(),
+        run_window_mask(0),
+        ref_window_mask(0),
+        output_kinds=("pairs",),
+        probability_output=None,
+        rows_sum_to_one=False,
+    ),
+    OpSpec(
+        "window_mask_segment2",
+        dict(_WINDOW),
+        per_position(),
+        run_window_mask(2),
+        ref_window_mask(2),
+        output_kinds=("pairs",),
+        probability_output=None,
+        rows_sum_to_one=False,
+        uses_segments=True,
+    ),
+    OpSpec(
+        "window_mask_segment3",
+        dict(_WINDOW),
+        per_position(),
+        run_window_mask(3),
+        ref_window_mask(3),
+        output_kinds=("pairs",),
+        probability_output=None,
+        rows_sum_to_one=False,
+        uses_segments=True,
+    ),
     OpSpec(
         "multiplicative_window",
         {**_QKV, "mask": PAIR},
         per_position(),
-        lambda p, pad, c, o: multiplicative_window_attention(p["q"], p["k"], p["v"], p["mask"], pad, c, o),
+        lambda p, pad, c, o: multiplicative_window_attention(
+            p["q"], p["k"], p["v"], p["mask"], key_padding_mask=pad, causal=c, query_offset=o
+        ),
         lambda p, pad, c, o: reference_multiplicative_window(p, to_numpy(pad), c, o, p["mask"]),
         rows_sum_to_one=False,
     ),
@@ -579,17 +766,42 @@ OPS = [
         "additive_window",
         {**_AW, "mask": PAIR},
         per_position(),
-        lambda p, pad, c, o: additive_window_attention(p["q_global"], p["k_global"], p["q_local"], p["k_local"],
-                                                       p["v"], p["mask"], pad, c, o),
+        lambda p, pad, c, o: additive_window_attention(
+            p["q_global"],
+            p["k_global"],
+            p["q_local"],
+            p["k_local"],
+            p["v"],
+            p["mask"],
+            key_padding_mask=pad,
+            causal=c,
+            query_offset=o,
+        ),
         lambda p, pad, c, o: reference_additive_window(p, to_numpy(pad), c, o, p["mask"]),
     ),
-    OpSpec("multiplicative_window_pipeline_token", {**_QKV, **_WINDOW}, per_position(), *_mw_pipeline,
-           rows_sum_to_one=False),
-    OpSpec("multiplicative_window_pipeline_segment2", {**_QKV, **_WINDOW}, per_position(), *_mw_segment_pipeline,
-           rows_sum_to_one=False, uses_segments=True),
+    OpSpec(
+        "multiplicative_window_pipeline_token",
+        {**_QKV, **_WINDOW},
+        per_position(),
+        *_mw_pipeline,
+        rows_sum_to_one=False,
+    ),
+    OpSpec(
+        "multiplicative_window_pipeline_segment2",
+        {**_QKV, **_WINDOW},
+        per_position(),
+        *_mw_segment_pipeline,
+        rows_sum_to_one=False,
+        uses_segments=True,
+    ),
     OpSpec("additive_window_pipeline_token", {**_AW, **_WINDOW}, per_position(), *_aw_pipeline),
-    OpSpec("additive_window_pipeline_segment3", {**_AW, **_WINDOW}, per_position(), *_aw_segment_pipeline,
-           uses_segments=True),
+    OpSpec(
+        "additive_window_pipeline_segment3",
+        {**_AW, **_WINDOW},
+        per_position(),
+        *_aw_segment_pipeline,
+        uses_segments=True,
+    ),
     OpSpec("distance_mask_no_direction", dict(_QKV), per_position(), *_dm_none),
     OpSpec("distance_mask_forward", dict(_QKV), per_position(), *_dm_forward, direction="forward"),
     OpSpec("distance_mask_backward", dict(_QKV), per_position(), *_dm_backward, direction="backward"),
@@ -597,11 +809,43 @@ OPS = [
         "query_value_interaction",
         {**_QKV, "value_projection": PARAM, "gate_weight": PARAM, "gate_bias": PARAM},
         per_position(),
-        lambda p, pad, c, o: query_value_interaction_attention(p["q"], p["k"], p["v"], p["value_projection"],
-                                                               p["gate_weight"], p["gate_bias"], pad, c, o),
+        lambda p, pad, c, o: query_value_interaction_attention(
+            p["q"],
+            p["k"],
+            p["v"],
+            p["value_projection"],
+            p["gate_weight"],
+            p["gate_bias"],
+            key_padding_mask=pad,
+            causal=c,
+            query_offset=o,
+        ),
         lambda p, pad, c, o: reference_query_value_interaction(p, to_numpy(pad), c, o),
         supports_cross=False,  # eq. 7 mixes queries into values: self-attention only
         incremental_needs_all_queries=True,
+    ),
+    OpSpec(
+        "alibi",
+        dict(_QKV),
+        per_position(),
+        lambda p, pad, c, o: alibi_attention(p["q"], p["k"], p["v"], key_padding_mask=pad, causal=c, query_offset=o),
+        lambda p, pad, c, o: reference_alibi(p, to_numpy(pad), c, o),
+    ),
+    OpSpec(
+        "t5_bias",
+        {**_QKV, "t5_table": PARAM},
+        per_position(),
+        lambda p, pad, c, o: t5_bias_attention(
+            p["q"],
+            p["k"],
+            p["v"],
+            p["t5_table"],
+            max_distance=T5_MAX_DISTANCE,
+            key_padding_mask=pad,
+            causal=c,
+            query_offset=o,
+        ),
+        lambda p, pad, c, o: reference_t5_bias(p, to_numpy(pad), c, o),
     ),
 ]
 
@@ -610,36 +854,98 @@ OPS = [
 # F.scaled_dot_product_attention when need_weights=False and return (out, None).
 def _fused_window_additive(segment_size):
     def run(p, pad, c, o):
-        mask = window_mask(*_window_inputs(p), segment_size=segment_size, key_padding_mask=pad, causal=c,
-                           query_offset=o)
-        return additive_window_attention(p["q_global"], p["k_global"], p["q_local"], p["k_local"], p["v"], mask,
-                                         pad, c, o, need_weights=False)
+        mask = window_mask(
+            *_window_inputs(p), segment_size=segment_size, key_padding_mask=pad, causal=c, query_offset=o
+        )
+        return additive_window_attention(
+            p["q_global"],
+            p["k_global"],
+            p["q_local"],
+            p["k_local"],
+            p["v"],
+            mask,
+            key_padding_mask=pad,
+            causal=c,
+            query_offset=o,
+            need_weights=False,
+        )
 
     return run
 
 
 def _fused_distance_mask(direction):
-    return lambda p, pad, c, o: distance_mask_attention(p["q"], p["k"], p["v"], ALPHA, key_padding_mask=pad,
-                                                        causal=c, query_offset=o, direction=direction,
-                                                        need_weights=False)
+    return lambda p, pad, c, o: distance_mask_attention(
+        p["q"],
+        p["k"],
+        p["v"],
+        ALPHA,
+        key_padding_mask=pad,
+        causal=c,
+        query_offset=o,
+        direction=direction,
+        need_weights=False,
+    )
 
 
 FUSED_RUNS = {
-    "softmax_attention": lambda p, pad, c, o: softmax_attention(p["q"], p["k"], p["v"], pad, c, o,
-                                                                need_weights=False),
+    "softmax_attention": lambda p, pad, c, o: softmax_attention(
+        p["q"], p["k"], p["v"], key_padding_mask=pad, causal=c, query_offset=o, need_weights=False
+    ),
     "relative_position_keys_only": lambda p, pad, c, o: relative_position_attention(
-        p["q"], p["k"], p["v"], p["rel_keys"], None, MAX_DISTANCE, pad, c, o, need_weights=False),
+        p["q"],
+        p["k"],
+        p["v"],
+        p["rel_keys"],
+        None,
+        MAX_DISTANCE,
+        key_padding_mask=pad,
+        causal=c,
+        query_offset=o,
+        need_weights=False,
+    ),
     "additive_window": lambda p, pad, c, o: additive_window_attention(
-        p["q_global"], p["k_global"], p["q_local"], p["k_local"], p["v"], p["mask"], pad, c, o,
-        need_weights=False),
+        p["q_global"],
+        p["k_global"],
+        p["q_local"],
+        p["k_local"],
+        p["v"],
+        p["mask"],
+        key_padding_mask=pad,
+        causal=c,
+        query_offset=o,
+        need_weights=False,
+    ),
     "additive_window_pipeline_token": _fused_window_additive(0),
     "additive_window_pipeline_segment3": _fused_window_additive(3),
     "distance_mask_no_direction": _fused_distance_mask(None),
     "distance_mask_forward": _fused_distance_mask("forward"),
     "distance_mask_backward": _fused_distance_mask("backward"),
+    "alibi": lambda p, pad, c, o: alibi_attention(
+        p["q"], p["k"], p["v"], key_padding_mask=pad, causal=c, query_offset=o, need_weights=False
+    ),
+    "t5_bias": lambda p, pad, c, o: t5_bias_attention(
+        p["q"],
+        p["k"],
+        p["v"],
+        p["t5_table"],
+        max_distance=T5_MAX_DISTANCE,
+        key_padding_mask=pad,
+        causal=c,
+        query_offset=o,
+        need_weights=False,
+    ),
     "query_value_interaction": lambda p, pad, c, o: query_value_interaction_attention(
-        p["q"], p["k"], p["v"], p["value_projection"], p["gate_weight"], p["gate_bias"], pad, c, o,
-        need_weights=False),
+        p["q"],
+        p["k"],
+        p["v"],
+        p["value_projection"],
+        p["gate_weight"],
+        p["gate_bias"],
+        key_padding_mask=pad,
+        causal=c,
+        query_offset=o,
+        need_weights=False,
+    ),
 }
 
 
@@ -655,8 +961,15 @@ def fused_variant(op: OpSpec) -> OpSpec:
     def reference(params, padding, causal, query_offset):
         return (plain_reference(params, padding, causal, query_offset)[0],)
 
-    return replace(op, name=op.name + "_fused", run=run, reference=reference, output_kinds=("rows",),
-                   probability_output=None, rows_sum_to_one=False)
+    return replace(
+        op,
+        name=op.name + "_fused",
+        run=run,
+        reference=reference,
+        output_kinds=("rows",),
+        probability_output=None,
+        rows_sum_to_one=False,
+    )
 
 
 OPS = OPS + [fused_variant(op) for op in OPS if op.name in FUSED_RUNS]
@@ -728,8 +1041,9 @@ def test_invisible_keys_get_exact_zero_and_empty_rows_give_zero(op: OpSpec, case
     outputs = op.run(params, padding, case.causal, case.query_offset)
     for t in outputs:
         assert torch.isfinite(t).all()
-    visible = visibility((case.batch, case.tgt_len, case.src_len), to_numpy(padding), case.causal,
-                         case.query_offset, op.direction).expand(-1, case.heads, -1, -1)
+    visible = visibility(
+        (case.batch, case.tgt_len, case.src_len), to_numpy(padding), case.causal, case.query_offset, op.direction
+    ).expand(-1, case.heads, -1, -1)
     empty_rows = ~visible.any(dim=-1)  # [B, H, Tq]
     if op.probability_output is not None:
         probs = outputs[op.probability_output]
@@ -784,11 +1098,13 @@ def slice_step(op: OpSpec, params, step: int):
     for name, tensor in params.items():
         role = op.roles[name]
         if role == QUERY:
-            sliced[name] = tensor[:, :, : step + 1] if op.incremental_needs_all_queries else tensor[:, :, step: step + 1]
+            sliced[name] = (
+                tensor[:, :, : step + 1] if op.incremental_needs_all_queries else tensor[:, :, step : step + 1]
+            )
         elif role == KEY:
             sliced[name] = tensor[:, :, : step + 1]
         elif role == PAIR:
-            sliced[name] = tensor[:, :, step: step + 1, : step + 1]
+            sliced[name] = tensor[:, :, step : step + 1, : step + 1]
         else:
             sliced[name] = tensor
     return sliced
@@ -811,7 +1127,7 @@ def test_incremental_rows_match_full_causal_call(op: OpSpec, padding):
         else:
             outputs = op.run(step_params, step_padding, True, step)
         for kind, got, whole in zip(op.output_kinds, outputs, full):
-            want = whole[:, :, step: step + 1]
+            want = whole[:, :, step : step + 1]
             if kind == "pairs":
                 want = want[..., : step + 1]
             assert_close(got, want, **TIGHT)
@@ -886,10 +1202,20 @@ def test_relative_position_rows_sum_to_one_over_visible_keys(case: Case, with_va
     rel_keys = randn(gen, 2 * MAX_DISTANCE + 1, case.dim, scale=3.0)
     rel_values = randn(gen, 2 * MAX_DISTANCE + 1, case.dim) if with_values else None
     padding = make_padding_mask(case.padding, case.batch, case.src_len)
-    out, probs = relative_position_attention(q, k, v, rel_keys, rel_values, MAX_DISTANCE, padding, case.causal,
-                                             case.query_offset)
-    visible = visibility((case.batch, case.tgt_len, case.src_len), to_numpy(padding), case.causal,
-                         case.query_offset).expand_as(probs)
+    out, probs = relative_position_attention(
+        q,
+        k,
+        v,
+        rel_keys,
+        rel_values,
+        MAX_DISTANCE,
+        key_padding_mask=padding,
+        causal=case.causal,
+        query_offset=case.query_offset,
+    )
+    visible = visibility(
+        (case.batch, case.tgt_len, case.src_len), to_numpy(padding), case.causal, case.query_offset
+    ).expand_as(probs)
     has_key = visible.any(-1)
     assert (probs >= 0).all()
     assert_close(probs.sum(-1)[has_key], torch.ones_like(probs.sum(-1)[has_key]), **TIGHT)
@@ -898,14 +1224,27 @@ def test_relative_position_rows_sum_to_one_over_visible_keys(case: Case, with_va
 
 
 BUCKET_SHAPES = [  # (Tq, Tk, k, query_offset): square, Tq > Tk, Tq < Tk, one step, k > T, k = 1, k = 0
-    (6, 6, 2, 0), (7, 4, 2, 0), (3, 9, 3, 0), (1, 8, 2, 7), (4, 9, 2, 5), (5, 5, 9, 0), (5, 5, 1, 0), (6, 6, 0, 0),
+    (6, 6, 2, 0),
+    (7, 4, 2, 0),
+    (3, 9, 3, 0),
+    (1, 8, 2, 7),
+    (4, 9, 2, 5),
+    (5, 5, 9, 0),
+    (5, 5, 1, 0),
+    (6, 6, 0, 0),
 ]
 
 
-@pytest.mark.parametrize("tgt_len,src_len,max_distance,query_offset,causal", [
-    (*shape, causal) for shape in BUCKET_SHAPES for causal in (False, True)
-    if not causal or shape[3] + shape[0] <= shape[1]  # causal queries see keys 0..query_offset+i
-], ids=lambda value: str(value))
+@pytest.mark.parametrize(
+    "tgt_len,src_len,max_distance,query_offset,causal",
+    [
+        (*shape, causal)
+        for shape in BUCKET_SHAPES
+        for causal in (False, True)
+        if not causal or shape[3] + shape[0] <= shape[1]  # causal queries see keys 0..query_offset+i
+    ],
+    ids=lambda value: str(value),
+)
 def test_relative_position_bucket_terms_match_per_pair_tables_and_gradcheck(
     tgt_len, src_len, max_distance, query_offset, causal
 ):
@@ -914,7 +1253,9 @@ def test_relative_position_bucket_terms_match_per_pair_tables_and_gradcheck(
     tables a_ij built outright, with causal inputs zero after each query as
     relative_position_attention gives them; gradcheck covers both adjoints."""
     from fairseq_distattn.functional.relative_position import (
-        relative_position_bias, relative_position_buckets, relative_position_values,
+        relative_position_bias,
+        relative_position_buckets,
+        relative_position_values,
     )
 
     gen = generator_for("rpr-buckets", tgt_len, src_len, max_distance, query_offset, causal)
@@ -933,8 +1274,9 @@ def test_relative_position_bucket_terms_match_per_pair_tables_and_gradcheck(
         return got.masked_fill(after_query, 0.0)  # as the caller's mask hides them
 
     def values(probs, rel_values):
-        return relative_position_values(probs.masked_fill(after_query, 0.0), rel_values, buckets, max_distance,
-                                        query_offset, causal)
+        return relative_position_values(
+            probs.masked_fill(after_query, 0.0), rel_values, buckets, max_distance, query_offset, causal
+        )
 
     want_bias = torch.einsum("bhid,ijd->bhij", q, rel_keys[pair_index]).masked_fill(after_query, 0.0)
     want_values = torch.einsum("bhij,ijd->bhid", probs.masked_fill(after_query, 0.0), rel_values[pair_index])
@@ -958,7 +1300,9 @@ def test_distance_aware_long_sequence_stays_finite(weight, sharpness, causal, qu
     sharpness_t = torch.tensor([sharpness], requires_grad=True)
     padding = torch.zeros(1, src_len, dtype=torch.bool)
     padding[0, :3] = True
-    out, probs = distance_aware_attention(q, k, v, distance_weight, sharpness_t, padding, causal, query_offset)
+    out, probs = distance_aware_attention(
+        q, k, v, distance_weight, sharpness_t, key_padding_mask=padding, causal=causal, query_offset=query_offset
+    )
     assert out.dtype == torch.float32 and probs.shape == (1, 1, 1, src_len)
     assert torch.isfinite(out).all() and torch.isfinite(probs).all()
     assert_close(probs.sum(-1), torch.ones(1, 1, 1), rtol=1e-5, atol=1e-5)
@@ -988,7 +1332,7 @@ def test_distance_aware_coefficient_matches_eq5_at_moderate_distances():
 def one_hot_pointer_inputs(left: int, right: int, src_len: int, scale: float = 40.0):
     """Pointers whose softmax is numerically one-hot at ``left`` / ``right``."""
     keys = (torch.eye(src_len, dtype=DTYPE) * scale)[None, None]  # [1,1,Tk,D=Tk]
-    return keys[:, :, left: left + 1], keys, keys[:, :, right: right + 1], keys
+    return keys[:, :, left : left + 1], keys, keys[:, :, right : right + 1], keys
 
 
 @pytest.mark.parametrize(
@@ -1055,8 +1399,12 @@ def test_window_mask_without_autograd_equals_the_closed_form_function(causal):
     inputs = [randn(gen, 2, 3, length, 4, scale=1.5) for length in (tgt_len, src_len, tgt_len, src_len)]
     padding = torch.zeros(2, src_len, dtype=torch.bool)
     padding[1, :2] = True
-    tracked = window_mask(*(t.clone().requires_grad_() for t in inputs), key_padding_mask=padding, causal=causal,
-                          query_offset=src_len - tgt_len)
+    tracked = window_mask(
+        *(t.clone().requires_grad_() for t in inputs),
+        key_padding_mask=padding,
+        causal=causal,
+        query_offset=src_len - tgt_len,
+    )
     assert type(tracked.grad_fn).__name__ == "_TokenWindowMaskBackward"
     with torch.no_grad():
         plain = window_mask(*inputs, key_padding_mask=padding, causal=causal, query_offset=src_len - tgt_len)
@@ -1092,22 +1440,36 @@ def value_params(num_queries, num_values, gen, batch=3, heads=2, dim=3):
     }
 
 
-@pytest.mark.parametrize("name,num_queries,num_values,query_offset,value_offset,causal,padding", VALUE_CASES,
-                         ids=[c[0] for c in VALUE_CASES])
-def test_query_aware_values_match_naive_reference(name, num_queries, num_values, query_offset, value_offset,
-                                                  causal, padding):
+@pytest.mark.parametrize(
+    "name,num_queries,num_values,query_offset,value_offset,causal,padding", VALUE_CASES, ids=[c[0] for c in VALUE_CASES]
+)
+def test_query_aware_values_match_naive_reference(
+    name, num_queries, num_values, query_offset, value_offset, causal, padding
+):
     params = value_params(num_queries, num_values, generator_for("qav", name))
     query_padding = make_padding_mask(padding, 3, num_queries)
-    got = query_aware_values(params["q"], params["v"], params["value_projection"], params["gate_weight"],
-                             params["gate_bias"], query_padding, causal, query_offset, value_offset)
+    got = query_aware_values(
+        params["q"],
+        params["v"],
+        params["value_projection"],
+        params["gate_weight"],
+        params["gate_bias"],
+        query_padding_mask=query_padding,
+        causal=causal,
+        query_offset=query_offset,
+        value_offset=value_offset,
+    )
     want = reference_query_aware_values(params, to_numpy(query_padding), causal, query_offset, value_offset)
     assert got.shape == params["v"].shape
     assert torch.isfinite(got).all()
     assert_close(got, torch.from_numpy(want), **TIGHT)
 
 
-@pytest.mark.parametrize("name,num_queries,num_values,query_offset,value_offset,causal,padding",
-                         [VALUE_CASES[2], VALUE_CASES[4], VALUE_CASES[7]], ids=[VALUE_CASES[i][0] for i in (2, 4, 7)])
+@pytest.mark.parametrize(
+    "name,num_queries,num_values,query_offset,value_offset,causal,padding",
+    [VALUE_CASES[2], VALUE_CASES[4], VALUE_CASES[7]],
+    ids=[VALUE_CASES[i][0] for i in (2, 4, 7)],
+)
 def test_query_aware_values_gradcheck(name, num_queries, num_values, query_offset, value_offset, causal, padding):
     params = value_params(num_queries, num_values, generator_for("qav-grad", name), batch=2, heads=2, dim=3)
     query_padding = make_padding_mask(padding, 2, num_queries)
@@ -1115,8 +1477,17 @@ def test_query_aware_values_gradcheck(name, num_queries, num_values, query_offse
     inputs = tuple(params[n].detach().clone().requires_grad_(True) for n in names)
 
     def function(queries, v, projection, gate_weight, gate_bias):
-        return query_aware_values(queries, v, projection, gate_weight, gate_bias, query_padding, causal,
-                                  query_offset, value_offset)
+        return query_aware_values(
+            queries,
+            v,
+            projection,
+            gate_weight,
+            gate_bias,
+            query_padding_mask=query_padding,
+            causal=causal,
+            query_offset=query_offset,
+            value_offset=value_offset,
+        )
 
     assert gradcheck(function, inputs, eps=1e-6, atol=1e-7, rtol=1e-5)
 
@@ -1128,14 +1499,25 @@ def test_query_aware_values_incremental_value_matches_full(padding):
     params = value_params(length, length, generator_for("qav-inc", padding))
     query_padding = make_padding_mask(padding, 3, length)
     args = (params["value_projection"], params["gate_weight"], params["gate_bias"])
-    full = query_aware_values(params["q"], params["v"], *args, query_padding, True)
+    full = query_aware_values(params["q"], params["v"], *args, query_padding_mask=query_padding, causal=True)
     for step in range(length):
         step_padding = None if query_padding is None else query_padding[:, : step + 1]
-        one = query_aware_values(params["q"][:, :, : step + 1], params["v"][:, :, step: step + 1], *args,
-                                 step_padding, True, 0, step)
-        assert_close(one, full[:, :, step: step + 1], **TIGHT)
-        prefix = query_aware_values(params["q"][:, :, : step + 1], params["v"][:, :, : step + 1], *args,
-                                    step_padding, True)
+        one = query_aware_values(
+            params["q"][:, :, : step + 1],
+            params["v"][:, :, step : step + 1],
+            *args,
+            query_padding_mask=step_padding,
+            causal=True,
+            value_offset=step,
+        )
+        assert_close(one, full[:, :, step : step + 1], **TIGHT)
+        prefix = query_aware_values(
+            params["q"][:, :, : step + 1],
+            params["v"][:, :, : step + 1],
+            *args,
+            query_padding_mask=step_padding,
+            causal=True,
+        )
         assert_close(prefix, full[:, :, : step + 1], **TIGHT)
 
 
@@ -1151,16 +1533,22 @@ def _dropout_calls():
     rel_keys = randn(gen, 2 * MAX_DISTANCE + 1, dim)
     rel_values = torch.zeros(2 * MAX_DISTANCE + 1, dim, dtype=DTYPE)  # out == dropped probs @ V
     weight, sharpness = randn(gen, heads), randn(gen, heads)
+    t5_table = randn(gen, 32, heads)
     return {
         "softmax_attention": lambda q, k, v, p: softmax_attention(q, k, v, dropout_p=p),
         "relative_position": lambda q, k, v, p: relative_position_attention(
-            q, k, v, rel_keys, rel_values, MAX_DISTANCE, dropout_p=p),
+            q, k, v, rel_keys, rel_values, MAX_DISTANCE, dropout_p=p
+        ),
         "distance_aware": lambda q, k, v, p: distance_aware_attention(q, k, v, weight, sharpness, dropout_p=p),
         "distance_mask": lambda q, k, v, p: distance_mask_attention(q, k, v, ALPHA, dropout_p=p),
+        "alibi": lambda q, k, v, p: alibi_attention(q, k, v, dropout_p=p),
+        "t5_bias": lambda q, k, v, p: t5_bias_attention(q, k, v, t5_table, dropout_p=p),
         "multiplicative_window": lambda q, k, v, p: multiplicative_window_attention(
-            q, k, v, window_mask(q, k, k, q), dropout_p=p),
-        "additive_window": lambda q, k, v, p: additive_window_attention(q, k, k, q, v, window_mask(q, k, k, q),
-                                                                        dropout_p=p),
+            q, k, v, window_mask(q, k, k, q), dropout_p=p
+        ),
+        "additive_window": lambda q, k, v, p: additive_window_attention(
+            q, k, k, q, v, window_mask(q, k, k, q), dropout_p=p
+        ),
     }
 
 
@@ -1168,14 +1556,20 @@ def _fused_dropout_calls():
     """Fused (need_weights=False) paths; ``probs`` recomputed with dropout_p=0."""
     gen = generator_for("fused-dropout-params")
     rel_keys = randn(gen, 2 * MAX_DISTANCE + 1, 6)
+    t5_table = randn(gen, 32, 2)
     return {
         "softmax_attention_fused": lambda q, k, v, p: softmax_attention(q, k, v, dropout_p=p, need_weights=False),
         "relative_position_keys_only_fused": lambda q, k, v, p: relative_position_attention(
-            q, k, v, rel_keys, None, MAX_DISTANCE, dropout_p=p, need_weights=False),
-        "distance_mask_fused": lambda q, k, v, p: distance_mask_attention(q, k, v, ALPHA, dropout_p=p,
-                                                                          need_weights=False),
+            q, k, v, rel_keys, None, MAX_DISTANCE, dropout_p=p, need_weights=False
+        ),
+        "distance_mask_fused": lambda q, k, v, p: distance_mask_attention(
+            q, k, v, ALPHA, dropout_p=p, need_weights=False
+        ),
         "additive_window_fused": lambda q, k, v, p: additive_window_attention(
-            q, k, k, q, v, window_mask(q, k, k, q), dropout_p=p, need_weights=False),
+            q, k, k, q, v, window_mask(q, k, k, q), dropout_p=p, need_weights=False
+        ),
+        "alibi_fused": lambda q, k, v, p: alibi_attention(q, k, v, dropout_p=p, need_weights=False),
+        "t5_bias_fused": lambda q, k, v, p: t5_bias_attention(q, k, v, t5_table, dropout_p=p, need_weights=False),
     }
 
 
@@ -1251,8 +1645,14 @@ def test_query_value_interaction_dropout_keeps_probs_and_refuses_full_dropout():
     op = OPS_BY_NAME["query_value_interaction"]
     case = REFERENCE_CASES[0]
     params, _ = build(op, case, "dropout")
-    args = (params["q"], params["k"], params["v"], params["value_projection"], params["gate_weight"],
-            params["gate_bias"])
+    args = (
+        params["q"],
+        params["k"],
+        params["v"],
+        params["value_projection"],
+        params["gate_weight"],
+        params["gate_bias"],
+    )
     out_plain, probs_plain = query_value_interaction_attention(*args)
     torch.manual_seed(0)
     out_half, probs_half = query_value_interaction_attention(*args, dropout_p=0.5)

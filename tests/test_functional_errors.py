@@ -1,5 +1,6 @@
 """Every malformed call of the functional API is a ValueError that names the
 argument (the command-line table is in test_bad_inputs.py)."""
+
 import pytest
 import torch
 
@@ -95,8 +96,11 @@ BAD_CALLS = [
 ]
 
 
-@pytest.mark.parametrize("call,kwargs,argument", BAD_CALLS,
-                         ids=[f"{call.__name__}-{next(iter(kw))}-{i}" for i, (call, kw, _) in enumerate(BAD_CALLS)])
+@pytest.mark.parametrize(
+    "call,kwargs,argument",
+    BAD_CALLS,
+    ids=[f"{call.__name__}-{next(iter(kw))}-{i}" for i, (call, kw, _) in enumerate(BAD_CALLS)],
+)
 def test_bad_argument_is_a_value_error_naming_it(call, kwargs, argument):
     with pytest.raises(ValueError) as error:
         call(**kwargs)

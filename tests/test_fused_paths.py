@@ -1,6 +1,7 @@
 """The fused ``need_weights=False`` path (F.scaled_dot_product_attention with
 an additive bias) computes exactly what the explicit path computes, values
 and gradients, including padded rows with no visible key."""
+
 import pytest
 import torch
 
@@ -30,12 +31,31 @@ def distance_mask(q, k, v, **kw):
 
 
 def additive_window(q, k, v, q_local, k_local, q_left, k_left, q_right, k_right, **kw):
-    mask = DF.window_mask(q_left, k_left, q_right, k_right, 2, kw["key_padding_mask"], kw["causal"], kw["query_offset"])
+    mask = DF.window_mask(
+        q_left,
+        k_left,
+        q_right,
+        k_right,
+        2,
+        key_padding_mask=kw["key_padding_mask"],
+        causal=kw["causal"],
+        query_offset=kw["query_offset"],
+    )
     return DF.additive_window_attention(q, k, q_local, k_local, v, mask, **kw)
 
 
 def qvi(q, k, v, value_projection, gate_weight, **kw):
-    return DF.query_value_interaction_attention(q, k, v, value_projection, gate_weight, torch.zeros(H, dtype=torch.float64), **kw)
+    return DF.query_value_interaction_attention(
+        q, k, v, value_projection, gate_weight, torch.zeros(H, dtype=torch.float64), **kw
+    )
+
+
+def alibi(q, k, v, **kw):
+    return DF.alibi_attention(q, k, v, **kw)
+
+
+def t5_bias(q, k, v, table, **kw):
+    return DF.t5_bias_attention(q, k, v, table, **kw)
 
 
 def plain(q, k, v, **kw):
@@ -48,6 +68,8 @@ OPS = {
     "window-aw-seg": (additive_window, [(B, H, T, D)] * 6),
     "qvi": (qvi, [(H, D, D), (H, 2 * D)]),
     "softmax": (plain, []),
+    "alibi": (alibi, []),
+    "t5-bias": (t5_bias, [(32, H)]),
 }
 
 

@@ -1,16 +1,15 @@
 """Masks are exact in half precision: -inf (never a large negative constant
 that overflows or leaks mass), so padded batches stay finite in bfloat16 and
 float16 and give no probability to padding."""
+
 import pytest
 import torch
 
+from benchmarks import precision
 from fairseq_distattn import functional as DF
 from fairseq_distattn.spec import MECHANISMS
 
-from benchmarks import precision
-
 from .model_helpers import TINY, left_pad, random_tokens, right_pad, translation_model
-
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
 
@@ -21,13 +20,25 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.i
 def test_model_forward_is_finite_in_half_precision(mechanism, dtype, device):
     cross = mechanism if mechanism.startswith("window") else "vanilla"
     self_spec = mechanism if not mechanism.endswith("-seg") else "vanilla"
-    model, d = translation_model(extra=[*TINY, "--encoder-self-attention", mechanism,
-                                        "--decoder-self-attention", self_spec, "--cross-attention", cross])
+    model, d = translation_model(
+        extra=[
+            *TINY,
+            "--encoder-self-attention",
+            mechanism,
+            "--decoder-self-attention",
+            self_spec,
+            "--cross-attention",
+            cross,
+        ]
+    )
     model = model.to(device, dtype)
     sources = [random_tokens(d, 1, n, seed=n)[0] for n in (7, 3)]
     targets = [random_tokens(d, 1, n, seed=10 + n)[0] for n in (2, 5)]
-    out = model(left_pad(sources, d.pad()).to(device), torch.tensor([7, 3], device=device),
-                right_pad(targets, d.pad()).to(device))[0]
+    out = model(
+        left_pad(sources, d.pad()).to(device),
+        torch.tensor([7, 3], device=device),
+        right_pad(targets, d.pad()).to(device),
+    )[0]
     assert out.dtype == dtype
     assert torch.isfinite(out).all()
 
@@ -42,7 +53,7 @@ def test_padding_gets_exactly_zero_probability_in_half_precision(dtype):
 
 
 # unit roundoff of each half dtype: an error below it is as exact as the dtype allows
-UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
+UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 
 
 @pytest.mark.parametrize("scale", precision.SCALES, ids=lambda s: f"logits_x{s:g}")
@@ -61,9 +72,12 @@ def test_every_op_in_half_precision_has_finite_outputs_and_gradients(mechanism, 
     """Finite wherever the exact value fits the dtype: the float64 gradient of the
     same rounded inputs says which (QVI's values grow with its queries, so at
     logits x1e4 the true gradient of v exceeds 65504 and float16 rightly says inf)."""
+
     def run(compute_dtype):
-        inputs = {name: tensor.to(dtype).to(compute_dtype).requires_grad_()
-                  for name, tensor in precision.make_inputs(scale).items()}
+        inputs = {
+            name: tensor.to(dtype).to(compute_dtype).requires_grad_()
+            for name, tensor in precision.make_inputs(scale).items()
+        }
         out = precision.op_table()[mechanism](inputs, precision.padding_mask())
         out.float().square().mean().backward()
         return out, {name: tensor.grad for name, tensor in inputs.items() if tensor.grad is not None}
@@ -121,8 +135,9 @@ MODEL_ERROR_BOUNDS = {"qvi": 3.5, "window-mw": 2.6}
 def test_whole_model_in_half_precision_against_float64(dtype):
     errors = precision.mean_model_errors(dtype)  # what `python -m benchmarks.precision` prints
     ratios = {name: error / max(errors["vanilla"], UNIT_ROUNDOFF[dtype]) for name, error in errors.items()}
-    worse = {name: round(ratio, 2) for name, ratio in ratios.items()
-             if not ratio <= MODEL_ERROR_BOUNDS.get(name, 2.0)}  # nan fails too
+    worse = {
+        name: round(ratio, 2) for name, ratio in ratios.items() if not ratio <= MODEL_ERROR_BOUNDS.get(name, 2.0)
+    }  # nan fails too
     assert not worse, f"error ratio to vanilla above its bound: {worse}"
 
 

@@ -3,6 +3,7 @@ every PNG is written and readable, and what it plots is what the model
 computes (vanilla heads recomputed exactly, window masks by eqs. 9 and 11
 from the plotted boundaries, DA coefficients by eq. 5, spans pooled over a
 split)."""
+
 import argparse
 import logging
 import re
@@ -30,10 +31,23 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # every mechanism at least once, hyperparameters away from their defaults, one
 # vanilla self-attention layer (fairseq's fused path) and two vanilla cross layers
 TRANSLATION_FLAGS = [
-    *TINY, "-s", "en", "-t", "de", "--encoder-layers", "4", "--decoder-layers", "3",
-    "--encoder-self-attention", "rpr@0,da@1,window-aw-seg@2",
-    "--decoder-self-attention", "window-mw@0,qvi@1,distance-mask@2",
-    "--cross-attention", "window-aw@1", "--distance-mask-alpha", "0.75",
+    *TINY,
+    "-s",
+    "en",
+    "-t",
+    "de",
+    "--encoder-layers",
+    "4",
+    "--decoder-layers",
+    "3",
+    "--encoder-self-attention",
+    "rpr@0,da@1,window-aw-seg@2",
+    "--decoder-self-attention",
+    "window-mw@0,qvi@1,distance-mask@2",
+    "--cross-attention",
+    "window-aw@1",
+    "--distance-mask-alpha",
+    "0.75",
 ]
 LM_FLAGS = [*TINY_LM, "--decoder-layers", "3", "--decoder-self-attention", "da@0,window-mw@1,rpr@2"]
 SOURCE, TARGET = "w3 w4 w5 w6 w7 w8 w9 w3", "w5 w6 w7 w11 w12"
@@ -42,12 +56,24 @@ SOURCE, TARGET = "w3 w4 w5 w6 w7 w8 w9 w3", "w5 w6 w7 w11 w12"
 def save_checkpoint(model, args, path: Path):
     """What fairseq-train writes: the configuration as a plain container and the weights."""
     cfg = OmegaConf.to_container(convert_namespace_to_omegaconf(args), resolve=True, enum_to_str=True)
-    torch.save({
-        "cfg": cfg, "args": None, "model": model.state_dict(),
-        "optimizer_history": [{"criterion_name": "CrossEntropyCriterion", "optimizer_name": "Adam",
-                               "lr_scheduler_state": {"best": None}, "num_updates": 7}],
-        "extra_state": {"train_iterator": {"epoch": 1}}, "last_optimizer_state": None,
-    }, path)
+    torch.save(
+        {
+            "cfg": cfg,
+            "args": None,
+            "model": model.state_dict(),
+            "optimizer_history": [
+                {
+                    "criterion_name": "CrossEntropyCriterion",
+                    "optimizer_name": "Adam",
+                    "lr_scheduler_state": {"best": None},
+                    "num_updates": 7,
+                }
+            ],
+            "extra_state": {"train_iterator": {"epoch": 1}},
+            "last_optimizer_state": None,
+        },
+        path,
+    )
     return path
 
 
@@ -65,8 +91,9 @@ def translation(tmp_path_factory):
     d = dictionary()
     for symbol in ("w1@@", "2"):  # the BPE pieces of the --bpe test
         d.add_symbol(symbol)
-    model, args = build("translation", "distattn_transformer", TRANSLATION_FLAGS,
-                        lambda args: TranslationTask(args, d, d), seed=3)
+    model, args = build(
+        "translation", "distattn_transformer", TRANSLATION_FLAGS, lambda args: TranslationTask(args, d, d), seed=3
+    )
     data = root / "data-bin"
     data.mkdir()
     for lang in ("en", "de"):
@@ -78,8 +105,13 @@ def translation(tmp_path_factory):
 def language_model_checkpoint(tmp_path_factory):
     root = tmp_path_factory.mktemp("inspect-lm")
     d = dictionary()
-    model, args = build("language_modeling", "distattn_lm", LM_FLAGS,
-                        lambda args: LanguageModelingTask(args, d, output_dictionary=d), seed=5)
+    model, args = build(
+        "language_modeling",
+        "distattn_lm",
+        LM_FLAGS,
+        lambda args: LanguageModelingTask(args, d, output_dictionary=d),
+        seed=5,
+    )
     d.save(str(root / "dict.txt"))
     return {"model": model, "dict": root / "dict.txt", "checkpoint": save_checkpoint(model, args, root / "lm.pt")}
 
@@ -91,8 +123,16 @@ def run_tool(capsys, *argv):
 
 
 def loaded(translation, **overrides):
-    args = argparse.Namespace(data=translation["data"], source_dict=None, target_dict=None, dict=None,
-                              source_lang=None, target_lang=None, device=torch.device("cpu"), **overrides)
+    args = argparse.Namespace(
+        data=translation["data"],
+        source_dict=None,
+        target_dict=None,
+        dict=None,
+        source_lang=None,
+        target_lang=None,
+        device=torch.device("cpu"),
+        **overrides,
+    )
     return tool.load_model(translation["checkpoint"], args)
 
 
@@ -111,16 +151,29 @@ def numbers_after(prefix: str, text: str):
 # ----------------------------------------------------------------------------- summary
 
 
-def test_the_summary_names_each_layer_with_the_model_s_hyperparameters_and_learned_values(translation, tmp_path,
-                                                                                           capsys):
-    status, out, _ = run_tool(capsys, translation["checkpoint"], "--data", translation["data"],
-                              "--sentence", SOURCE, "--target", TARGET, "--out", tmp_path)
+def test_the_summary_names_each_layer_with_the_model_s_hyperparameters_and_learned_values(
+    translation, tmp_path, capsys
+):
+    status, out, _ = run_tool(
+        capsys,
+        translation["checkpoint"],
+        "--data",
+        translation["data"],
+        "--sentence",
+        SOURCE,
+        "--target",
+        TARGET,
+        "--out",
+        tmp_path,
+    )
     assert status == 0
     model = translation["model"]
     assert f"{translation['checkpoint']}: distattn_transformer (--arch distattn_transformer), 7 updates" in out
     blocks = re.split(r"\n(?=encoder self-attention|decoder self-attention|encoder-decoder cross-attention)", out)
-    encoder, decoder, cross = (next(b for b in blocks if b.startswith(kind)) for kind in (
-        "encoder self-attention", "decoder self-attention", "encoder-decoder cross-attention"))
+    encoder, decoder, cross = (
+        next(b for b in blocks if b.startswith(kind))
+        for kind in ("encoder self-attention", "decoder self-attention", "encoder-decoder cross-attention")
+    )
     assert encoder.startswith("encoder self-attention: 4 layers, 2 heads of 8 dims")
     assert "  layer 0: rpr (k=3, relative_values=True)" in encoder
     assert "  layer 2: window-aw-seg (AW, segment_size=2)" in encoder
@@ -132,10 +185,12 @@ def test_the_summary_names_each_layer_with_the_model_s_hyperparameters_and_learn
 
     da = model.encoder.layers[1].self_attn.mechanism
     da_block = encoder.split("  layer 1: da (heads=2)")[1]
-    torch.testing.assert_close(torch.tensor(numbers_after("w per head", da_block)), da.distance_weight.detach(),
-                               atol=5e-5, rtol=0)
-    torch.testing.assert_close(torch.tensor(numbers_after("v per head", da_block)), da.sharpness.detach(),
-                               atol=5e-5, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor(numbers_after("w per head", da_block)), da.distance_weight.detach(), atol=5e-5, rtol=0
+    )
+    torch.testing.assert_close(
+        torch.tensor(numbers_after("v per head", da_block)), da.sharpness.detach(), atol=5e-5, rtol=0
+    )
     rpr = model.encoder.layers[0].self_attn.mechanism
     for name, table in (("key table", rpr.relative_keys), ("value table", rpr.relative_values)):
         expected = table.detach().norm(dim=-1)[[0, 3, 6]]  # d = -k, 0, +k
@@ -143,12 +198,15 @@ def test_the_summary_names_each_layer_with_the_model_s_hyperparameters_and_learn
     assert (tmp_path / "summary.txt").read_text().strip() == out.strip()
 
 
-def test_building_a_model_logs_each_layer_s_mechanism_and_the_model_print_shows_hyperparameters(translation,
-                                                                                                 caplog):
+def test_building_a_model_logs_each_layer_s_mechanism_and_the_model_print_shows_hyperparameters(translation, caplog):
     with caplog.at_level(logging.INFO, logger="fairseq_distattn.summary"):
-        model, _ = build("translation", "distattn_transformer", TRANSLATION_FLAGS,
-                         lambda args: TranslationTask(args, translation["dictionary"], translation["dictionary"]),
-                         seed=0)
+        model, _ = build(
+            "translation",
+            "distattn_transformer",
+            TRANSLATION_FLAGS,
+            lambda args: TranslationTask(args, translation["dictionary"], translation["dictionary"]),
+            seed=0,
+        )
     logged = [record.getMessage() for record in caplog.records if record.name == "fairseq_distattn.summary"]
     assert logged == [
         "encoder self-attention (4 layers, 2 heads): layers 0 rpr (k=3, relative_values=True), 1 da (heads=2), "
@@ -159,19 +217,29 @@ def test_building_a_model_logs_each_layer_s_mechanism_and_the_model_print_shows_
         "2 vanilla",
     ]
     printed = str(model)
-    for text in ("RelativePosition(k=3, relative_values=True)", "DistanceAware(heads=2)",
-                 "DifferentiableWindow(AW, segment_size=2)", "DifferentiableWindow(MW, token-level)",
-                 "QueryValueInteraction(heads=2, head_dim=8)", "DistanceMask(alpha=0.75, direction=none)"):
+    for text in (
+        "RelativePosition(k=3, relative_values=True)",
+        "DistanceAware(heads=2)",
+        "DifferentiableWindow(AW, segment_size=2)",
+        "DifferentiableWindow(MW, token-level)",
+        "QueryValueInteraction(heads=2, head_dim=8)",
+        "DistanceMask(alpha=0.75, direction=none)",
+    ):
         assert text in printed
 
 
 def test_the_language_model_summary_groups_equal_layers(caplog):
     with caplog.at_level(logging.INFO, logger="fairseq_distattn.summary"):
-        build("language_modeling", "distattn_lm", [*TINY_LM, "--decoder-layers", "3", "--decoder-self-attention",
-                                                   "rpr@0-1", "--no-relative-values"],
-              lambda args: LanguageModelingTask(args, dictionary(), output_dictionary=dictionary()), seed=0)
+        build(
+            "language_modeling",
+            "distattn_lm",
+            [*TINY_LM, "--decoder-layers", "3", "--decoder-self-attention", "rpr@0-1", "--no-relative-values"],
+            lambda args: LanguageModelingTask(args, dictionary(), output_dictionary=dictionary()),
+            seed=0,
+        )
     assert [record.getMessage() for record in caplog.records if record.name == "fairseq_distattn.summary"] == [
-        "decoder self-attention (3 layers, 2 heads): layers 0-1 rpr (k=3, relative_values=False), 2 vanilla"]
+        "decoder self-attention (3 layers, 2 heads): layers 0-1 rpr (k=3, relative_values=False), 2 vanilla"
+    ]
 
 
 # ----------------------------------------------------------------------------- PNGs
@@ -180,14 +248,32 @@ def test_the_language_model_summary_groups_equal_layers(caplog):
 def test_every_layer_and_head_is_plotted_and_every_png_is_valid(translation, tmp_path, capsys):
     sentences = tmp_path / "input.txt"
     sentences.write_text(f"{SOURCE}\t{TARGET}\nw9 w8 w7\n", encoding="utf-8")
-    status, out, _ = run_tool(capsys, translation["checkpoint"], "--data", translation["data"], "--input", sentences,
-                              "--beam", "2", "--max-len-b", "4", "--out", tmp_path)
+    status, out, _ = run_tool(
+        capsys,
+        translation["checkpoint"],
+        "--data",
+        translation["data"],
+        "--input",
+        sentences,
+        "--beam",
+        "2",
+        "--max-len-b",
+        "4",
+        "--out",
+        tmp_path,
+    )
     assert status == 0
-    sites = ([f"encoder-self-layer{i}" for i in range(4)] + [f"decoder-self-layer{i}" for i in range(3)]
-             + [f"cross-layer{i}" for i in range(3)])
+    sites = (
+        [f"encoder-self-layer{i}" for i in range(4)]
+        + [f"decoder-self-layer{i}" for i in range(3)]
+        + [f"cross-layer{i}" for i in range(3)]
+    )
     per_sentence = {f"attention-{site}.png" for site in sites} | {
-        "window-encoder-self-layer2.png", "window-decoder-self-layer0.png", "window-cross-layer1.png",
-        "da-coefficients-encoder-self-layer1.png"}
+        "window-encoder-self-layer2.png",
+        "window-decoder-self-layer0.png",
+        "window-cross-layer1.png",
+        "da-coefficients-encoder-self-layer1.png",
+    }
     model_level = {"da-parameters.png", "da-coefficient-curves.png", "rpr-table-norms.png", "window-spans.png"}
     assert {p.name for p in tmp_path.glob("*.png")} == model_level
     for sentence in ("sentence-0", "sentence-1"):
@@ -208,24 +294,45 @@ def write_split(data: Path, prefix: str, d: Dictionary, lines):
 
 
 def test_a_language_model_shows_its_decoder_layers(language_model_checkpoint, tmp_path, capsys):
-    status, out, _ = run_tool(capsys, language_model_checkpoint["checkpoint"], "--dict",
-                              language_model_checkpoint["dict"], "--sentence", SOURCE, "--out", tmp_path)
+    status, out, _ = run_tool(
+        capsys,
+        language_model_checkpoint["checkpoint"],
+        "--dict",
+        language_model_checkpoint["dict"],
+        "--sentence",
+        SOURCE,
+        "--out",
+        tmp_path,
+    )
     assert status == 0, out
     assert {p.name for p in (tmp_path / "sentence-0").iterdir()} == {
-        "attention-decoder-self-layer0.png", "attention-decoder-self-layer1.png", "attention-decoder-self-layer2.png",
-        "da-coefficients-decoder-self-layer0.png", "window-decoder-self-layer1.png"}
+        "attention-decoder-self-layer0.png",
+        "attention-decoder-self-layer1.png",
+        "attention-decoder-self-layer2.png",
+        "da-coefficients-decoder-self-layer0.png",
+        "window-decoder-self-layer1.png",
+    }
     assert {p.name for p in tmp_path.glob("*.png")} == {
-        "da-parameters.png", "da-coefficient-curves.png", "rpr-table-norms.png", "window-spans.png"}
+        "da-parameters.png",
+        "da-coefficient-curves.png",
+        "rpr-table-norms.png",
+        "window-spans.png",
+    }
     for path in tmp_path.rglob("*.png"):
         assert_valid_png(path)
     assert f"  text: {SOURCE}" in out
     decoder = language_model_checkpoint["model"].decoder
     da, rpr = decoder.layers[0].self_attn.mechanism, decoder.layers[2].self_attn.mechanism
-    torch.testing.assert_close(torch.tensor(numbers_after("w per head", out)), da.distance_weight.detach(),
-                               atol=5e-5, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor(numbers_after("w per head", out)), da.distance_weight.detach(), atol=5e-5, rtol=0
+    )
     # a causal layer never uses the rows j - i > 0, so the summary leaves them out
-    torch.testing.assert_close(torch.tensor(numbers_after("key table row norms at d = -3, 0:", out)),
-                               rpr.relative_keys.detach().norm(dim=-1)[[0, 3]], atol=5e-5, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor(numbers_after("key table row norms at d = -3, 0:", out)),
+        rpr.relative_keys.detach().norm(dim=-1)[[0, 3]],
+        atol=5e-5,
+        rtol=0,
+    )
 
     # window spans over a binarised split of --data
     data = tmp_path / "lm-bin"
@@ -233,8 +340,16 @@ def test_a_language_model_shows_its_decoder_layers(language_model_checkpoint, tm
     d = Dictionary.load(str(language_model_checkpoint["dict"]))
     d.save(str(data / "dict.txt"))
     write_split(data, "test", d, ["w3 w4 w5 w6", "w7 w8"])
-    status, out, _ = run_tool(capsys, language_model_checkpoint["checkpoint"], "--data", data, "--subset", "test",
-                              "--out", tmp_path / "subset")
+    status, out, _ = run_tool(
+        capsys,
+        language_model_checkpoint["checkpoint"],
+        "--data",
+        data,
+        "--subset",
+        "test",
+        "--out",
+        tmp_path / "subset",
+    )
     assert status == 0
     assert re.search(r"over \d+ blocks of test\n  decoder self-attention, layer 1: window-mw: [0-9.]+ ", out), out
 
@@ -247,11 +362,16 @@ def test_recorded_attention_is_what_the_model_computes(translation):
     encode = tool.TextEncoder(argparse.Namespace(tokenizer=None, bpe=None), None, model.source_dictionary)
     example = tool.Example.forced(encode(SOURCE), encode(TARGET), "given")
     outputs = {}
-    hooks = [site.module.register_forward_hook(lambda m, a, out, site=site: outputs.__setitem__(site, out[0]))
-             for site in tool.attention_sites(model.model)]
-    hooks += [site.module.register_forward_pre_hook(
-        lambda m, a, kwargs, site=site: outputs.__setitem__((site, "value"), kwargs["value"]), with_kwargs=True)
-        for site in tool.attention_sites(model.model)]
+    hooks = [
+        site.module.register_forward_hook(lambda m, a, out, site=site: outputs.__setitem__(site, out[0]))
+        for site in tool.attention_sites(model.model)
+    ]
+    hooks += [
+        site.module.register_forward_pre_hook(
+            lambda m, a, kwargs, site=site: outputs.__setitem__((site, "value"), kwargs["value"]), with_kwargs=True
+        )
+        for site in tool.attention_sites(model.model)
+    ]
     records = tool.record_attention(model, example)
     for hook in hooks:
         hook.remove()
@@ -260,13 +380,20 @@ def test_recorded_attention_is_what_the_model_computes(translation):
     assert len(records) == 10
     for record in records:
         site = record.site
-        rows, columns = (source_len, source_len) if site.kind.flag == "--encoder-self-attention" else (
-            (target_len, target_len) if site.kind.flag == "--decoder-self-attention" else (target_len, source_len))
+        rows, columns = (
+            (source_len, source_len)
+            if site.kind.flag == "--encoder-self-attention"
+            else (
+                (target_len, target_len) if site.kind.flag == "--decoder-self-attention" else (target_len, source_len)
+            )
+        )
         assert record.probs.shape == (2, rows, columns), site.title
         if site.kind.flag == "--decoder-self-attention":
             assert not record.probs.triu(1).any(), f"{site.title} attends to future tokens"
         if site.name != "window-mw":  # MW's weights are softmax * M: rows need not sum to 1
-            torch.testing.assert_close(record.probs.sum(-1), torch.ones(2, rows, dtype=torch.float64), rtol=0, atol=1e-6)
+            torch.testing.assert_close(
+                record.probs.sum(-1), torch.ones(2, rows, dtype=torch.float64), rtol=0, atol=1e-6
+            )
         if site.mechanism is None:
             # fairseq's fused path returns no per-head weights: the recomputed ones
             # must give the module's own output
@@ -332,15 +459,20 @@ def test_da_coefficients_are_eq_5(translation):
 
 def test_a_da_ablation_shows_the_parameters_its_mapping_has(tmp_path):
     d = dictionary()
-    model, _ = build("translation", "distattn_transformer",
-                     [*TINY, "--encoder-self-attention", "da@0", "--da-mapping", "linear"],
-                     lambda args: TranslationTask(args, d, d), seed=2)
+    model, _ = build(
+        "translation",
+        "distattn_transformer",
+        [*TINY, "--encoder-self-attention", "da@0", "--da-mapping", "linear"],
+        lambda args: TranslationTask(args, d, d),
+        seed=2,
+    )
     da = model.encoder.layers[0].self_attn.mechanism
     summary = "\n".join(tool.attention_summary(model))
     assert "  layer 0: da (heads=2, mapping=linear)" in summary and "v per head" not in summary
     for symbol, parameter in (("w", da.distance_weight), ("k", da.linear_slope), ("b", da.linear_intercept)):
-        torch.testing.assert_close(torch.tensor(numbers_after(f"{symbol} per head", summary)), parameter.detach(),
-                                   atol=5e-5, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(numbers_after(f"{symbol} per head", summary)), parameter.detach(), atol=5e-5, rtol=0
+        )
     w, k, b = (p.detach().double()[:, None, None] for p in (da.distance_weight, da.linear_slope, da.linear_intercept))
     distance = (torch.arange(4)[:, None] - torch.arange(4)[None, :]).abs().double()
     torch.testing.assert_close(tool.da_coefficients(da, 4, 4), k * w * distance + b, rtol=1e-6, atol=1e-6)
@@ -359,8 +491,9 @@ def test_window_spans_pool_every_query_of_a_split(translation, tmp_path, capsys)
     for lang, column in (("en", 0), ("de", 1)):
         d.save(str(data / f"dict.{lang}.txt"))
         write_split(data, f"test.en-de.{lang}", d, [pair[column] for pair in pairs])
-    status, out, _ = run_tool(capsys, translation["checkpoint"], "--data", data, "--subset", "test", "--out",
-                              tmp_path / "out")
+    status, out, _ = run_tool(
+        capsys, translation["checkpoint"], "--data", data, "--subset", "test", "--out", tmp_path / "out"
+    )
     assert status == 0
     assert "window spans: mean soft-mask width sum_j M_ij per query, in keys, over 3 sentences of test" in out
     assert not list((tmp_path / "out").glob("sentence-*"))
@@ -368,8 +501,11 @@ def test_window_spans_pool_every_query_of_a_split(translation, tmp_path, capsys)
     model = loaded(translation)
     sums, counts = {}, {}
     for source, target in pairs:
-        example = tool.Example.forced(d.encode_line(source, add_if_not_exist=False).long(),
-                                      d.encode_line(target, add_if_not_exist=False).long(), "reference")
+        example = tool.Example.forced(
+            d.encode_line(source, add_if_not_exist=False).long(),
+            d.encode_line(target, add_if_not_exist=False).long(),
+            "reference",
+        )
         for record in tool.record_attention(model, example):
             if record.window is not None:
                 sums[record.site.title] = sums.get(record.site.title, 0) + record.window.mask.sum(-1).sum(-1)
@@ -384,16 +520,31 @@ def test_window_spans_pool_every_query_of_a_split(translation, tmp_path, capsys)
 
 def test_rpr_table_norms_are_plotted_for_keys_only_models_too(tmp_path, capsys):
     d = dictionary()
-    model, args = build("translation", "distattn_transformer",
-                        [*TINY, "-s", "en", "-t", "de", "--encoder-self-attention", "rpr", "--no-relative-values"],
-                        lambda args: TranslationTask(args, d, d), seed=1)
+    model, args = build(
+        "translation",
+        "distattn_transformer",
+        [*TINY, "-s", "en", "-t", "de", "--encoder-self-attention", "rpr", "--no-relative-values"],
+        lambda args: TranslationTask(args, d, d),
+        seed=1,
+    )
     assert isinstance(model.encoder.layers[0].self_attn.mechanism, RelativePosition)
     for lang in ("en", "de"):
         d.save(str(tmp_path / f"dict.{lang}.txt"))
     checkpoint = save_checkpoint(model, args, tmp_path / "rpr.pt")
-    status, out, _ = run_tool(capsys, checkpoint, "--source-dict", tmp_path / "dict.en.txt", "--target-dict",
-                              tmp_path / "dict.de.txt", "--sentence", SOURCE, "--target", TARGET, "--out",
-                              tmp_path / "out")
+    status, out, _ = run_tool(
+        capsys,
+        checkpoint,
+        "--source-dict",
+        tmp_path / "dict.en.txt",
+        "--target-dict",
+        tmp_path / "dict.de.txt",
+        "--sentence",
+        SOURCE,
+        "--target",
+        TARGET,
+        "--out",
+        tmp_path / "out",
+    )
     assert status == 0
     assert "value table" not in out and "key table row norms" in out
     assert {p.name for p in (tmp_path / "out").glob("*.png")} == {"rpr-table-norms.png"}
@@ -406,9 +557,24 @@ def test_rpr_table_norms_are_plotted_for_keys_only_models_too(tmp_path, capsys):
 def test_raw_input_goes_through_moses_and_bpe_as_in_fairseq_interactive(translation, tmp_path, capsys):
     codes = tmp_path / "codes"
     codes.write_text("#version: 0.2\nw 1\nw 5</w>\n", encoding="utf-8")
-    status, out, _ = run_tool(capsys, translation["checkpoint"], "--data", translation["data"],
-                              "--tokenizer", "moses", "--bpe", "subword_nmt", "--bpe-codes", codes,
-                              "--sentence", "w12 w5", "--target", "w5 w12", "--out", tmp_path / "out")
+    status, out, _ = run_tool(
+        capsys,
+        translation["checkpoint"],
+        "--data",
+        translation["data"],
+        "--tokenizer",
+        "moses",
+        "--bpe",
+        "subword_nmt",
+        "--bpe-codes",
+        codes,
+        "--sentence",
+        "w12 w5",
+        "--target",
+        "w5 w12",
+        "--out",
+        tmp_path / "out",
+    )
     assert status == 0
     assert "  source: w1@@ 2 w5\n  target (given): w5 w1@@ 2\n" in out and "<unk>" not in out
 
@@ -428,14 +594,36 @@ def test_the_beam_search_output_is_the_plotted_target(translation):
 
 
 def test_the_module_runs_with_python_m_reading_standard_input(translation, tmp_path):
-    help_run = subprocess.run([sys.executable, "-m", "fairseq_distattn.inspect", "--help"], capture_output=True,
-                              text=True, env=cli_env(), cwd=str(REPO_ROOT), timeout=300)
+    help_run = subprocess.run(
+        [sys.executable, "-m", "fairseq_distattn.inspect", "--help"],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        cwd=str(REPO_ROOT),
+        timeout=300,
+    )
     assert help_run.returncode == 0 and "--sentence" in help_run.stdout and "--subset" in help_run.stdout
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "fairseq_distattn.inspect", str(translation["checkpoint"]), "--data",
-         str(translation["data"]), "--out", str(out), "--beam", "2", "--max-len-b", "3"],
-        input=f"{SOURCE}\n\nw9 w8\t{TARGET}\n", capture_output=True, text=True, env=cli_env(), cwd=str(REPO_ROOT),
+        [
+            sys.executable,
+            "-m",
+            "fairseq_distattn.inspect",
+            str(translation["checkpoint"]),
+            "--data",
+            str(translation["data"]),
+            "--out",
+            str(out),
+            "--beam",
+            "2",
+            "--max-len-b",
+            "3",
+        ],
+        input=f"{SOURCE}\n\nw9 w8\t{TARGET}\n",
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        cwd=str(REPO_ROOT),
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
@@ -458,11 +646,21 @@ def test_bad_command_lines_and_files_give_one_error_line(translation, language_m
     status, _, err = run_tool(capsys, checkpoint, "--sentence", SOURCE, "--out", tmp_path)
     assert status == 1 and err.strip() == (
         "python -m fairseq_distattn.inspect: error: a translation model needs --data DATA_BIN, "
-        "or both --source-dict and --target-dict")
+        "or both --source-dict and --target-dict"
+    )
 
-    status, _, err = run_tool(capsys, language_model_checkpoint["checkpoint"], "--dict",
-                              language_model_checkpoint["dict"], "--sentence", SOURCE, "--target", "w3", "--out",
-                              tmp_path)
+    status, _, err = run_tool(
+        capsys,
+        language_model_checkpoint["checkpoint"],
+        "--dict",
+        language_model_checkpoint["dict"],
+        "--sentence",
+        SOURCE,
+        "--target",
+        "w3",
+        "--out",
+        tmp_path,
+    )
     assert status == 1 and "a language model has no target" in err
 
     broken = tmp_path / "broken.pt"
@@ -473,11 +671,22 @@ def test_bad_command_lines_and_files_give_one_error_line(translation, language_m
     small = Dictionary()
     small.add_symbol("w0")
     small.save(str(tmp_path / "small.txt"))
-    status, _, err = run_tool(capsys, checkpoint, "--source-dict", tmp_path / "small.txt", "--target-dict",
-                              tmp_path / "small.txt", "--sentence", SOURCE, "--out", tmp_path)
+    status, _, err = run_tool(
+        capsys,
+        checkpoint,
+        "--source-dict",
+        tmp_path / "small.txt",
+        "--target-dict",
+        tmp_path / "small.txt",
+        "--sentence",
+        SOURCE,
+        "--out",
+        tmp_path,
+    )
     assert status == 1 and "does not fit the model" in err and "size mismatch" in err
     assert len(err.strip().splitlines()) == 1
 
-    status, _, err = run_tool(capsys, checkpoint, "--data", tmp_path / "missing", "--sentence", SOURCE, "--out",
-                              tmp_path)
+    status, _, err = run_tool(
+        capsys, checkpoint, "--data", tmp_path / "missing", "--sentence", SOURCE, "--out", tmp_path
+    )
     assert status == 1 and err.startswith("python -m fairseq_distattn.inspect: error: argument --data:")

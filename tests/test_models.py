@@ -5,6 +5,7 @@ changes nothing), and a vanilla SPEC is exactly fairseq's transformer.
 The decoding and padding guarantees run on every device this machine has
 (CUDA is skipped without one), and a CUDA model must compute what the float64
 CPU model computes, outputs and gradients."""
+
 import copy
 
 import pytest
@@ -88,10 +89,10 @@ def test_sentence_output_is_independent_of_batch_padding(kind, mechanism, device
     batch_encoder = model.encoder(src_tokens, src_lengths)["encoder_out"][0]
     batch_decoder = full_decoder_output(model, src_tokens, src_lengths, prev_output_tokens)
     for row in range(len(targets)):
-        real_source = src_tokens[row, src_tokens.size(1) - src_lengths[row]:][None]
-        alone_encoder = model.encoder(real_source, src_lengths[row:row + 1])["encoder_out"][0]
-        torch.testing.assert_close(batch_encoder[-src_lengths[row]:, row], alone_encoder[:, 0], **TOLERANCE)
-        alone_decoder = full_decoder_output(model, real_source, src_lengths[row:row + 1], targets[row][None])
+        real_source = src_tokens[row, src_tokens.size(1) - src_lengths[row] :][None]
+        alone_encoder = model.encoder(real_source, src_lengths[row : row + 1])["encoder_out"][0]
+        torch.testing.assert_close(batch_encoder[-src_lengths[row] :, row], alone_encoder[:, 0], **TOLERANCE)
+        alone_decoder = full_decoder_output(model, real_source, src_lengths[row : row + 1], targets[row][None])
         torch.testing.assert_close(batch_decoder[row, : len(targets[row])], alone_decoder[0], **TOLERANCE)
 
 
@@ -106,7 +107,9 @@ def test_language_model_incremental_matches_full(mechanism, device):
     tokens = random_tokens(d, 3, 6, seed=3).to(device)
     full = model(tokens)[0]
     incremental_state = {}
-    steps = [model.decoder(tokens[:, : t + 1], incremental_state=incremental_state)[0][:, -1] for t in range(tokens.size(1))]
+    steps = [
+        model.decoder(tokens[:, : t + 1], incremental_state=incremental_state)[0][:, -1] for t in range(tokens.size(1))
+    ]
     torch.testing.assert_close(torch.stack(steps, dim=1), full, **TOLERANCE)
 
 
@@ -141,17 +144,25 @@ def test_a_float32_cuda_model_computes_what_the_float64_cpu_model_computes(kind,
 
 
 def test_vanilla_spec_is_fairseq_transformer():
-    ours, d = translation_model(extra=[*TINY, "--encoder-self-attention", "vanilla", "--cross-attention", "vanilla@0-1"], perturb=False)
-    reference, _ = translation_model(arch="transformer", extra=TINY[:-8] + ["--dropout", "0", "--attention-dropout", "0"], perturb=False)
+    ours, d = translation_model(
+        extra=[*TINY, "--encoder-self-attention", "vanilla", "--cross-attention", "vanilla@0-1"], perturb=False
+    )
+    reference, _ = translation_model(
+        arch="transformer", extra=TINY[:-8] + ["--dropout", "0", "--attention-dropout", "0"], perturb=False
+    )
     assert list(ours.state_dict()) == list(reference.state_dict())
     reference.load_state_dict(ours.state_dict())
     src_tokens, src_lengths = source_batch(d)
     targets = right_pad([random_tokens(d, 1, n, seed=30 + i)[0] for i, n in enumerate([6, 4, 2, 5])], d.pad())
-    torch.testing.assert_close(ours(src_tokens, src_lengths, targets)[0], reference(src_tokens, src_lengths, targets)[0], rtol=0, atol=0)
+    torch.testing.assert_close(
+        ours(src_tokens, src_lengths, targets)[0], reference(src_tokens, src_lengths, targets)[0], rtol=0, atol=0
+    )
 
 
 def test_mechanisms_land_on_the_named_layers_only():
-    model, _ = translation_model(extra=[*TINY, "--encoder-self-attention", "rpr@1", "--cross-attention", "window-aw-seg@0"])
+    model, _ = translation_model(
+        extra=[*TINY, "--encoder-self-attention", "rpr@1", "--cross-attention", "window-aw-seg@0"]
+    )
     encoder_kinds = [type(layer.self_attn).__name__ for layer in model.encoder.layers]
     cross_kinds = [type(layer.encoder_attn).__name__ for layer in model.decoder.layers]
     assert encoder_kinds == ["MultiheadAttention", "DistanceAwareMultiheadAttention"]
@@ -169,16 +180,25 @@ def test_a_carried_all_false_padding_mask_reaches_the_mechanism_as_none(mechanis
     module = module.double().eval()
     received = []
     real_forward = module.mechanism.forward
-    monkeypatch.setattr(module.mechanism, "forward",
-                        lambda q, k, pad, *rest: received.append(pad) or real_forward(q, k, pad, *rest))
+    monkeypatch.setattr(
+        module.mechanism, "forward", lambda q, k, pad, *rest: received.append(pad) or real_forward(q, k, pad, *rest)
+    )
     steps = torch.randn(4, 3, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
 
     def decode(first_step_padding):
         received.clear()
         state = {}
         with torch.no_grad():
-            outputs = [module(steps[t:t + 1], None, None, incremental_state=state,
-                              key_padding_mask=first_step_padding if t == 0 else None)[0] for t in range(len(steps))]
+            outputs = [
+                module(
+                    steps[t : t + 1],
+                    None,
+                    None,
+                    incremental_state=state,
+                    key_padding_mask=first_step_padding if t == 0 else None,
+                )[0]
+                for t in range(len(steps))
+            ]
         return torch.cat(outputs), list(received)
 
     unmasked, _ = decode(None)

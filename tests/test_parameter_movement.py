@@ -13,32 +13,92 @@ except ImportError:  # rootdir-relative import mode without the package
 
 from benchmarks import parameter_movement
 
-ARCH = ["--arch", "distattn_transformer", "--encoder-self-attention", "rpr@0,window-aw@1",
-        "--decoder-self-attention", "da@0,qvi@1", "--cross-attention", "window-mw-seg@1",
-        "--max-relative-position", "5"]
-TINY = ["--task", "translation", "--source-lang", "en", "--target-lang", "de",
-        "--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
-        "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
-        "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-        "--optimizer", "adam", "--lr-scheduler", "fixed", "--max-tokens", "1024", "--max-update", "3",
-        "--disable-validation", "--num-workers", "0", "--no-save-optimizer-state", "--seed", "7"]
+ARCH = [
+    "--arch",
+    "distattn_transformer",
+    "--encoder-self-attention",
+    "rpr@0,window-aw@1",
+    "--decoder-self-attention",
+    "da@0,qvi@1",
+    "--cross-attention",
+    "window-mw-seg@1",
+    "--max-relative-position",
+    "5",
+]
+TINY = [
+    "--task",
+    "translation",
+    "--source-lang",
+    "en",
+    "--target-lang",
+    "de",
+    "--encoder-layers",
+    "2",
+    "--decoder-layers",
+    "2",
+    "--encoder-embed-dim",
+    "32",
+    "--decoder-embed-dim",
+    "32",
+    "--encoder-ffn-embed-dim",
+    "32",
+    "--decoder-ffn-embed-dim",
+    "32",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
+    "--optimizer",
+    "adam",
+    "--lr-scheduler",
+    "fixed",
+    "--max-tokens",
+    "1024",
+    "--max-update",
+    "3",
+    "--disable-validation",
+    "--num-workers",
+    "0",
+    "--no-save-optimizer-state",
+    "--seed",
+    "7",
+]
 GROUPS = {
-    "encoder self mechanism.relative_keys", "encoder self mechanism.relative_values",
-    "encoder self extra_query_proj.local_query.weight", "encoder self extra_key_proj.left_key.weight",
-    "decoder self mechanism.distance_weight", "decoder self mechanism.sharpness",
-    "decoder self mechanism.value_projection", "decoder self mechanism.gate_weight",
-    "cross extra_query_proj.right_query.weight", "cross extra_key_proj.left_key.weight",
+    "encoder self mechanism.relative_keys",
+    "encoder self mechanism.relative_values",
+    "encoder self extra_query_proj.local_query.weight",
+    "encoder self extra_key_proj.left_key.weight",
+    "decoder self mechanism.distance_weight",
+    "decoder self mechanism.sharpness",
+    "decoder self mechanism.value_projection",
+    "decoder self mechanism.gate_weight",
+    "cross extra_query_proj.right_query.weight",
+    "cross extra_key_proj.left_key.weight",
 }
 
 
 @pytest.mark.parametrize("lr", ["0", "1e-2"])
 def test_initial_model_is_rebuilt_exactly_and_training_moves_every_mechanism_parameter(mt_data, tmp_path, lr):
     save_dir = tmp_path / "checkpoints"
-    run_cli(["fairseq-train", mt_data["bin"], "--user-dir", "fairseq_distattn", *ARCH, *TINY,
-             "--lr", lr, "--save-dir", save_dir])
+    run_cli(
+        [
+            "fairseq-train",
+            mt_data["bin"],
+            "--user-dir",
+            "fairseq_distattn",
+            *ARCH,
+            *TINY,
+            "--lr",
+            lr,
+            "--save-dir",
+            save_dir,
+        ]
+    )
     result = parameter_movement.movement(save_dir / "checkpoint_last.pt")
     assert GROUPS <= set(result)
-    assert not any("q_proj" in key or "fc1" in key or key.endswith(("left_key.bias", "right_key.bias")) for key in result)
+    assert not any(
+        "q_proj" in key or "fc1" in key or key.endswith(("left_key.bias", "right_key.bias")) for key in result
+    )
     assert result["decoder self mechanism.distance_weight"]["measure"] == "absolute"  # w starts at 0
     assert result["encoder self mechanism.relative_keys"]["measure"] == "relative"
     changes = {key: entry["relative_change"] for key, entry in result.items()}

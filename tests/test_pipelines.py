@@ -14,6 +14,7 @@ message; tokenised BLEU with compound splitting and detokenised sacreBLEU agree
 with independent computations; a dropped sentence fails the evaluation; averaging
 two checkpoints gives their element-wise mean and the average translates.
 """
+
 from __future__ import annotations
 
 import collections
@@ -48,11 +49,11 @@ sys.path.insert(0, str(SCRIPTS))
 import mt_eval  # noqa: E402
 
 
-
 def require_shared_data() -> None:
     """Skip (only) where ../shared/data is absent, e.g. in a user's clone; CI has it."""
     if not (SHARED_DATA / "wmt-newstest2008-2012-en-de").is_dir():
         pytest.skip("../shared/data (real WMT text for the stand-in archives) is not beside the repository")
+
 
 # --------------------------------------------------------------------------- stand-in archives
 
@@ -74,7 +75,7 @@ def read_lines(path: Path, start: int = 0, count: Optional[int] = None) -> List[
     lines = Path(path).read_text(encoding="utf-8").split("\n")
     if lines and lines[-1] == "":
         lines.pop()
-    return lines[start:None if count is None else start + count]
+    return lines[start : None if count is None else start + count]
 
 
 def text_bytes(lines: Sequence[str]) -> bytes:
@@ -119,13 +120,23 @@ def build_wmt14_archives(shared: Path, out: Path) -> Dict[str, object]:
     fr_dir = shared / "wmt-newstest2008-2012-en-fr"
 
     def pair(directory: Path, name: str, tgt: str, start: int, count: int) -> Tuple[List[str], List[str]]:
-        return (read_lines(directory / f"{name}.en", start, count),
-                read_lines(directory / f"{name}.{tgt}", start, count))
+        return (
+            read_lines(directory / f"{name}.en", start, count),
+            read_lines(directory / f"{name}.{tgt}", start, count),
+        )
 
-    ep_de, ep_fr = pair(de_dir, "news-test2008", "de", 0, N_EUROPARL), pair(fr_dir, "news-test2008", "fr", 0, N_EUROPARL)
-    cc_de, cc_fr = pair(de_dir, "newstest2009", "de", 0, N_COMMONCRAWL), pair(fr_dir, "newstest2009", "fr", 0, N_COMMONCRAWL)
-    nc_de, nc_fr = (pair(de_dir, "newstest2010", "de", 0, N_NEWS_COMMENTARY),
-                    pair(fr_dir, "newstest2010", "fr", 0, N_NEWS_COMMENTARY))
+    ep_de, ep_fr = (
+        pair(de_dir, "news-test2008", "de", 0, N_EUROPARL),
+        pair(fr_dir, "news-test2008", "fr", 0, N_EUROPARL),
+    )
+    cc_de, cc_fr = (
+        pair(de_dir, "newstest2009", "de", 0, N_COMMONCRAWL),
+        pair(fr_dir, "newstest2009", "fr", 0, N_COMMONCRAWL),
+    )
+    nc_de, nc_fr = (
+        pair(de_dir, "newstest2010", "de", 0, N_NEWS_COMMENTARY),
+        pair(fr_dir, "newstest2010", "fr", 0, N_NEWS_COMMENTARY),
+    )
     un_fr = pair(fr_dir, "newstest2011", "fr", 0, N_UN)
     giga_fr = pair(fr_dir, "newstest2011", "fr", N_UN, N_GIGA)
     test_de = pair(de_dir, "newstest2012", "de", 0, N_TEST_FULL)
@@ -134,50 +145,79 @@ def build_wmt14_archives(shared: Path, out: Path) -> Dict[str, object]:
     dev_de = read_lines(shared / "wmt13-newstest2013-en-de" / "newstest2013.de", 0, N_DEV)
     dev_fr = read_lines(shared / "wmt13-newstest2013-en-fr" / "newstest2013.fr", 0, N_DEV)
 
-    write_tar(out / "training-parallel-europarl-v7.tgz", {
-        "training/europarl-v7.de-en.de": text_bytes(ep_de[1]),
-        "training/europarl-v7.de-en.en": text_bytes(ep_de[0]),
-        "training/europarl-v7.fr-en.en": text_bytes(ep_fr[0]),
-        "training/europarl-v7.fr-en.fr": text_bytes(ep_fr[1]),
-    })
-    write_tar(out / "training-parallel-commoncrawl.tgz", {
-        "commoncrawl.de-en.annotation": text_bytes(["x"] * N_COMMONCRAWL),
-        "commoncrawl.de-en.de": text_bytes(cc_de[1]),
-        "commoncrawl.de-en.en": text_bytes(cc_de[0]),
-        "commoncrawl.fr-en.en": text_bytes(cc_fr[0]),
-        "commoncrawl.fr-en.fr": text_bytes(cc_fr[1]),
-    })
-    write_tar(out / "training-parallel-nc-v9.tgz", {
-        "training/news-commentary-v9.de-en.de": text_bytes(nc_de[1]),
-        "training/news-commentary-v9.de-en.en": text_bytes(nc_de[0]),
-        "training/news-commentary-v9.fr-en.en": text_bytes(nc_fr[0]),
-        "training/news-commentary-v9.fr-en.fr": text_bytes(nc_fr[1]),
-    })
-    write_tar(out / "training-parallel-un.tgz", {
-        "un/undoc.2000.fr-en.en": text_bytes(un_fr[0]),
-        "un/undoc.2000.fr-en.fr": text_bytes(un_fr[1]),
-    })
-    write_tar(out / "training-giga-fren.tar", {
-        "giga-fren.release2.fixed.en.gz": gzip.compress(text_bytes(giga_fr[0]), mtime=0),
-        "giga-fren.release2.fixed.fr.gz": gzip.compress(text_bytes(giga_fr[1]), mtime=0),
-    }, gz=False)
-    write_tar(out / "dev.tgz", {
-        "dev/newstest2013-src.en.sgm": sgm_bytes(dev_en, "newstest2013", "src", "en"),
-        "dev/newstest2013-ref.de.sgm": sgm_bytes(dev_de, "newstest2013", "ref", "de"),
-        "dev/newstest2013-ref.fr.sgm": sgm_bytes(dev_fr, "newstest2013", "ref", "fr"),
-        "dev/newstest2012-src.en.sgm": sgm_bytes(test_de[0][:5], "newstest2012", "src", "en"),
-    })
-    for archive, directory, n in (("test-full.tgz", "test-full", N_TEST_FULL),
-                                  ("test-filtered.tgz", "test", N_TEST_FILTERED)):
-        write_tar(out / archive, {
-            f"{directory}/newstest2014-deen-src.en.sgm": sgm_bytes(test_de[0][:n], "newstest2014", "src", "en"),
-            f"{directory}/newstest2014-deen-ref.de.sgm": sgm_bytes(test_de[1][:n], "newstest2014", "ref", "de"),
-            f"{directory}/newstest2014-deen-src.de.sgm": sgm_bytes(test_de[1][:n], "newstest2014", "src", "de"),
-            f"{directory}/newstest2014-fren-src.en.sgm": sgm_bytes(test_fr[0][:n], "newstest2014", "src", "en"),
-            f"{directory}/newstest2014-fren-ref.fr.sgm": sgm_bytes(test_fr[1][:n], "newstest2014", "ref", "fr"),
-        })
-    return {"test_de": test_de, "test_fr": test_fr, "dev_de": (dev_en, dev_de),
-            "train_de": [ep_de, cc_de, nc_de], "train_fr": [ep_fr, cc_fr, un_fr, nc_fr, giga_fr]}
+    write_tar(
+        out / "training-parallel-europarl-v7.tgz",
+        {
+            "training/europarl-v7.de-en.de": text_bytes(ep_de[1]),
+            "training/europarl-v7.de-en.en": text_bytes(ep_de[0]),
+            "training/europarl-v7.fr-en.en": text_bytes(ep_fr[0]),
+            "training/europarl-v7.fr-en.fr": text_bytes(ep_fr[1]),
+        },
+    )
+    write_tar(
+        out / "training-parallel-commoncrawl.tgz",
+        {
+            "commoncrawl.de-en.annotation": text_bytes(["x"] * N_COMMONCRAWL),
+            "commoncrawl.de-en.de": text_bytes(cc_de[1]),
+            "commoncrawl.de-en.en": text_bytes(cc_de[0]),
+            "commoncrawl.fr-en.en": text_bytes(cc_fr[0]),
+            "commoncrawl.fr-en.fr": text_bytes(cc_fr[1]),
+        },
+    )
+    write_tar(
+        out / "training-parallel-nc-v9.tgz",
+        {
+            "training/news-commentary-v9.de-en.de": text_bytes(nc_de[1]),
+            "training/news-commentary-v9.de-en.en": text_bytes(nc_de[0]),
+            "training/news-commentary-v9.fr-en.en": text_bytes(nc_fr[0]),
+            "training/news-commentary-v9.fr-en.fr": text_bytes(nc_fr[1]),
+        },
+    )
+    write_tar(
+        out / "training-parallel-un.tgz",
+        {
+            "un/undoc.2000.fr-en.en": text_bytes(un_fr[0]),
+            "un/undoc.2000.fr-en.fr": text_bytes(un_fr[1]),
+        },
+    )
+    write_tar(
+        out / "training-giga-fren.tar",
+        {
+            "giga-fren.release2.fixed.en.gz": gzip.compress(text_bytes(giga_fr[0]), mtime=0),
+            "giga-fren.release2.fixed.fr.gz": gzip.compress(text_bytes(giga_fr[1]), mtime=0),
+        },
+        gz=False,
+    )
+    write_tar(
+        out / "dev.tgz",
+        {
+            "dev/newstest2013-src.en.sgm": sgm_bytes(dev_en, "newstest2013", "src", "en"),
+            "dev/newstest2013-ref.de.sgm": sgm_bytes(dev_de, "newstest2013", "ref", "de"),
+            "dev/newstest2013-ref.fr.sgm": sgm_bytes(dev_fr, "newstest2013", "ref", "fr"),
+            "dev/newstest2012-src.en.sgm": sgm_bytes(test_de[0][:5], "newstest2012", "src", "en"),
+        },
+    )
+    for archive, directory, n in (
+        ("test-full.tgz", "test-full", N_TEST_FULL),
+        ("test-filtered.tgz", "test", N_TEST_FILTERED),
+    ):
+        write_tar(
+            out / archive,
+            {
+                f"{directory}/newstest2014-deen-src.en.sgm": sgm_bytes(test_de[0][:n], "newstest2014", "src", "en"),
+                f"{directory}/newstest2014-deen-ref.de.sgm": sgm_bytes(test_de[1][:n], "newstest2014", "ref", "de"),
+                f"{directory}/newstest2014-deen-src.de.sgm": sgm_bytes(test_de[1][:n], "newstest2014", "src", "de"),
+                f"{directory}/newstest2014-fren-src.en.sgm": sgm_bytes(test_fr[0][:n], "newstest2014", "src", "en"),
+                f"{directory}/newstest2014-fren-ref.fr.sgm": sgm_bytes(test_fr[1][:n], "newstest2014", "ref", "fr"),
+            },
+        )
+    return {
+        "test_de": test_de,
+        "test_fr": test_fr,
+        "dev_de": (dev_en, dev_de),
+        "train_de": [ep_de, cc_de, nc_de],
+        "train_fr": [ep_fr, cc_fr, un_fr, nc_fr, giga_fr],
+    }
 
 
 def build_lm1b_archive(sample: Path, out: Path) -> Dict[str, List[str]]:
@@ -189,22 +229,24 @@ def build_lm1b_archive(sample: Path, out: Path) -> Dict[str, List[str]]:
     train: List[str] = []
     pos = 0
     for shard in range(1, 100):
-        chunk = lines[pos:pos + LM1B_PER_TRAIN_SHARD]
+        chunk = lines[pos : pos + LM1B_PER_TRAIN_SHARD]
         pos += LM1B_PER_TRAIN_SHARD
         train += chunk
         members[f"{LM1B_TOP}/training-monolingual.tokenized.shuffled/news.en-{shard:05d}-of-00100"] = text_bytes(chunk)
     heldout = {}
     for shard in range(50):
         if shard < 2:
-            chunk = lines[pos:pos + LM1B_PER_HELDOUT_SHARD]
+            chunk = lines[pos : pos + LM1B_PER_HELDOUT_SHARD]
             pos += LM1B_PER_HELDOUT_SHARD
         else:
-            chunk = lines[2 * shard:2 * shard + 2]
+            chunk = lines[2 * shard : 2 * shard + 2]
         heldout[shard] = chunk
-        members[f"{LM1B_TOP}/heldout-monolingual.tokenized.shuffled/news.en.heldout-{shard:05d}-of-00050"] = (
-            text_bytes(chunk))
+        members[f"{LM1B_TOP}/heldout-monolingual.tokenized.shuffled/news.en.heldout-{shard:05d}-of-00050"] = text_bytes(
+            chunk
+        )
     members[f"{LM1B_TOP}/heldout-monolingual.tokenized.shuffled/news.en-00000-of-00100"] = text_bytes(
-        heldout[0] + heldout[1])
+        heldout[0] + heldout[1]
+    )
     write_tar(out / LM1B_ARCHIVE, members)
     return {"train": train, "test": heldout[0], "valid": heldout[1]}
 
@@ -215,8 +257,20 @@ def build_lm1b_archive(sample: Path, out: Path) -> Dict[str, List[str]]:
 def script_env(**extra: str) -> Dict[str, str]:
     env = dict(os.environ)
     env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
-    for name in ("RAW_DIR", "OUT_DIR", "BPE_TOKENS", "SPM_TYPE", "TEST_SET", "CHECKSUMS_FILE", "MIRROR",
-                 "OFFLINE", "FORCE", "DISTATTN_PREP_FAIL_AT", "VALID_SHARD", "TEST_SHARD"):
+    for name in (
+        "RAW_DIR",
+        "OUT_DIR",
+        "BPE_TOKENS",
+        "SPM_TYPE",
+        "TEST_SET",
+        "CHECKSUMS_FILE",
+        "MIRROR",
+        "OFFLINE",
+        "FORCE",
+        "DISTATTN_PREP_FAIL_AT",
+        "VALID_SHARD",
+        "TEST_SHARD",
+    ):
         env.pop(name, None)
     env["PYTHON"] = sys.executable
     env["PATH"] = f"{BIN_DIR}{os.pathsep}{env.get('PATH', '')}"
@@ -228,11 +282,13 @@ def script_env(**extra: str) -> Dict[str, str]:
     return env
 
 
-def run_script(name: str, args: Sequence[object], env: Optional[Dict[str, str]] = None,
-               timeout: float = 600) -> subprocess.CompletedProcess:
+def run_script(
+    name: str, args: Sequence[object], env: Optional[Dict[str, str]] = None, timeout: float = 600
+) -> subprocess.CompletedProcess:
     cmd = ["bash", str(SCRIPTS / name)] + [str(a) for a in args]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=str(REPO_ROOT),
-                          env=env or script_env(), timeout=timeout)
+    return subprocess.run(
+        cmd, capture_output=True, text=True, cwd=str(REPO_ROOT), env=env or script_env(), timeout=timeout
+    )
 
 
 def show(proc: subprocess.CompletedProcess) -> str:
@@ -240,8 +296,14 @@ def show(proc: subprocess.CompletedProcess) -> str:
 
 
 def run_python(args: Sequence[object], timeout: float = 600, cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable] + [str(a) for a in args], capture_output=True, text=True,
-                          cwd=str(cwd or REPO_ROOT), env=script_env(), timeout=timeout)
+    return subprocess.run(
+        [sys.executable] + [str(a) for a in args],
+        capture_output=True,
+        text=True,
+        cwd=str(cwd or REPO_ROOT),
+        env=script_env(),
+        timeout=timeout,
+    )
 
 
 def steps_run(proc: subprocess.CompletedProcess) -> List[str]:
@@ -253,8 +315,11 @@ def steps_skipped(proc: subprocess.CompletedProcess) -> List[str]:
 
 
 def tree_state(root: Path) -> Dict[str, Tuple[int, int]]:
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def output_bytes(out: Path) -> Dict[str, bytes]:
@@ -296,9 +361,11 @@ def ende(pipeline_root, wmt_raw) -> Dict[str, object]:
     """One full En-De run: --raw-dir, tiny BPE through the BPE_TOKENS variable."""
     out = pipeline_root / "wmt14_en_de"
     start = time.time()
-    proc = run_script("prepare-wmt14en2de.sh",
-                      ["--raw-dir", wmt_raw["raw"], "--out", out, "--checksums", wmt_raw["checksums"]],
-                      env=script_env(BPE_TOKENS="200"))
+    proc = run_script(
+        "prepare-wmt14en2de.sh",
+        ["--raw-dir", wmt_raw["raw"], "--out", out, "--checksums", wmt_raw["checksums"]],
+        env=script_env(BPE_TOKENS="200"),
+    )
     assert proc.returncode == 0, show(proc)
     return {"out": out, "proc": proc, "seconds": time.time() - start}
 
@@ -344,8 +411,9 @@ def lm1b(pipeline_root, lm1b_raw) -> Dict[str, object]:
     """prepare-lm1b.sh downloading its archive from a local mirror (no --raw-dir)."""
     out = pipeline_root / "lm1b"
     with LocalMirror(lm1b_raw["raw"]) as mirror:
-        proc = run_script("prepare-lm1b.sh", ["--out", out, "--mirror", mirror.url,
-                                              "--checksums", lm1b_raw["checksums"]])
+        proc = run_script(
+            "prepare-lm1b.sh", ["--out", out, "--mirror", mirror.url, "--checksums", lm1b_raw["checksums"]]
+        )
     assert proc.returncode == 0, show(proc)
     return {"out": out, "proc": proc}
 
@@ -360,7 +428,9 @@ def test_prepare_wmt14en2de_end_to_end(ende, wmt_raw):
     assert steps_run(proc)[-4:] == ["apply-bpe", "clean", "binarise", "finish"]
     # only the wanted members were extracted
     assert sorted(p.name for p in (out / "orig" / "training-parallel-europarl-v7" / "training").iterdir()) == [
-        "europarl-v7.de-en.de", "europarl-v7.de-en.en"]
+        "europarl-v7.de-en.de",
+        "europarl-v7.de-en.en",
+    ]
     assert not (out / "orig" / "training-parallel-commoncrawl" / "commoncrawl.de-en.annotation").exists()
 
     # the training corpora were concatenated in order
@@ -378,8 +448,10 @@ def test_prepare_wmt14en2de_end_to_end(ende, wmt_raw):
     from sacremoses import MosesTokenizer
 
     tok = MosesTokenizer(lang="de")
-    expected_tok = [tok.tokenize(s.strip().replace("\u2019", "'"), aggressive_dash_splits=True, escape=True,
-                                 return_str=True) for s in test_de]
+    expected_tok = [
+        tok.tokenize(s.strip().replace("\u2019", "'"), aggressive_dash_splits=True, escape=True, return_str=True)
+        for s in test_de
+    ]
     assert read_lines(out / "ref" / "test.tok.de") == expected_tok
     assert any("@-@" in line for line in read_lines(out / "text" / "train.tok.de"))
 
@@ -390,9 +462,16 @@ def test_prepare_wmt14en2de_end_to_end(ende, wmt_raw):
 
     # cleaning: clean-corpus-n.perl -ratio 1.5 ... 1 250 on the BPE'd pairs
     bpe_en, bpe_de = read_lines(out / "text" / "train.bpe.en"), read_lines(out / "text" / "train.bpe.de")
-    kept = [(e, d) for e, d in zip(bpe_en, bpe_de)
-            if e.strip() and d.strip() and 1 <= len(e.split()) <= 250 and 1 <= len(d.split()) <= 250
-            and len(e.split()) / len(d.split()) <= 1.5 and len(d.split()) / len(e.split()) <= 1.5]
+    kept = [
+        (e, d)
+        for e, d in zip(bpe_en, bpe_de)
+        if e.strip()
+        and d.strip()
+        and 1 <= len(e.split()) <= 250
+        and 1 <= len(d.split()) <= 250
+        and len(e.split()) / len(d.split()) <= 1.5
+        and len(d.split()) / len(e.split()) <= 1.5
+    ]
     clean_en, clean_de = read_lines(out / "text" / "train.clean.en"), read_lines(out / "text" / "train.clean.de")
     assert list(zip(clean_en, clean_de)) == [(" ".join(e.split()), " ".join(d.split())) for e, d in kept]
     assert 0 < len(clean_en) < len(bpe_en)
@@ -417,9 +496,11 @@ def test_prepare_rerun_does_no_work(ende, wmt_raw):
     out: Path = ende["out"]
     before = tree_state(out)
     start = time.time()
-    proc = run_script("prepare-wmt14en2de.sh",
-                      ["--raw-dir", wmt_raw["raw"], "--out", out, "--checksums", wmt_raw["checksums"]],
-                      env=script_env(BPE_TOKENS="200"))
+    proc = run_script(
+        "prepare-wmt14en2de.sh",
+        ["--raw-dir", wmt_raw["raw"], "--out", out, "--checksums", wmt_raw["checksums"]],
+        env=script_env(BPE_TOKENS="200"),
+    )
     elapsed = time.time() - start
     assert proc.returncode == 0, show(proc)
     assert steps_run(proc) == []
@@ -431,9 +512,10 @@ def test_prepare_rerun_does_no_work(ende, wmt_raw):
     # as the other tests compare against this output)
     copy = ende["out"].parent / "wmt14_en_de_copy"
     shutil.copytree(out, copy, symlinks=True)
-    changed = run_script("prepare-wmt14en2de.sh",
-                         ["--raw-dir", wmt_raw["raw"], "--out", copy, "--checksums", wmt_raw["checksums"],
-                          "--bpe-tokens", "150"])
+    changed = run_script(
+        "prepare-wmt14en2de.sh",
+        ["--raw-dir", wmt_raw["raw"], "--out", copy, "--checksums", wmt_raw["checksums"], "--bpe-tokens", "150"],
+    )
     assert changed.returncode == 0, show(changed)
     assert steps_run(changed) == ["learn-bpe", "apply-bpe", "clean", "binarise", "finish"]
     assert len(read_lines(copy / "code")) - 1 == 150
@@ -444,8 +526,9 @@ def test_prepare_failed_then_killed_run_resumes_with_identical_output(ende, wmt_
     args = ["--raw-dir", wmt_raw["raw"], "--out", out, "--checksums", wmt_raw["checksums"]]
 
     # 1. a step fails (injected at the end of tokenise, after its work, before its stamp)
-    failed = run_script("prepare-wmt14en2de.sh", args,
-                        env=script_env(BPE_TOKENS="200", DISTATTN_PREP_FAIL_AT="tokenise"))
+    failed = run_script(
+        "prepare-wmt14en2de.sh", args, env=script_env(BPE_TOKENS="200", DISTATTN_PREP_FAIL_AT="tokenise")
+    )
     assert failed.returncode != 0
     assert 'FAILED in step "tokenise"' in failed.stderr
     assert "rerun the same command to resume" in failed.stderr
@@ -454,9 +537,15 @@ def test_prepare_failed_then_killed_run_resumes_with_identical_output(ende, wmt_
 
     # 2. the rerun is killed (SIGKILL to its whole process group: no trap runs) as
     #    soon as it has finished learning BPE, in the middle of the later steps
-    proc = subprocess.Popen(["bash", str(SCRIPTS / "prepare-wmt14en2de.sh")] + [str(a) for a in args],
-                            cwd=str(REPO_ROOT), env=script_env(BPE_TOKENS="200"), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        ["bash", str(SCRIPTS / "prepare-wmt14en2de.sh")] + [str(a) for a in args],
+        cwd=str(REPO_ROOT),
+        env=script_env(BPE_TOKENS="200"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.time() + 300
     try:
         while not (out / ".stamps" / "learn-bpe.done").exists():
@@ -507,9 +596,24 @@ def test_prepare_wmt14en2fr_sentencepiece_filtered_test_set(wmt_raw, pipeline_ro
     sums = pipeline_root / "wmt14-no-dev.sha256"
     sums.write_text("".join(line + "\n" for line in read_lines(wmt_raw["checksums"]) if "dev.tgz" not in line))
     out = pipeline_root / "wmt14_en_fr"
-    proc = run_script("prepare-wmt14en2fr.sh",
-                      ["--raw-dir", raw, "--out", out, "--checksums", sums, "--spm", "unigram",
-                       "--bpe-tokens", "300", "--test", "filtered", "--offline"])
+    proc = run_script(
+        "prepare-wmt14en2fr.sh",
+        [
+            "--raw-dir",
+            raw,
+            "--out",
+            out,
+            "--checksums",
+            sums,
+            "--spm",
+            "unigram",
+            "--bpe-tokens",
+            "300",
+            "--test",
+            "filtered",
+            "--offline",
+        ],
+    )
     assert proc.returncode == 0, show(proc)
     assert "no published checksum for dev.tgz" in proc.stderr
     assert "dev.tgz" in (out / "unverified-archives.sha256").read_text()
@@ -547,8 +651,7 @@ def test_prepare_fails_clearly_on_bad_checksum_missing_archive_and_failed_downlo
     assert proc.returncode != 0 and "size mismatch" in proc.stderr
 
     # archive missing and downloads disabled
-    proc = run_script("prepare-lm1b.sh", ["--raw-dir", pipeline_root, "--out", pipeline_root / "lm1b_off",
-                                          "--offline"])
+    proc = run_script("prepare-lm1b.sh", ["--raw-dir", pipeline_root, "--out", pipeline_root / "lm1b_off", "--offline"])
     assert proc.returncode != 0 and "OFFLINE=1" in proc.stderr
 
     # a download that fails (nothing listens on the port)
@@ -557,8 +660,9 @@ def test_prepare_fails_clearly_on_bad_checksum_missing_archive_and_failed_downlo
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = run_script("prepare-lm1b.sh", ["--out", pipeline_root / "lm1b_nonet", "--mirror",
-                                          f"http://127.0.0.1:{port}"])
+    proc = run_script(
+        "prepare-lm1b.sh", ["--out", pipeline_root / "lm1b_nonet", "--mirror", f"http://127.0.0.1:{port}"]
+    )
     assert proc.returncode != 0
     assert f"download of http://127.0.0.1:{port}/{LM1B_ARCHIVE} failed" in proc.stderr
     assert f'FAILED in step "fetch-{LM1B_ARCHIVE}"' in proc.stderr
@@ -584,18 +688,21 @@ def test_prepare_lm1b_downloads_verifies_and_binarises(lm1b, lm1b_raw):
     sizes = mt_eval.indexed_dataset_sizes(data_bin / "test.idx")
     assert sizes == [len(line.split()) + 1 for line in lm1b_raw["test"]]  # tokens as is, + </s>
     # --only-source with the full vocabulary: every training word type is in the dictionary
-    vocab = {line.rsplit(" ", 1)[0] for line in read_lines(data_bin / "dict.txt")
-             if not line.startswith("madeupword")}  # fairseq's padding to a multiple of 8
+    vocab = {
+        line.rsplit(" ", 1)[0] for line in read_lines(data_bin / "dict.txt") if not line.startswith("madeupword")
+    }  # fairseq's padding to a multiple of 8
     assert vocab == {w for line in lm1b_raw["train"] for w in line.split()}
     assert "adaptive softmax cut-offs" in proc.stderr  # the tiny vocabulary is flagged
-    rerun = run_script("prepare-lm1b.sh", ["--out", out, "--mirror", "http://127.0.0.1:9",
-                                           "--checksums", lm1b_raw["checksums"]])
+    rerun = run_script(
+        "prepare-lm1b.sh", ["--out", out, "--mirror", "http://127.0.0.1:9", "--checksums", lm1b_raw["checksums"]]
+    )
     assert rerun.returncode == 0, show(rerun)
     assert steps_run(rerun) == []  # nothing downloaded again
     # nor once the downloaded archive is deleted to save space
     (out / "downloads" / LM1B_ARCHIVE).unlink()
-    rerun = run_script("prepare-lm1b.sh", ["--out", out, "--mirror", "http://127.0.0.1:9",
-                                           "--checksums", lm1b_raw["checksums"]])
+    rerun = run_script(
+        "prepare-lm1b.sh", ["--out", out, "--mirror", "http://127.0.0.1:9", "--checksums", lm1b_raw["checksums"]]
+    )
     assert rerun.returncode == 0, show(rerun)
     assert steps_run(rerun) == [] and "the archive itself is no longer here" in rerun.stderr
 
@@ -613,8 +720,8 @@ def multi_bleu(hyps: Sequence[str], refs: Sequence[str]) -> float:
         hyp_len += len(h)
         ref_len += len(r)
         for n in range(1, 5):
-            h_ngrams = collections.Counter(tuple(h[i:i + n]) for i in range(len(h) - n + 1))
-            r_ngrams = collections.Counter(tuple(r[i:i + n]) for i in range(len(r) - n + 1))
+            h_ngrams = collections.Counter(tuple(h[i : i + n]) for i in range(len(h) - n + 1))
+            r_ngrams = collections.Counter(tuple(r[i : i + n]) for i in range(len(r) - n + 1))
             matches[n - 1] += sum(min(c, r_ngrams[g]) for g, c in h_ngrams.items())
             totals[n - 1] += max(len(h) - n + 1, 0)
     if min(matches) == 0:
@@ -641,8 +748,13 @@ def test_compound_splitting_is_the_t2t_rule():
     perl = shutil.which("perl")
     if perl:  # the rule of t2t's get_ende_bleu.sh, run by Perl itself
         lines = list(COMPOUND_CASES)
-        proc = subprocess.run([perl, "-ple", "s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g"],
-                              input="\n".join(lines) + "\n", capture_output=True, text=True, check=True)
+        proc = subprocess.run(
+            [perl, "-ple", "s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g"],
+            input="\n".join(lines) + "\n",
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         assert proc.stdout.splitlines() == [mt_eval.split_compounds(line) for line in lines]
 
 
@@ -678,12 +790,23 @@ def fixed_translation_case(tmp: Path):
     order = sorted(range(len(srcs)), key=lambda i: (len(srcs[i]), i))
     lines = []
     for i in order:
-        lines += [f"S-{i}\t{srcs[i]}", f"T-{i}\t{refs_tok[i]}", f"H-{i}\t-0.5\t{hyps_tok[i]}",
-                  f"D-{i}\t-0.5\t{hyps_tok[i]}", f"P-{i}\t-0.5 -0.5"]
+        lines += [
+            f"S-{i}\t{srcs[i]}",
+            f"T-{i}\t{refs_tok[i]}",
+            f"H-{i}\t-0.5\t{hyps_tok[i]}",
+            f"D-{i}\t-0.5\t{hyps_tok[i]}",
+            f"P-{i}\t-0.5 -0.5",
+        ]
     generate = tmp / "generate-test.txt"
     generate.write_text("some log line\n" + "\n".join(lines) + "\nGenerate test with beam=4\n", encoding="utf-8")
-    return {"generate": generate, "ref_dir": ref_dir, "refs_raw": refs_raw, "refs_tok": refs_tok,
-            "hyps_tok": hyps_tok, "lines": lines}
+    return {
+        "generate": generate,
+        "ref_dir": ref_dir,
+        "refs_raw": refs_raw,
+        "refs_tok": refs_tok,
+        "hyps_tok": hyps_tok,
+        "lines": lines,
+    }
 
 
 def test_bleu_tooling_agrees_with_sacrebleu_and_multi_bleu(tmp_path):
@@ -692,8 +815,21 @@ def test_bleu_tooling_agrees_with_sacrebleu_and_multi_bleu(tmp_path):
 
     case = fixed_translation_case(tmp_path)
     out = tmp_path / "scores"
-    proc = run_python([SCRIPTS / "evaluate.py", "score", case["generate"], "--ref-dir", case["ref_dir"],
-                       "--source-lang", "en", "--target-lang", "de", "--output-dir", out])
+    proc = run_python(
+        [
+            SCRIPTS / "evaluate.py",
+            "score",
+            case["generate"],
+            "--ref-dir",
+            case["ref_dir"],
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+            "--output-dir",
+            out,
+        ]
+    )
     assert proc.returncode == 0, show(proc)
     result = json.loads((out / "bleu.json").read_text())
     assert result["sentences"] == 24
@@ -703,18 +839,19 @@ def test_bleu_tooling_agrees_with_sacrebleu_and_multi_bleu(tmp_path):
     # tokenised BLEU, with and without compound splitting: sacreBLEU tokenize='none'
     # and an independent multi-bleu.perl
     plain = sacrebleu.corpus_bleu(hyps, [refs], tokenize="none", smooth_method="none", force=True).score
-    compound = sacrebleu.corpus_bleu([split(h) for h in hyps], [[split(r) for r in refs]],
-                                     tokenize="none", smooth_method="none", force=True).score
+    compound = sacrebleu.corpus_bleu(
+        [split(h) for h in hyps], [[split(r) for r in refs]], tokenize="none", smooth_method="none", force=True
+    ).score
     assert result["tokenized_bleu"] == pytest.approx(round(plain, 2), abs=1e-9)
     assert result["tokenized_bleu_compound_split"] == pytest.approx(round(compound, 2), abs=1e-9)
     assert plain == pytest.approx(multi_bleu(hyps, refs), abs=1e-6)
     assert compound == pytest.approx(multi_bleu([split(h) for h in hyps], [split(r) for r in refs]), abs=1e-6)
     assert compound != pytest.approx(plain, abs=1e-3)  # the splitting was applied
     compound_hyps = read_lines(out / "hyp.tok.compound.de")
-    assert compound_hyps[0] == (
-        "Die Ost ##AT##-##AT## West ##AT##-##AT## Beziehungen und E ##AT##-##AT## Mails")
+    assert compound_hyps[0] == ("Die Ost ##AT##-##AT## West ##AT##-##AT## Beziehungen und E ##AT##-##AT## Mails")
     assert read_lines(out / "ref.tok.compound.de")[0] == (
-        "Die Ost @ ##AT##-##AT## @ West ##AT##-##AT## Beziehungen und E ##AT##-##AT## Mail ##AT##-##AT## Adressen")
+        "Die Ost @ ##AT##-##AT## @ West ##AT##-##AT## Beziehungen und E ##AT##-##AT## Mail ##AT##-##AT## Adressen"
+    )
 
     # detokenised sacreBLEU against the raw references, with its signature
     detok = MosesDetokenizer(lang="de")
@@ -729,8 +866,23 @@ def test_bleu_tooling_agrees_with_sacrebleu_and_multi_bleu(tmp_path):
 
     # the same through the library, and no compound splitting for --compound-split no
     assert mt_eval.tokenized_bleu(hyps, refs, compound_split=True).score == pytest.approx(compound)
-    proc = run_python([SCRIPTS / "evaluate.py", "score", case["generate"], "--ref-dir", case["ref_dir"],
-                       "--source-lang", "en", "--target-lang", "de", "--output-dir", out, "--compound-split", "no"])
+    proc = run_python(
+        [
+            SCRIPTS / "evaluate.py",
+            "score",
+            case["generate"],
+            "--ref-dir",
+            case["ref_dir"],
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+            "--output-dir",
+            out,
+            "--compound-split",
+            "no",
+        ]
+    )
     assert proc.returncode == 0, show(proc)
     assert json.loads((out / "bleu.json").read_text())["tokenized_bleu_compound_split"] is None
 
@@ -740,8 +892,20 @@ def test_score_without_output_dir_writes_beside_its_input_and_says_where(tmp_pat
     elsewhere = tmp_path / "cwd"
     elsewhere.mkdir()
     relative = os.path.relpath(case["generate"], elsewhere)
-    proc = run_python([SCRIPTS / "evaluate.py", "score", relative, "--ref-dir", case["ref_dir"],
-                       "--source-lang", "en", "--target-lang", "de"], cwd=elsewhere)
+    proc = run_python(
+        [
+            SCRIPTS / "evaluate.py",
+            "score",
+            relative,
+            "--ref-dir",
+            case["ref_dir"],
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+        ],
+        cwd=elsewhere,
+    )
     assert proc.returncode == 0, show(proc)
     beside = case["generate"].parent
     assert (beside / "bleu.json").is_file() and (beside / "hyp.detok.de").is_file()
@@ -754,8 +918,21 @@ def test_evaluate_fails_loudly_on_a_dropped_sentence(tmp_path):
     kept = [line for line in case["lines"] if not re.match(r"[HD]-7\t", line)]
     dropped = tmp_path / "generate-dropped.txt"
     dropped.write_text("\n".join(kept) + "\n", encoding="utf-8")
-    proc = run_python([SCRIPTS / "evaluate.py", "score", dropped, "--ref-dir", case["ref_dir"],
-                       "--source-lang", "en", "--target-lang", "de", "--output-dir", tmp_path / "scores"])
+    proc = run_python(
+        [
+            SCRIPTS / "evaluate.py",
+            "score",
+            dropped,
+            "--ref-dir",
+            case["ref_dir"],
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+            "--output-dir",
+            tmp_path / "scores",
+        ]
+    )
     assert proc.returncode == 3
     assert "23 hypotheses for the 24 test sentences" in proc.stderr
     assert "missing 1 sentence id(s): 7" in proc.stderr
@@ -772,15 +949,27 @@ def test_evaluate_fails_loudly_on_a_dropped_sentence(tmp_path):
 def test_last_checkpoints_are_chosen_by_number(tmp_path):
     import average_checkpoints
 
-    for name in ("checkpoint1.pt", "checkpoint2.pt", "checkpoint10.pt", "checkpoint_best.pt", "checkpoint_last.pt",
-                 "checkpoint_3_900.pt", "checkpoint_3_1000.pt", "checkpoint_2_100.pt"):
+    for name in (
+        "checkpoint1.pt",
+        "checkpoint2.pt",
+        "checkpoint10.pt",
+        "checkpoint_best.pt",
+        "checkpoint_last.pt",
+        "checkpoint_3_900.pt",
+        "checkpoint_3_1000.pt",
+        "checkpoint_2_100.pt",
+    ):
         (tmp_path / name).write_bytes(b"")
     names = lambda paths: [p.name for p in paths]  # noqa: E731
     assert names(average_checkpoints.last_checkpoints(tmp_path, 2)) == ["checkpoint2.pt", "checkpoint10.pt"]
     assert names(average_checkpoints.last_checkpoints(tmp_path, 2, by="update")) == [
-        "checkpoint_3_900.pt", "checkpoint_3_1000.pt"]
+        "checkpoint_3_900.pt",
+        "checkpoint_3_1000.pt",
+    ]
     assert names(average_checkpoints.last_checkpoints(tmp_path, 2, by="update", upper_bound=900)) == [
-        "checkpoint_2_100.pt", "checkpoint_3_900.pt"]
+        "checkpoint_2_100.pt",
+        "checkpoint_3_900.pt",
+    ]
     with pytest.raises(SystemExit, match="need 4"):
         average_checkpoints.last_checkpoints(tmp_path, 4)
 
@@ -788,28 +977,84 @@ def test_last_checkpoints_are_chosen_by_number(tmp_path):
 def test_average_two_checkpoints_is_their_mean_and_translates(ende, tmp_path):
     import torch
 
-    import fairseq_distattn  # noqa: F401  (safe globals: torch.load stays weights_only)
+    import fairseq_distattn.models  # noqa: F401  (safe globals: torch.load stays weights_only)
 
     out: Path = ende["out"]
     save_dir = tmp_path / "checkpoints"
     train = subprocess.run(
-        [str(BIN_DIR / "fairseq-train"), str(out / "data-bin"), "--user-dir", "fairseq_distattn",
-         "--task", "translation", "--source-lang", "en", "--target-lang", "de",
-         "--arch", "distattn_transformer", "--share-all-embeddings",
-         "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
-         "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
-         "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-         "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "1000", "--max-update", "2",
-         "--save-interval-updates", "1", "--no-epoch-checkpoints", "--disable-validation",
-         "--save-dir", str(save_dir), "--seed", "1", "--num-workers", "0", "--log-format", "simple"],
-        capture_output=True, text=True, cwd=str(REPO_ROOT), env=script_env(), timeout=600)
+        [
+            str(BIN_DIR / "fairseq-train"),
+            str(out / "data-bin"),
+            "--user-dir",
+            "fairseq_distattn",
+            "--task",
+            "translation",
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+            "--arch",
+            "distattn_transformer",
+            "--share-all-embeddings",
+            "--encoder-layers",
+            "1",
+            "--decoder-layers",
+            "1",
+            "--encoder-embed-dim",
+            "32",
+            "--decoder-embed-dim",
+            "32",
+            "--encoder-ffn-embed-dim",
+            "64",
+            "--decoder-ffn-embed-dim",
+            "64",
+            "--encoder-attention-heads",
+            "2",
+            "--decoder-attention-heads",
+            "2",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.005",
+            "--max-tokens",
+            "1000",
+            "--max-update",
+            "2",
+            "--save-interval-updates",
+            "1",
+            "--no-epoch-checkpoints",
+            "--disable-validation",
+            "--save-dir",
+            str(save_dir),
+            "--seed",
+            "1",
+            "--num-workers",
+            "0",
+            "--log-format",
+            "simple",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=str(REPO_ROOT),
+        env=script_env(),
+        timeout=600,
+    )
     assert train.returncode == 0, show(train)
     first, second = save_dir / "checkpoint_1_1.pt", save_dir / "checkpoint_1_2.pt"
     assert first.is_file() and second.is_file(), sorted(p.name for p in save_dir.iterdir())
 
     averaged = tmp_path / "averaged.pt"
-    proc = run_python([SCRIPTS / "average_checkpoints.py", "--inputs", save_dir, "--num-update-checkpoints", "2",
-                       "--output", averaged])
+    proc = run_python(
+        [
+            SCRIPTS / "average_checkpoints.py",
+            "--inputs",
+            save_dir,
+            "--num-update-checkpoints",
+            "2",
+            "--output",
+            averaged,
+        ]
+    )
     assert proc.returncode == 0, show(proc)
 
     a = torch.load(first, map_location="cpu", weights_only=True)["model"]
@@ -821,8 +1066,9 @@ def test_average_two_checkpoints_is_their_mean_and_translates(ende, tmp_path):
     for key in a:
         assert avg[key].dtype == a[key].dtype and avg[key].shape == a[key].shape, key
         if a[key].is_floating_point():
-            torch.testing.assert_close(avg[key], (a[key].double() + b[key].double()).div(2).to(a[key].dtype),
-                                       rtol=0, atol=1e-7)
+            torch.testing.assert_close(
+                avg[key], (a[key].double() + b[key].double()).div(2).to(a[key].dtype), rtol=0, atol=1e-7
+            )
             changed += int(not torch.equal(a[key], b[key]))
         else:
             assert torch.equal(avg[key], torch.div(a[key] + b[key], 2, rounding_mode="floor")), key
@@ -831,12 +1077,29 @@ def test_average_two_checkpoints_is_their_mean_and_translates(ende, tmp_path):
 
     # the average translates the whole test set through scripts/evaluate.py
     eval_dir = tmp_path / "eval"
-    proc = run_python([SCRIPTS / "evaluate.py", "mt", out, "--path", averaged, "--output-dir", eval_dir, "--cpu",
-                       "--", "--max-len-a", "0", "--max-len-b", "8"])
+    proc = run_python(
+        [
+            SCRIPTS / "evaluate.py",
+            "mt",
+            out,
+            "--path",
+            averaged,
+            "--output-dir",
+            eval_dir,
+            "--cpu",
+            "--",
+            "--max-len-a",
+            "0",
+            "--max-len-b",
+            "8",
+        ]
+    )
     assert proc.returncode == 0, show(proc)
     assert "--beam 4 --lenpen 0.6 --remove-bpe subword_nmt" in proc.stderr
-    assert proc.stderr.rstrip().endswith("--required-batch-size-multiple 1") or \
-        "--required-batch-size-multiple 1" in proc.stderr
+    assert (
+        proc.stderr.rstrip().endswith("--required-batch-size-multiple 1")
+        or "--required-batch-size-multiple 1" in proc.stderr
+    )
     result = json.loads((eval_dir / "bleu.json").read_text())
     assert result["sentences"] == N_TEST_FULL and result["hypotheses"] == N_TEST_FULL
     assert result["test_set"] == "newstest2014-full"
@@ -848,19 +1111,75 @@ def test_language_model_perplexity_on_lm1b(lm1b, tmp_path):
     out: Path = lm1b["out"]
     save_dir = tmp_path / "lm"
     train = subprocess.run(
-        [str(BIN_DIR / "fairseq-train"), str(out / "data-bin"), "--user-dir", "fairseq_distattn",
-         "--task", "language_modeling", "--arch", "distattn_lm", "--decoder-layers", "1",
-         "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64", "--decoder-attention-heads", "2",
-         "--decoder-self-attention", "window-mw@0", "--criterion", "adaptive_loss",
-         "--adaptive-softmax-cutoff", "1000,3000", "--ddp-backend", "legacy_ddp",
-         "--sample-break-mode", "eos", "--tokens-per-sample", "128", "--max-tokens", "1000",
-         "--optimizer", "adam", "--lr", "0.001", "--max-update", "2", "--disable-validation",
-         "--save-dir", str(save_dir), "--seed", "1", "--num-workers", "0", "--log-format", "simple"],
-        capture_output=True, text=True, cwd=str(REPO_ROOT), env=script_env(), timeout=600)
+        [
+            str(BIN_DIR / "fairseq-train"),
+            str(out / "data-bin"),
+            "--user-dir",
+            "fairseq_distattn",
+            "--task",
+            "language_modeling",
+            "--arch",
+            "distattn_lm",
+            "--decoder-layers",
+            "1",
+            "--decoder-embed-dim",
+            "32",
+            "--decoder-ffn-embed-dim",
+            "64",
+            "--decoder-attention-heads",
+            "2",
+            "--decoder-self-attention",
+            "window-mw@0",
+            "--criterion",
+            "adaptive_loss",
+            "--adaptive-softmax-cutoff",
+            "1000,3000",
+            "--ddp-backend",
+            "legacy_ddp",
+            "--sample-break-mode",
+            "eos",
+            "--tokens-per-sample",
+            "128",
+            "--max-tokens",
+            "1000",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.001",
+            "--max-update",
+            "2",
+            "--disable-validation",
+            "--save-dir",
+            str(save_dir),
+            "--seed",
+            "1",
+            "--num-workers",
+            "0",
+            "--log-format",
+            "simple",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=str(REPO_ROOT),
+        env=script_env(),
+        timeout=600,
+    )
     assert train.returncode == 0, show(train)
     eval_dir = tmp_path / "eval"
-    proc = run_python([SCRIPTS / "evaluate.py", "lm", out, "--path", save_dir / "checkpoint_last.pt",
-                       "--output-dir", eval_dir, "--tokens-per-sample", "128", "--cpu"])
+    proc = run_python(
+        [
+            SCRIPTS / "evaluate.py",
+            "lm",
+            out,
+            "--path",
+            save_dir / "checkpoint_last.pt",
+            "--output-dir",
+            eval_dir,
+            "--tokens-per-sample",
+            "128",
+            "--cpu",
+        ]
+    )
     assert proc.returncode == 0, show(proc)
     result = json.loads((eval_dir / "perplexity.json").read_text())
     assert result["tokens"] == sum(mt_eval.indexed_dataset_sizes(out / "data-bin" / "test.idx"))

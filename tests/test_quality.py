@@ -23,8 +23,24 @@ def test_quality_and_extrapolation_harnesses_write_one_json_per_run_skip_done_ru
         for lang in ("en", "de"):
             write_lines(data / f"{split}.{lang}", read_lines(real_text[f"{names[split]}.{lang}"], limit=120))
     out, work = tmp_path / "out", tmp_path / "work"
-    argv = ["--scale", "tiny", "--updates", "5", "--configs", "vanilla,window", "--seeds", "3",
-            "--data", str(data), "--work", str(work), "--out", str(out), "--jobs", "1"]
+    argv = [
+        "--scale",
+        "tiny",
+        "--updates",
+        "5",
+        "--configs",
+        "vanilla,window",
+        "--seeds",
+        "3",
+        "--data",
+        str(data),
+        "--work",
+        str(work),
+        "--out",
+        str(out),
+        "--jobs",
+        "1",
+    ]
     assert quality.main(argv) == 0
 
     records = {path.stem: json.loads(path.read_text()) for path in (out / "runs").glob("*.json")}
@@ -38,7 +54,9 @@ def test_quality_and_extrapolation_harnesses_write_one_json_per_run_skip_done_ru
         assert record["git_revision"] and record["machine"]
     assert records["vanilla-seed3"]["mechanism_parameters"] == {}
     moved = records["window-seed3"]["mechanism_parameters"]
-    assert "cross extra_query_proj.left_query.weight" in moved and "decoder self extra_key_proj.right_key.weight" in moved
+    assert (
+        "cross extra_query_proj.left_query.weight" in moved and "decoder self extra_key_proj.right_key.weight" in moved
+    )
     assert all(entry["relative_change"] > 0 for entry in moved.values())
     assert records["vanilla-seed3"]["train_args"] == ["--arch", "transformer_iwslt_de_en"]
     assert "--cross-attention" in records["window-seed3"]["train_args"]
@@ -61,8 +79,10 @@ def test_quality_and_extrapolation_harnesses_write_one_json_per_run_skip_done_ru
     from benchmarks import extrapolation
 
     extra = tmp_path / "extrapolation"
-    assert extrapolation.main(["--quality-work", str(work), "--scale", "tiny", "--factors", "1,4",
-                               "--out", str(extra)]) == 0
+    assert (
+        extrapolation.main(["--quality-work", str(work), "--scale", "tiny", "--factors", "1,4", "--out", str(extra)])
+        == 0
+    )
     records = {path.stem: json.loads(path.read_text()) for path in (extra / "runs").glob("*.json")}
     assert set(records) == {f"{run}-x{factor}" for run in ("vanilla-seed3", "window-seed3") for factor in (1, 4)}
     single, grouped = records["window-seed3-x1"], records["window-seed3-x4"]
@@ -75,7 +95,8 @@ def test_quality_and_extrapolation_harnesses_write_one_json_per_run_skip_done_ru
     # pooling the buckets of one factor alone reproduces that factor's per-bucket BLEU
     pooled = extrapolation.pooled_bucket_bleu([grouped])
     assert {bucket: round(bleu, 2) for bucket, bleu in pooled.items()} == {
-        bucket: entry["tokenized_bleu_compound_split"] for bucket, entry in grouped["per_source_length"].items()}
+        bucket: entry["tokenized_bleu_compound_split"] for bucket, entry in grouped["per_source_length"].items()
+    }
     assert "## BLEU by source length" in (extra / "extrapolation.md").read_text()
 
 
@@ -84,10 +105,19 @@ def test_a_note_with_a_pipe_stays_in_its_table_cell(tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
     for config, seed, bleu in (("vanilla", 1, 30.0), ("distance-mask", 1, 31.0), ("distance-mask", 2, 32.0)):
-        record = {"config": config, "seed": seed, "note": quality.CONFIGS[config].note, "updates": 10,
-                  "scale": "tiny", "machine": "m", "test_sentences": 5, "tokenized_bleu_compound_split": bleu,
-                  "sacrebleu": bleu, "valid_ppl_averaged": 9.0,
-                  "valid_curve": [{"updates": 10, "loss": 3.0, "nll_loss": 2.0, "ppl": 4.0}]}
+        record = {
+            "config": config,
+            "seed": seed,
+            "note": quality.CONFIGS[config].note,
+            "updates": 10,
+            "scale": "tiny",
+            "machine": "m",
+            "test_sentences": 5,
+            "tokenized_bleu_compound_split": bleu,
+            "sacrebleu": bleu,
+            "valid_ppl_averaged": 9.0,
+            "valid_curve": [{"updates": 10, "loss": 3.0, "nll_loss": 2.0, "ppl": 4.0}],
+        }
         (runs / f"{config}-seed{seed}.json").write_text(json.dumps(record), encoding="utf-8")
     assert "|i-j|" in quality.CONFIGS["distance-mask"].note
     rows = [line for line in quality.report(tmp_path).splitlines() if line.startswith("| distance-mask ")]
@@ -99,14 +129,16 @@ def test_a_note_with_a_pipe_stays_in_its_table_cell(tmp_path):
 
 def test_training_wall_time_sums_the_segments_of_a_resumed_run():
     """fairseq restarts its wall meter on resume: each fairseq-train segment's last value counts."""
-    log = "\n".join([
-        "$ fairseq-train data-bin --max-update 20",
-        "epoch 001:     10 / 20 loss=9.1, train_wall=3, wall=4",
-        "epoch 001 | loss 9 | train_wall 5 | wall 7.5",
-        "$ fairseq-train data-bin --max-update 20",
-        "epoch 002:     15 / 20 loss=8.1, train_wall=2, wall=3",
-        "epoch 002 | loss 8 | train_wall 4 | wall 6",
-        "$ fairseq-generate data-bin --beam 5 | wall 99",
-    ])
+    log = "\n".join(
+        [
+            "$ fairseq-train data-bin --max-update 20",
+            "epoch 001:     10 / 20 loss=9.1, train_wall=3, wall=4",
+            "epoch 001 | loss 9 | train_wall 5 | wall 7.5",
+            "$ fairseq-train data-bin --max-update 20",
+            "epoch 002:     15 / 20 loss=8.1, train_wall=2, wall=3",
+            "epoch 002 | loss 8 | train_wall 4 | wall 6",
+            "$ fairseq-generate data-bin --beam 5 | wall 99",
+        ]
+    )
     assert quality.training_wall_seconds(log) == 13.5
     assert quality.training_wall_seconds("$ fairseq-train data-bin\ncrashed before any log line") is None

@@ -51,11 +51,15 @@ def test_generated_results_in_the_readme_equal_their_results_files():
     from benchmarks.readme_blocks import generated_blocks, readme_copy
 
     blocks = generated_blocks(README.read_text(encoding="utf-8"))
-    assert {"benchmarks/results/quality/quality.md", "benchmarks/results/extrapolation/extrapolation.md",
-            "benchmarks/results/summary.md"} <= set(blocks)
+    assert {
+        "benchmarks/results/quality/quality.md",
+        "benchmarks/results/extrapolation/extrapolation.md",
+        "benchmarks/results/summary.md",
+    } <= set(blocks)
     for source, body in blocks.items():
         assert body == readme_copy((REPO_ROOT / source).read_text(encoding="utf-8")), (
-            f"README.md's copy of {source} is stale or edited by hand: run the command named in its marker")
+            f"README.md's copy of {source} is stale or edited by hand: run the command named in its marker"
+        )
 
 
 @pytest.mark.parametrize("index", range(len(code_blocks("python"))))
@@ -79,8 +83,9 @@ def run_block(block: str) -> subprocess.CompletedProcess:
     env = cli_env()
     env["PATH"] = f"{BIN_DIR}{os.pathsep}{env.get('PATH', '')}"
     env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=1200)
+    proc = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", block], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1200
+    )
     assert proc.returncode == 0, f"--- script ---\n{block}\n--- stderr ---\n{proc.stderr[-4000:]}"
     return proc
 
@@ -100,8 +105,9 @@ def quickstart_prep(mt_data, tmp_path_factory) -> Path:
 def test_translation_and_multi_process_blocks_run(quickstart_prep, mt_data, tmp_path):
     translation, _, multi_process = code_blocks("bash")
     data = tmp_path / "data-bin"
-    proc = run_block(substitute(translation, {"PREP": quickstart_prep, "DATA": data, "SAVE": tmp_path / "ckpt"},
-                                max_update=10))
+    proc = run_block(
+        substitute(translation, {"PREP": quickstart_prep, "DATA": data, "SAVE": tmp_path / "ckpt"}, max_update=10)
+    )
     hypotheses = [line for line in proc.stdout.splitlines() if line.startswith("H-")]
     # fairseq-generate's test split, then fairseq-interactive's one sentence
     assert len(hypotheses) == mt_data["n_test"] + 1
@@ -116,6 +122,12 @@ def test_translation_and_multi_process_blocks_run(quickstart_prep, mt_data, tmp_
 
 def test_language_model_block_runs(lm_data, tmp_path):
     _, language_model, _ = code_blocks("bash")
-    proc = run_block(substitute(language_model, {"TEXT": lm_data["prep"], "DATA": tmp_path / "lm-bin",
-                                                 "SAVE": tmp_path / "ckpt"}, max_update=2, small_batches=True))
+    proc = run_block(
+        substitute(
+            language_model,
+            {"TEXT": lm_data["prep"], "DATA": tmp_path / "lm-bin", "SAVE": tmp_path / "ckpt"},
+            max_update=2,
+            small_batches=True,
+        )
+    )
     assert re.search(r"Perplexity: [0-9.]+", proc.stdout + proc.stderr)

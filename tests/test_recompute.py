@@ -1,17 +1,19 @@
 """--attention-recompute-length: from that key length on, a training forward
 keeps no [B, H, Tq, Tk] tensor for backward and recomputes the mechanism in
 blocks of query rows. Values and gradients must not change, dropout included."""
+
 import pytest
 import torch
 
 from fairseq_distattn import attention
-from fairseq_distattn.mechanisms import MECHANISM_REGISTRY
+from fairseq_distattn.registry import registered
 from fairseq_distattn.spec import CROSS, DECODER_SELF, ENCODER_SELF
 
 from .model_helpers import TINY, left_pad, random_tokens, right_pad, translation_model
 
-# qvi is not row-wise in the queries; distance-mask's fused path keeps only a [Tq, Tk] bias
-RECOMPUTED = sorted(set(MECHANISM_REGISTRY) - {"qvi", "distance-mask"})
+# what the registry declares: not qvi (not row-wise in the queries), nor the mechanisms whose
+# fused path (a training step needs no weights) keeps only a bias without a batch dimension
+RECOMPUTED = sorted(info.name for info in registered() if info.row_wise and not info.small_fused_bias)
 SOURCE_LENGTHS, TARGET_LENGTHS = [9, 6, 9], [8, 5, 3]
 
 
@@ -56,7 +58,9 @@ def test_recomputed_blocks_give_the_same_values_and_gradients(mechanism, small_c
     kept_out, kept_grads = loss_and_gradients(kept.train(), d)
     blocks = []
     real_checkpoint = attention.checkpoint
-    monkeypatch.setattr(attention, "checkpoint", lambda *args, **kwargs: blocks.append(1) or real_checkpoint(*args, **kwargs))
+    monkeypatch.setattr(
+        attention, "checkpoint", lambda *args, **kwargs: blocks.append(1) or real_checkpoint(*args, **kwargs)
+    )
     out, grads = loss_and_gradients(recomputed.train(), d)
     assert len(blocks) > 2 * len(SOURCE_LENGTHS), "the query rows were not split into recomputed blocks"
     torch.testing.assert_close(out, kept_out, rtol=1e-9, atol=1e-10)
@@ -112,7 +116,9 @@ def test_no_score_sized_tensor_is_kept_for_backward(mechanism):
 
 def test_generation_and_short_inputs_never_recompute(monkeypatch):
     calls = []
-    monkeypatch.setattr(attention, "checkpoint", lambda *args, **kwargs: calls.append(1) or (_ for _ in ()).throw(AssertionError))
+    monkeypatch.setattr(
+        attention, "checkpoint", lambda *args, **kwargs: calls.append(1) or (_ for _ in ()).throw(AssertionError)
+    )
     model, d = translation_model(extra=model_flags("rpr", max(SOURCE_LENGTHS) + 1))
     loss_and_gradients(model.train(), d)  # every key sequence is shorter than the threshold
     long_model, _ = translation_model(extra=model_flags("rpr", 2))

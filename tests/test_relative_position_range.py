@@ -4,6 +4,7 @@ A clipping distance k larger than any distance in the call must give exactly
 the result of k = L - 1 (the rows of the [2k+1, D] tables that no distance
 reaches get no gradient), and the work must depend on the sequence, not on k.
 """
+
 import pytest
 import torch
 
@@ -25,23 +26,34 @@ CASES = [
 
 def run(tgt_len, src_len, query_offset, causal, padded, with_values, need_weights, max_distance, tables):
     generator = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, HEADS, n, DIM, generator=generator, dtype=torch.float64) for n in (tgt_len, src_len, src_len))
+    q, k, v = (
+        torch.randn(2, HEADS, n, DIM, generator=generator, dtype=torch.float64) for n in (tgt_len, src_len, src_len)
+    )
     padding = None
     if padded:
         padding = torch.zeros(2, src_len, dtype=torch.bool)
         padding[1, :2] = True
     rel_keys, rel_values = (table.clone().requires_grad_() for table in tables)
     out, probs = DF.relative_position_attention(
-        q, k, v, rel_keys, rel_values if with_values else None, max_distance,
-        key_padding_mask=padding, causal=causal, query_offset=query_offset, need_weights=need_weights,
+        q,
+        k,
+        v,
+        rel_keys,
+        rel_values if with_values else None,
+        max_distance,
+        key_padding_mask=padding,
+        causal=causal,
+        query_offset=query_offset,
+        need_weights=need_weights,
     )
     (out.square().sum() + (probs.sum() if probs is not None else 0)).backward()
     return out, probs, rel_keys.grad, rel_values.grad
 
 
 @pytest.mark.parametrize("tgt_len,src_len,query_offset,causal,padded,with_values,need_weights", CASES)
-def test_clipping_beyond_the_sequence_equals_clipping_at_its_length(tgt_len, src_len, query_offset, causal, padded,
-                                                                    with_values, need_weights):
+def test_clipping_beyond_the_sequence_equals_clipping_at_its_length(
+    tgt_len, src_len, query_offset, causal, padded, with_values, need_weights
+):
     small_k, large_k = LENGTH - 1, 10 * LENGTH
     generator = torch.Generator().manual_seed(1)
     large_tables = [torch.randn(2 * large_k + 1, DIM, generator=generator, dtype=torch.float64) for _ in range(2)]
@@ -79,8 +91,25 @@ def test_rpr_clipping_benchmark_reports_a_ratio_against_its_target(tmp_path, cap
     from benchmarks import rpr_clipping
 
     out = tmp_path / "rpr.json"
-    assert rpr_clipping.main(["--scale", "tiny", "--length", "8", "--sentences", "2", "--repeats", "1",
-                              "--min-time", "0.01", "--json", str(out)]) == 0
+    assert (
+        rpr_clipping.main(
+            [
+                "--scale",
+                "tiny",
+                "--length",
+                "8",
+                "--sentences",
+                "2",
+                "--repeats",
+                "1",
+                "--min-time",
+                "0.01",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     assert "throughput k=1024 / k=16" in lines[0] and lines[0].split()[-1] in ("PASS", "MISS")
     result = json.loads(out.read_text())

@@ -3,6 +3,7 @@ ones (entropy of known distributions, the width of known masks, eq. 9 for
 uniform boundaries), its --tiny run writes well-formed results, and what it
 measures on a model matches an independent computation from the model's own
 projections."""
+
 import json
 import math
 
@@ -30,7 +31,7 @@ def test_within_row_std_is_the_population_std_of_the_visible_keys():
     visible = wd.visible_keys("decoder self", 5, 5)
     result = wd.within_row_std(scores, visible)
     for row in range(5):
-        expected = scores[:, row, :row + 1].std(dim=-1, unbiased=False)
+        expected = scores[:, row, : row + 1].std(dim=-1, unbiased=False)
         torch.testing.assert_close(result[:, row], expected)
 
 
@@ -67,8 +68,7 @@ def test_an_all_ones_mask_is_as_wide_as_the_visible_keys():
     assert result["left_entropy"] == pytest.approx(result["uniform_entropy"])
 
     encoder = torch.ones(heads, 4, 9, dtype=torch.float64)
-    result = statistics_of("cross", encoder / 9, WindowInternals(encoder / 9, encoder / 9,
-                                                                                          encoder))
+    result = statistics_of("cross", encoder / 9, WindowInternals(encoder / 9, encoder / 9, encoder))
     assert result["width"] == pytest.approx(9) and result["m_by_offset"][wd.MAX_OFFSET] == pytest.approx(1.0)
 
 
@@ -102,8 +102,10 @@ def test_tiny_run_writes_well_formed_results(tiny):
     assert [s["mechanism"] for s in window_sites] == ["window-aw"] * 2 + ["window-mw"] * 2 + ["window-aw-seg"] * 2
     assert all(0 < s["mass"] < 2 and "width" in s and "global_std" in s for s in window_sites)
     assert all("window_term_std" in s for s in window_sites if s["mechanism"].startswith("window-aw"))
-    assert all(results["checks"][name] < wd.CONSISTENT_LOGITS
-               for name in ("batched_vs_single", "fused_vs_recorded", "incremental_vs_forced"))
+    assert all(
+        results["checks"][name] < wd.CONSISTENT_LOGITS
+        for name in ("batched_vs_single", "fused_vs_recorded", "incremental_vs_forced")
+    )
     assert results["window_layers"] == {kind: [2, 2] for kind in wd.KINDS}
     text = (out / "window_diagnostics.md").read_text(encoding="utf-8")
     assert "## Findings" in text and "DEFECT" not in text and "/tmp/" not in text
@@ -142,15 +144,19 @@ def test_measures_match_an_independent_computation():
     assert decoder["width"] == pytest.approx(sum(wd.uniform_pointer_width(n) for n in rows) / len(rows))
     cross = by_site[("cross", 0)]
     segment = window.decoder.layers[0].encoder_attn.mechanism.segment_size
-    expected = [wd.uniform_pointer_mask(n, segment).sum().item() for n, m in zip(source_lengths, target_lengths)
-                for _ in range(m)]
+    expected = [
+        wd.uniform_pointer_mask(n, segment).sum().item()
+        for n, m in zip(source_lengths, target_lengths)
+        for _ in range(m)
+    ]
     assert cross["width"] == pytest.approx(sum(expected) / len(expected))
 
     # vanilla encoder self-attention of layer 0, from its own projections
     layer = vanilla.encoder.layers[0].self_attn
     captured = []
-    handle = layer.register_forward_pre_hook(lambda module, args, kwargs: captured.append(kwargs.get("query", args[0]
-                                             if args else None)), with_kwargs=True)
+    handle = layer.register_forward_pre_hook(
+        lambda module, args, kwargs: captured.append(kwargs.get("query", args[0] if args else None)), with_kwargs=True
+    )
     try:
         measured = {(s["kind"], s["layer"]): s for s in wd.measure(vanilla, examples)}[("encoder self", 0)]
     finally:
@@ -160,7 +166,7 @@ def test_measures_match_an_independent_computation():
         for x in captured:
             q = layer.q_proj(x).view(x.size(0), layer.num_heads, layer.head_dim).transpose(0, 1).double()
             k = layer.k_proj(x).view(x.size(0), layer.num_heads, layer.head_dim).transpose(0, 1).double()
-            probs = torch.softmax(q @ k.transpose(1, 2) / layer.head_dim ** 0.5, dim=-1)
+            probs = torch.softmax(q @ k.transpose(1, 2) / layer.head_dim**0.5, dim=-1)
             entropies.append(-(probs * probs.log()).sum(-1).flatten())
     assert measured["entropy"] == pytest.approx(torch.cat(entropies).mean().item(), rel=1e-5)
 

@@ -1,29 +1,23 @@
-"""Pure tensor implementations of every mechanism (no fairseq imports).
+"""Pure tensor implementations of every mechanism (torch only: no fairseq
+imports, and importing this package changes no global state of torch).
 
 Shapes: ``q`` ``[B,H,Tq,D]``, ``k``/``v`` ``[B,H,Tk,D]``, unscaled (each op
 applies 1/sqrt(D)); ``key_padding_mask`` ``[B,Tk]`` bool, True = padding;
 ``causal`` hides keys after the query; query row i sits at position
-``query_offset + i`` and key j at position j. Returned probabilities/weights
-are ``[B,H,Tq,Tk]``.
+``query_offset + i`` and key j at position j. Every attention op takes
+``key_padding_mask``, ``causal``, ``query_offset``, ``dropout_p`` and
+``need_weights`` as keyword-only arguments after its tensors and returns
+``(out [B,H,Tq,D], probs [B,H,Tq,Tk] or None when need_weights=False)``.
 """
-from .differentiable_window import additive_window_attention, multiplicative_window_attention, window_mask
-from .distance_aware import distance_aware_attention
-from .distance_mask import distance_mask_attention
-from .masking import logit_mask, masked_softmax, relative_distance, softmax_attention
-from .query_value_interaction import query_aware_values, query_value_interaction_attention
-from .relative_position import relative_position_attention
 
-__all__ = [
-    "additive_window_attention",
-    "distance_aware_attention",
-    "distance_mask_attention",
-    "logit_mask",
-    "masked_softmax",
-    "multiplicative_window_attention",
-    "query_aware_values",
-    "query_value_interaction_attention",
-    "relative_distance",
-    "relative_position_attention",
-    "softmax_attention",
-    "window_mask",
-]
+import importlib as _importlib
+import pkgutil as _pkgutil
+
+# every module of this package (one per mechanism, plus masking.py) exports its __all__ here,
+# so a new mechanism's file is part of the API without an edit here
+__all__ = []
+for _module in sorted(m.name for m in _pkgutil.iter_modules(__path__)):
+    _exported = _importlib.import_module(f"{__name__}.{_module}")
+    globals().update({name: getattr(_exported, name) for name in _exported.__all__})
+    __all__ += _exported.__all__
+__all__ = sorted(__all__)

@@ -24,15 +24,13 @@ key sequence, as the prose and eq. 1 do.)
 The pointer softmaxes run over the keys the query may see (non-padding, and
 not in the future when causal), so padding never receives window mass.
 """
+
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from .masking import (
-    check_attention_arguments, dropout_probs, fused_attention, logit_dtype, logit_mask, masked_scores, masked_softmax,
-    scaled,
-)
+from .masking import attend, check_attention_arguments, logit_dtype, logit_mask, masked_scores, masked_softmax, scaled
 
 
 def _cumulative_sums(pointer: Tensor) -> Tuple[Tensor, Tensor]:
@@ -117,12 +115,14 @@ def window_mask(
     q_right: Tensor,
     k_right: Tensor,
     segment_size: int = 0,
+    *,
     key_padding_mask: Optional[Tensor] = None,
     causal: bool = False,
     query_offset: int = 0,
 ) -> Tensor:
     """Soft window mask M ``[B, H, Tq, Tk]`` of eq. 9 (``segment_size=0``) or eq. 11
-    (``segment_size=b>0``); float32 for half inputs."""
+    (``segment_size=b>0``); float32 for half inputs. Not an attention op (no
+    values): it takes the positional conventions but no dropout or weights."""
     check_attention_arguments(q_left, k_left, None, key_padding_mask, causal, query_offset)
     check_attention_arguments(q_right, k_right, None, key_padding_mask, causal, query_offset)
     if isinstance(segment_size, bool) or not isinstance(segment_size, int) or segment_size < 0:
@@ -150,8 +150,10 @@ def window_mask(
 def _check_window(mask: Tensor, q: Tensor, k: Tensor) -> None:
     expected = (q.size(0), q.size(1), q.size(2), k.size(2))
     if not isinstance(mask, Tensor) or tuple(mask.shape) != expected:
-        raise ValueError(f"mask must be the [B, H, Tq, Tk] = {expected} window of window_mask, got "
-                         f"{tuple(mask.shape) if isinstance(mask, Tensor) else repr(mask)}")
+        raise ValueError(
+            f"mask must be the [B, H, Tq, Tk] = {expected} window of window_mask, got "
+            f"{tuple(mask.shape) if isinstance(mask, Tensor) else repr(mask)}"
+        )
 
 
 def multiplicative_window_attention(
@@ -159,19 +161,27 @@ def multiplicative_window_attention(
     k: Tensor,
     v: Tensor,
     mask: Tensor,
+    *,
     key_padding_mask: Optional[Tensor] = None,
     causal: bool = False,
     query_offset: int = 0,
     dropout_p: float = 0.0,
-) -> Tuple[Tensor, Tensor]:
+    need_weights: bool = True,
+) -> Tuple[Tensor, Optional[Tensor]]:
     """MW, eqs. 12-13. Returns ``(out, weights)``; weights = softmax * M (rows need not sum to 1)."""
     check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
     _check_window(mask, q, k)
-    tgt_len, src_len = q.size(2), k.size(2)
-    logits_mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device,
-                                     logit_dtype(q.dtype))
-    weights = (masked_softmax(masked_scores(scaled(q), k, logits_mask), hidden) * mask).to(q.dtype)
-    return torch.matmul(dropout_probs(weights, dropout_p), v), weights
+    return attend(
+        q,
+        k,
+        v,
+        weight_mod=lambda weights, _mask, _hidden: weights * mask,
+        key_padding_mask=key_padding_mask,
+        causal=causal,
+        query_offset=query_offset,
+        dropout_p=dropout_p,
+        need_weights=need_weights,
+    )
 
 
 def additive_window_attention(
@@ -181,6 +191,7 @@ def additive_window_attention(
     k_local: Tensor,
     v: Tensor,
     mask: Tensor,
+    *,
     key_padding_mask: Optional[Tensor] = None,
     causal: bool = False,
     query_offset: int = 0,
@@ -192,15 +203,19 @@ def additive_window_attention(
     check_attention_arguments(q_global, k_global, v, key_padding_mask, causal, query_offset, dropout_p)
     check_attention_arguments(q_local, k_local, None, key_padding_mask, causal, query_offset)
     _check_window(mask, q_global, k_global)
-    tgt_len, src_len = q_global.size(2), k_global.size(2)
     # the local scores times M are formed in float32 for half inputs (M is, see window_mask)
     local_scores = masked_scores(scaled(q_local), k_local, None)
-    if not need_weights:
-        logits_mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q_global.device,
-                                         q_global.dtype)
-        return fused_attention(q_global, k_global, v, local_scores * mask, logits_mask, hidden, dropout_p), None
-    logits_mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q_global.device,
-                                     logit_dtype(q_global.dtype))
-    logits = torch.addcmul(masked_scores(scaled(q_global), k_global, logits_mask), local_scores, mask)
-    probs = masked_softmax(logits, hidden).to(q_global.dtype)
-    return torch.matmul(dropout_probs(probs, dropout_p), v), probs
+    return attend(
+        q_global,
+        k_global,
+        v,
+        bias=local_scores * mask,
+        key_padding_mask=key_padding_mask,
+        causal=causal,
+        query_offset=query_offset,
+        dropout_p=dropout_p,
+        need_weights=need_weights,
+    )
+
+
+__all__ = ["additive_window_attention", "multiplicative_window_attention", "window_mask"]

@@ -29,6 +29,7 @@ lower scores to exactly this change of "the total amount of attention". Keys a
 query may not see (padding, the future of a causal query) get weight 0 in every
 variant; the late ones zero R^ there, or a decoder would leak future values.
 """
+
 import math
 from typing import Optional, Tuple
 
@@ -36,15 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .masking import (
-    absolute_distance,
-    check_attention_arguments,
-    dropout_probs,
-    logit_dtype,
-    logit_mask,
-    masked_softmax,
-    scaled,
-)
+from .masking import absolute_distance, attend, check_attention_arguments, logit_dtype
 
 DA_MAPPINGS = ("learnable-sigmoid", "sigmoid", "exponent", "linear", "clip")
 DA_ADJUSTINGS = ("early-multiply", "early-add", "late-multiply", "late-add")
@@ -52,14 +45,23 @@ DA_ADJUSTINGS = ("early-multiply", "early-add", "late-multiply", "late-add")
 MAPPING_PARAMETERS = {"learnable-sigmoid": ("sharpness",), "linear": ("linear_slope", "linear_intercept")}
 
 
-def check_mapping_arguments(mapping: str, num_heads: int, sharpness: Optional[Tensor], linear_slope: Optional[Tensor],
-                            linear_intercept: Optional[Tensor], clip_threshold: Optional[float]) -> None:
+def check_mapping_arguments(
+    mapping: str,
+    num_heads: int,
+    sharpness: Optional[Tensor],
+    linear_slope: Optional[Tensor],
+    linear_intercept: Optional[Tensor],
+    clip_threshold: Optional[float],
+) -> None:
     """ValueError unless ``mapping`` is known and gets exactly the parameters it uses."""
     if mapping not in DA_MAPPINGS:
         raise ValueError(f"mapping must be one of {', '.join(DA_MAPPINGS)}, got {mapping!r}")
     used = MAPPING_PARAMETERS.get(mapping, ())
-    for name, parameter in (("sharpness", sharpness), ("linear_slope", linear_slope),
-                            ("linear_intercept", linear_intercept)):
+    for name, parameter in (
+        ("sharpness", sharpness),
+        ("linear_slope", linear_slope),
+        ("linear_intercept", linear_intercept),
+    ):
         if name in used and parameter is None:
             raise ValueError(f"mapping {mapping!r} needs {name} ([H], one per head)")
         if name not in used and parameter is not None:
@@ -68,16 +70,25 @@ def check_mapping_arguments(mapping: str, num_heads: int, sharpness: Optional[Te
         if parameter is not None and tuple(parameter.shape) != (num_heads,):
             raise ValueError(f"{name} must be [H] = ({num_heads},), one per head, got {tuple(parameter.shape)}")
     if mapping == "clip":
-        if (isinstance(clip_threshold, bool) or not isinstance(clip_threshold, (int, float))
-                or not math.isfinite(clip_threshold) or clip_threshold <= 0):
+        if (
+            isinstance(clip_threshold, bool)
+            or not isinstance(clip_threshold, (int, float))
+            or not math.isfinite(clip_threshold)
+            or clip_threshold <= 0
+        ):
             raise ValueError(f"mapping 'clip' needs clip_threshold, a finite number > 0, got {clip_threshold!r}")
     elif clip_threshold is not None:
         raise ValueError(f"clip_threshold is only used by mapping 'clip', not {mapping!r}: pass None")
 
 
-def map_weighted_distance(weighted: Tensor, mapping: str = "learnable-sigmoid", sharpness: Optional[Tensor] = None,
-                          linear_slope: Optional[Tensor] = None, linear_intercept: Optional[Tensor] = None,
-                          clip_threshold: Optional[float] = None) -> Tensor:
+def map_weighted_distance(
+    weighted: Tensor,
+    mapping: str = "learnable-sigmoid",
+    sharpness: Optional[Tensor] = None,
+    linear_slope: Optional[Tensor] = None,
+    linear_intercept: Optional[Tensor] = None,
+    clip_threshold: Optional[float] = None,
+) -> Tensor:
     """f(x) of eq. (5) or sec. 4.3 for the weighted distances ``weighted`` = w_h |i-j|
     ``[H, Tq, Tk]``; the per-head parameters are ``[H]`` (unchecked: see
     :func:`check_mapping_arguments`)."""
@@ -95,9 +106,17 @@ def map_weighted_distance(weighted: Tensor, mapping: str = "learnable-sigmoid", 
     raise ValueError(f"mapping must be one of {', '.join(DA_MAPPINGS)}, got {mapping!r}")
 
 
-def distance_coefficients(distance_weight: Tensor, sharpness: Optional[Tensor], tgt_len: int, src_len: int,
-                          query_offset: int, mapping: str = "learnable-sigmoid", linear_slope: Optional[Tensor] = None,
-                          linear_intercept: Optional[Tensor] = None, clip_threshold: Optional[float] = None) -> Tensor:
+def distance_coefficients(
+    distance_weight: Tensor,
+    sharpness: Optional[Tensor],
+    tgt_len: int,
+    src_len: int,
+    query_offset: int,
+    mapping: str = "learnable-sigmoid",
+    linear_slope: Optional[Tensor] = None,
+    linear_intercept: Optional[Tensor] = None,
+    clip_threshold: Optional[float] = None,
+) -> Tensor:
     """Re-scaled coefficients f(w_h |i-j|) as ``[H, Tq, Tk]``: eq. (5) by default,
     or the sec. 4.3 ``mapping``; ``sharpness`` is v of eq. (5) (None for the others)."""
     check_mapping_arguments(mapping, distance_weight.size(0), sharpness, linear_slope, linear_intercept, clip_threshold)
@@ -121,49 +140,66 @@ def distance_aware_attention(
     v: Tensor,
     distance_weight: Tensor,
     sharpness: Optional[Tensor],
+    *,
     key_padding_mask: Optional[Tensor] = None,
     causal: bool = False,
     query_offset: int = 0,
     dropout_p: float = 0.0,
-    *,
+    need_weights: bool = True,
     mapping: str = "learnable-sigmoid",
     adjusting: str = "early-multiply",
     linear_slope: Optional[Tensor] = None,
     linear_intercept: Optional[Tensor] = None,
     clip_threshold: Optional[float] = None,
-) -> Tuple[Tensor, Tensor]:
+) -> Tuple[Tensor, Optional[Tensor]]:
     """DA eqs. (5)-(6), or an ablation of sec. 4.3-4.4 (``mapping``, ``adjusting``);
     ``distance_weight`` (w) and the mapping's parameters are ``[H]``: ``sharpness``
     (v) for ``learnable-sigmoid``, ``linear_slope`` (k) and ``linear_intercept``
     (b) for ``linear``, the float ``clip_threshold`` (T) for ``clip``.
     Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``; ``probs`` are the weights
-    that multiply the values (for the late adjustments, not a distribution)."""
+    that multiply the values (for the late adjustments, not a distribution).
+    Eq. 6 is a score modification, early-add an additive bias (fused when
+    ``need_weights=False``), the late ones a modification of the weights."""
     check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
     if tuple(distance_weight.shape) != (q.size(1),):
-        raise ValueError(f"distance_weight must be [H] = ({q.size(1)},), one per head, "
-                         f"got {tuple(distance_weight.shape)}")
+        raise ValueError(
+            f"distance_weight must be [H] = ({q.size(1)},), one per head, got {tuple(distance_weight.shape)}"
+        )
     if adjusting not in DA_ADJUSTINGS:
         raise ValueError(f"adjusting must be one of {', '.join(DA_ADJUSTINGS)}, got {adjusting!r}")
     tgt_len, src_len = q.size(2), k.size(2)
     # ReLU(QK^T) x f reaches (1 + e^v) times the largest logit: formed in float32 for half inputs
     compute = logit_dtype(q.dtype)
     per_head = [None if p is None else p.to(compute) for p in (sharpness, linear_slope, linear_intercept)]
-    coefficients = distance_coefficients(distance_weight.to(compute), per_head[0], tgt_len, src_len, query_offset,
-                                         mapping, per_head[1], per_head[2], clip_threshold)
-    mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, compute)
+    coefficients = distance_coefficients(
+        distance_weight.to(compute),
+        per_head[0],
+        tgt_len,
+        src_len,
+        query_offset,
+        mapping,
+        per_head[1],
+        per_head[2],
+        clip_threshold,
+    )
+    shared = dict(
+        key_padding_mask=key_padding_mask,
+        causal=causal,
+        query_offset=query_offset,
+        dropout_p=dropout_p,
+        need_weights=need_weights,
+    )
     if adjusting == "early-multiply":
-        # ReLU commutes with the positive 1/sqrt(d)
-        scores = torch.relu(torch.matmul(scaled(q), k.transpose(-2, -1))).to(compute)
-        logits = scores * coefficients if mask is None else torch.addcmul(mask, scores, coefficients)
-        probs = masked_softmax(logits, hidden)
-    else:
-        raw = torch.matmul(scaled(q), k.transpose(-2, -1)).to(compute)  # S = QK^T / sqrt(d)
-        if adjusting == "early-add":
-            logits = raw + coefficients
-            probs = masked_softmax(logits if mask is None else logits.add_(mask), hidden)
-        else:
-            weights = masked_softmax(raw if mask is None else raw.add_(mask), hidden)
-            adjusted = weights + coefficients if adjusting == "late-add" else weights * coefficients
-            probs = _zero_unseen(adjusted, mask, hidden)
-    probs = probs.to(q.dtype)
-    return torch.matmul(dropout_probs(probs, dropout_p), v), probs
+        # eq. 6; ReLU commutes with the positive 1/sqrt(d)
+        return attend(q, k, v, score_mod=lambda scores: torch.relu(scores) * coefficients, **shared)
+    if adjusting == "early-add":
+        return attend(q, k, v, bias=coefficients, **shared)  # softmax(S + R^)
+
+    def adjust(weights: Tensor, mask: Optional[Tensor], hidden: Optional[Tensor]) -> Tensor:
+        adjusted = weights + coefficients if adjusting == "late-add" else weights * coefficients
+        return _zero_unseen(adjusted, mask, hidden)
+
+    return attend(q, k, v, weight_mod=adjust, **shared)
+
+
+__all__ = ["distance_aware_attention"]

@@ -8,6 +8,7 @@ Directional masks: ``direction="forward"`` lets query i see keys j <= i,
 hides the diagonal; we keep it visible so the first (forward) or last
 (backward) token always has a key and a plain softmax stays defined.
 """
+
 import math
 from typing import Optional, Tuple
 
@@ -15,9 +16,12 @@ import torch
 from torch import Tensor
 
 from .masking import (
-    absolute_distance, check_attention_arguments, dropout_probs, fused_attention, logit_dtype, logit_mask,
-    masked_scores, masked_softmax, position_tensor,
-    relative_distance, scaled,
+    absolute_distance,
+    attend,
+    check_attention_arguments,
+    logit_dtype,
+    position_tensor,
+    relative_distance,
 )
 
 DIRECTIONS = (None, "forward", "backward")
@@ -46,10 +50,11 @@ def distance_mask_attention(
     k: Tensor,
     v: Tensor,
     alpha: float,
+    *,
+    direction: Optional[str] = None,
     key_padding_mask: Optional[Tensor] = None,
     causal: bool = False,
     query_offset: int = 0,
-    direction: Optional[str] = None,
     dropout_p: float = 0.0,
     need_weights: bool = True,
 ) -> Tuple[Tensor, Optional[Tensor]]:
@@ -61,12 +66,21 @@ def distance_mask_attention(
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     tgt_len, src_len = q.size(2), k.size(2)
-    # the whole mechanism is one small [B|1, 1, Tq, Tk] additive mask
+    # the whole mechanism is one small [Tq, Tk] bias and M_dir, a visibility the core masks with
     allowed = None if direction is None else directional_visibility(tgt_len, src_len, direction, query_offset, q.device)
-    compute = q.dtype if not need_weights else logit_dtype(q.dtype)
-    mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, compute, allowed)
     bias = distance_mask_bias(tgt_len, src_len, float(alpha), query_offset, q.device, logit_dtype(q.dtype))
-    if not need_weights:
-        return fused_attention(q, k, v, bias, mask, hidden, dropout_p), None
-    probs = masked_softmax(masked_scores(scaled(q), k, mask).add_(bias), hidden).to(q.dtype)
-    return torch.matmul(dropout_probs(probs, dropout_p), v), probs
+    return attend(
+        q,
+        k,
+        v,
+        bias=bias,
+        allowed=allowed,
+        key_padding_mask=key_padding_mask,
+        causal=causal,
+        query_offset=query_offset,
+        dropout_p=dropout_p,
+        need_weights=need_weights,
+    )
+
+
+__all__ = ["distance_mask_attention"]

@@ -6,22 +6,29 @@ position ``j``, so a single code path serves full-sequence and incremental
 (one token at a time) decoding. ``key_padding_mask`` is ``[B, Tk]`` bool with
 True marking padding; ``causal`` hides keys after the query.
 
-Attention ops also take trailing ``dropout_p`` (attention dropout on the
-probabilities that multiply the values; returned probabilities are undropped)
-and, where the mechanism is an additive bias on the logits, ``need_weights``:
-with ``need_weights=False`` they run fused ``F.scaled_dot_product_attention``
-and return ``(out, None)``.
+Every attention op takes the same keyword-only arguments after its tensors:
+``key_padding_mask``, ``causal``, ``query_offset``, ``dropout_p`` (attention
+dropout on the probabilities that multiply the values; returned probabilities
+are undropped) and ``need_weights`` (False: the op returns ``(out, None)``,
+and a mechanism that is an additive bias on the logits runs fused
+``F.scaled_dot_product_attention``).
+
+The one core path is :func:`attend`: a mechanism hands it an additive
+``bias`` on the logits, a ``score_mod`` of the raw scores, a ``weight_mod`` of
+the normalised weights or a ``value_term``, and the masking (key padding,
+causal, a mechanism's own visibility such as a direction) is composed here
+only, by :func:`logit_mask` and :func:`masked_softmax`.
 """
+
 import functools
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-
 # Position tensors depend only on sizes, offsets, device and dtype; generation
 # asks for the same ones in every layer at every step. Small ones are kept.
-MAX_CACHED_ELEMENTS = 2 ** 14
+MAX_CACHED_ELEMENTS = 2**14
 POSITION_CACHE_ENTRIES = 256
 
 
@@ -190,15 +197,20 @@ def check_attention_arguments(
     if key_padding_mask is not None:
         if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dtype != torch.bool:
             # a float "1 = keep" mask would otherwise be read as padding, inverted
-            raise ValueError(f"key_padding_mask must be a bool tensor with True = padding, got "
-                             f"{_describe(key_padding_mask)} (for a 1 = keep mask pass mask == 0)")
+            raise ValueError(
+                f"key_padding_mask must be a bool tensor with True = padding, got "
+                f"{_describe(key_padding_mask)} (for a 1 = keep mask pass mask == 0)"
+            )
         if tuple(key_padding_mask.shape) != (k.size(0), k.size(2)):
-            raise ValueError(f"key_padding_mask must be [B, Tk] = {(k.size(0), k.size(2))}, "
-                             f"got {tuple(key_padding_mask.shape)}")
+            raise ValueError(
+                f"key_padding_mask must be [B, Tk] = {(k.size(0), k.size(2))}, got {tuple(key_padding_mask.shape)}"
+            )
     if not isinstance(causal, bool):
         raise ValueError(f"causal must be a bool, got {causal!r}")
     if isinstance(query_offset, bool) or not isinstance(query_offset, int) or query_offset < 0:
-        raise ValueError(f"query_offset must be an integer >= 0 (the position of the first query), got {query_offset!r}")
+        raise ValueError(
+            f"query_offset must be an integer >= 0 (the position of the first query), got {query_offset!r}"
+        )
     if not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be a probability in [0, 1), got {dropout_p!r}")
 
@@ -213,6 +225,7 @@ def softmax_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
+    *,
     key_padding_mask: Optional[Tensor] = None,
     causal: bool = False,
     query_offset: int = 0,
@@ -222,31 +235,115 @@ def softmax_attention(
     """Plain ``softmax(q k^T / sqrt(D)) v`` under the same conventions; returns
     ``(out, probs)`` (``probs`` is None when ``need_weights=False``)."""
     check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
-    return unchecked_softmax_attention(q, k, v, key_padding_mask, causal, query_offset, dropout_p, need_weights)
+    return attend(
+        q,
+        k,
+        v,
+        key_padding_mask=key_padding_mask,
+        causal=causal,
+        query_offset=query_offset,
+        dropout_p=dropout_p,
+        need_weights=need_weights,
+    )
 
 
-def unchecked_softmax_attention(
+# score_mod(raw scores q k^T / sqrt(D), in logit_dtype) -> logits, before any mask
+ScoreMod = Callable[[Tensor], Tensor]
+# weight_mod(softmax weights, additive mask, hidden rows) -> the weights that multiply the values
+WeightMod = Callable[[Tensor, Optional[Tensor], Optional[Tensor]], Tensor]
+# value_term(the (dropped) weights) -> a [B, H, Tq, D] term added to the output
+ValueTerm = Callable[[Tensor], Tensor]
+
+
+def attention_weights(
+    q: Tensor,
+    k: Tensor,
+    *,
+    bias: Optional[Tensor] = None,
+    score_mod: Optional[ScoreMod] = None,
+    allowed: Optional[Tensor] = None,
+    key_padding_mask: Optional[Tensor] = None,
+    causal: bool = False,
+    query_offset: int = 0,
+) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+    """``(probs, mask, hidden)``: ``softmax(score_mod(q k^T / sqrt(D)) + bias)``
+    over the keys each query may see (key padding, ``causal`` and the bool
+    ``[Tq, Tk]`` restriction ``allowed``), in :func:`logit_dtype`; ``mask,
+    hidden`` from :func:`logit_mask`. ``bias`` broadcasts to ``[B, H, Tq, Tk]``
+    and is in the logit dtype."""
+    tgt_len, src_len = q.size(2), k.size(2)
+    mask, hidden = logit_mask(
+        key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, logit_dtype(q.dtype), allowed
+    )
+    if score_mod is None:
+        logits = masked_scores(scaled(q), k, mask)
+        if bias is not None:
+            logits = logits.add_(bias)
+    else:
+        logits = score_mod(torch.matmul(scaled(q), k.transpose(-2, -1)).to(logit_dtype(q.dtype)))
+        if bias is not None:
+            logits = logits + bias
+        if mask is not None:
+            logits = logits + mask
+    return masked_softmax(logits, hidden), mask, hidden
+
+
+def attend(
     q: Tensor,
     k: Tensor,
     v: Tensor,
+    *,
+    bias: Optional[Tensor] = None,
+    score_mod: Optional[ScoreMod] = None,
+    weight_mod: Optional[WeightMod] = None,
+    value_term: Optional[ValueTerm] = None,
+    allowed: Optional[Tensor] = None,
     key_padding_mask: Optional[Tensor] = None,
     causal: bool = False,
     query_offset: int = 0,
     dropout_p: float = 0.0,
     need_weights: bool = True,
-):
-    """:func:`softmax_attention` for the ops' own calls (QVI's eq. 7 uses a
-    negative ``query_offset``: its rows are values, its keys queries)."""
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """The core path of every mechanism: ``(out, probs)`` with
+    ``probs = weight_mod(softmax(score_mod(q k^T / sqrt(D)) + bias))`` over the
+    visible keys (see :func:`attention_weights`) and ``out = dropout(probs) v
+    + value_term(dropout(probs))``; ``probs`` is None unless ``need_weights``.
+
+    A mechanism that is only an additive ``bias`` (and ``allowed``) runs fused
+    (:func:`fused_attention`) when the weights are not needed. Unchecked: the
+    public ops check their arguments first."""
     tgt_len, src_len = q.size(2), k.size(2)
-    if not need_weights and causal and key_padding_mask is None and query_offset == 0 and tgt_len == src_len:
-        # exactly SDPA's own causal mask: let it pick its causal kernel
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True), None
-    if not need_weights:
-        mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, q.dtype)
-        return fused_attention(q, k, v, None, mask, hidden, dropout_p), None
-    mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, logit_dtype(q.dtype))
-    probs = masked_softmax(masked_scores(scaled(q), k, mask), hidden).to(q.dtype)
-    return torch.matmul(dropout_probs(probs, dropout_p), v), probs
+    if not need_weights and score_mod is None and weight_mod is None and value_term is None:
+        if (
+            bias is None
+            and allowed is None
+            and causal
+            and key_padding_mask is None
+            and query_offset == 0
+            and tgt_len == src_len
+        ):
+            # exactly SDPA's own causal mask: let it pick its causal kernel
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True), None
+        mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, q.dtype, allowed)
+        return fused_attention(q, k, v, bias, mask, hidden, dropout_p), None
+    probs, mask, hidden = attention_weights(
+        q,
+        k,
+        bias=bias,
+        score_mod=score_mod,
+        allowed=allowed,
+        key_padding_mask=key_padding_mask,
+        causal=causal,
+        query_offset=query_offset,
+    )
+    if weight_mod is not None:
+        probs = weight_mod(probs, mask, hidden)
+    probs = probs.to(q.dtype)
+    attended = dropout_probs(probs, dropout_p)
+    out = torch.matmul(attended, v)
+    if value_term is not None:
+        out = out + value_term(attended)
+    return out, probs if need_weights else None
 
 
 def half_range_bias(bias: Tensor, mask: Optional[Tensor], dtype: torch.dtype) -> Tensor:
@@ -275,7 +372,12 @@ def half_range_bias(bias: Tensor, mask: Optional[Tensor], dtype: torch.dtype) ->
 
 
 def fused_attention(
-    q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], mask: Optional[Tensor], hidden: Optional[Tensor],
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Optional[Tensor],
+    mask: Optional[Tensor],
+    hidden: Optional[Tensor],
     dropout_p: float = 0.0,
 ) -> Tensor:
     """``softmax(q k^T / sqrt(D) + bias + mask) v`` through
@@ -291,3 +393,6 @@ def fused_attention(
         mask = bias if mask is None else bias + mask
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     return out if hidden is None else out.masked_fill(hidden, 0.0)
+
+
+__all__ = ["attend", "attention_weights", "logit_mask", "masked_softmax", "relative_distance", "softmax_attention"]

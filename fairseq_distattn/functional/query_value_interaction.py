@@ -25,12 +25,13 @@ of eq. 7, as eq. 8 uses it. g_2 and g_3 are then eq. 8 without its gate, so the
 variants differ from ours only in how the two terms are combined, which is what
 the ablation studies.
 """
+
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from .masking import HALF_DTYPES, check_attention_arguments, unchecked_softmax_attention
+from .masking import HALF_DTYPES, attend, check_attention_arguments
 
 QVI_INTERACTIONS = ("gated", "values-only", "interactions-only", "summation")
 # the parameters each g(Q, V) uses: W (value_projection), u (gate_weight), h (gate_bias)
@@ -42,14 +43,18 @@ INTERACTION_PARAMETERS = {
 }
 
 
-def check_interaction_arguments(interaction: str, value_projection: Optional[Tensor], gate_weight: Optional[Tensor],
-                                gate_bias: Optional[Tensor]) -> None:
+def check_interaction_arguments(
+    interaction: str, value_projection: Optional[Tensor], gate_weight: Optional[Tensor], gate_bias: Optional[Tensor]
+) -> None:
     """ValueError unless ``interaction`` is known and gets exactly the parameters it uses."""
     if interaction not in QVI_INTERACTIONS:
         raise ValueError(f"interaction must be one of {', '.join(QVI_INTERACTIONS)}, got {interaction!r}")
     used = INTERACTION_PARAMETERS[interaction]
-    for name, parameter in (("value_projection", value_projection), ("gate_weight", gate_weight),
-                            ("gate_bias", gate_bias)):
+    for name, parameter in (
+        ("value_projection", value_projection),
+        ("gate_weight", gate_weight),
+        ("gate_bias", gate_bias),
+    ):
         if name in used and parameter is None:
             raise ValueError(f"interaction {interaction!r} needs {name}")
         if name not in used and parameter is not None:
@@ -62,6 +67,7 @@ def query_aware_values(
     value_projection: Optional[Tensor],
     gate_weight: Optional[Tensor],
     gate_bias: Optional[Tensor],
+    *,
     query_padding_mask: Optional[Tensor] = None,
     causal: bool = False,
     query_offset: int = 0,
@@ -85,11 +91,25 @@ def query_aware_values(
         return v  # g_1 = V
     if v.dtype in HALF_DTYPES:
         full = [None if t is None else t.float() for t in (queries, v, value_projection, gate_weight, gate_bias)]
-        values = query_aware_values(*full, query_padding_mask, causal, query_offset, value_offset, interaction)
+        values = query_aware_values(
+            *full,
+            query_padding_mask=query_padding_mask,
+            causal=causal,
+            query_offset=query_offset,
+            value_offset=value_offset,
+            interaction=interaction,
+        )
         return values.to(v.dtype)
     # values are the rows and queries the keys here: causal = query position <= value position
-    query_mix, _ = unchecked_softmax_attention(v, queries, queries, query_padding_mask, causal, value_offset - query_offset,
-                                     need_weights=False)  # eq. 7: values attend over queries
+    query_mix, _ = attend(
+        v,
+        queries,
+        queries,
+        key_padding_mask=query_padding_mask,
+        causal=causal,
+        query_offset=value_offset - query_offset,
+        need_weights=False,
+    )  # eq. 7: values over queries
     # one [B*T, D] x [D, D] product per head (matmul would run B*H small ones)
     interaction_term = query_mix * torch.einsum("bhtd,hde->bhte", v, value_projection)
     if interaction == "interactions-only":
@@ -111,6 +131,7 @@ def query_value_interaction_attention(
     value_projection: Optional[Tensor],
     gate_weight: Optional[Tensor],
     gate_bias: Optional[Tensor],
+    *,
     key_padding_mask: Optional[Tensor] = None,
     causal: bool = False,
     query_offset: int = 0,
@@ -127,7 +148,7 @@ def query_value_interaction_attention(
     tgt_len = q.size(2)
     query_padding_mask = None
     if key_padding_mask is not None:
-        query_padding_mask = key_padding_mask[:, query_offset:query_offset + tgt_len]
+        query_padding_mask = key_padding_mask[:, query_offset : query_offset + tgt_len]
     check_interaction_arguments(interaction, value_projection, gate_weight, gate_bias)
     if q.dtype in HALF_DTYPES and interaction != "values-only":
         # g(Q, V) grows with the queries (Q^ is a mix of them): with large queries
@@ -135,9 +156,35 @@ def query_value_interaction_attention(
         # there; half inputs get eq. 7-10 in float32, rounded once at the end
         out, probs = query_value_interaction_attention(
             *(None if t is None else t.float() for t in (q, k, v, value_projection, gate_weight, gate_bias)),
-            key_padding_mask, causal, query_offset, dropout_p, need_weights, interaction,
+            key_padding_mask=key_padding_mask,
+            causal=causal,
+            query_offset=query_offset,
+            dropout_p=dropout_p,
+            need_weights=need_weights,
+            interaction=interaction,
         )
         return out.to(q.dtype), None if probs is None else probs.to(q.dtype)
-    values = query_aware_values(q, v, value_projection, gate_weight, gate_bias, query_padding_mask, causal,
-                                query_offset, 0, interaction)
-    return unchecked_softmax_attention(q, k, values, key_padding_mask, causal, query_offset, dropout_p, need_weights)  # eq. 10
+    values = query_aware_values(
+        q,
+        v,
+        value_projection,
+        gate_weight,
+        gate_bias,
+        query_padding_mask=query_padding_mask,
+        causal=causal,
+        query_offset=query_offset,
+        interaction=interaction,
+    )
+    return attend(
+        q,
+        k,
+        values,
+        key_padding_mask=key_padding_mask,
+        causal=causal,
+        query_offset=query_offset,
+        dropout_p=dropout_p,
+        need_weights=need_weights,
+    )  # eq. 10
+
+
+__all__ = ["query_aware_values", "query_value_interaction_attention"]

@@ -11,16 +11,14 @@ of eq. (3) sums alpha per bucket (each unclipped bucket is one diagonal of
 alpha) and multiplies by w^V. Nothing of size
 [Tq, Tk, D] is ever built.
 """
+
 import functools
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from .masking import (
-    dropout_probs, fused_attention, logit_dtype, logit_mask, masked_scores, masked_softmax, position_tensor,
-    check_attention_arguments, relative_distance, scaled, unchecked_softmax_attention,
-)
+from .masking import attend, check_attention_arguments, position_tensor, relative_distance, scaled
 
 
 @position_tensor
@@ -67,7 +65,8 @@ def _unclipped_view(per_bucket: Tensor, src_len: int, max_distance: int, query_o
     if longest > max_distance or (tgt_len > 1 and 2 * max_distance < src_len):
         return None
     return per_bucket.as_strided(
-        per_bucket.shape[:-1] + (src_len,), per_bucket.stride()[:-2] + (2 * max_distance, 1),
+        per_bucket.shape[:-1] + (src_len,),
+        per_bucket.stride()[:-2] + (2 * max_distance, 1),
         per_bucket.storage_offset() + max_distance - query_offset,
     )
 
@@ -85,7 +84,7 @@ def _bucket_sums(scores: Tensor, max_distance: int, query_offset: int, causal: b
         skewed.copy_(scores)
         return sums
     for bucket, diagonal, first_row, rows in _band_diagonals(tgt_len, src_len, max_distance, query_offset, causal):
-        sums[..., first_row:first_row + rows, bucket] = torch.diagonal(scores, diagonal, -2, -1)
+        sums[..., first_row : first_row + rows, bucket] = torch.diagonal(scores, diagonal, -2, -1)
     clipped = scores.sum(dim=-1) - sums.sum(dim=-1)
     if causal or max_distance == 0:  # one clipped bucket holds the rest
         sums[..., 0] = clipped
@@ -136,7 +135,12 @@ class _BucketGather(torch.autograd.Function):
 
 
 def relative_position_bias(
-    q: Tensor, rel_keys: Tensor, buckets: Tensor, max_distance: int, query_offset: int = 0, causal: bool = False,
+    q: Tensor,
+    rel_keys: Tensor,
+    buckets: Tensor,
+    max_distance: int,
+    query_offset: int = 0,
+    causal: bool = False,
 ) -> Tensor:
     """``q_i . a^K_ij`` as ``[B, H, Tq, Tk]`` (the second term of eq. 4, with
     whatever scale ``q`` carries). ``causal``: the caller hides the keys after
@@ -146,7 +150,12 @@ def relative_position_bias(
 
 
 def relative_position_values(
-    probs: Tensor, rel_values: Tensor, buckets: Tensor, max_distance: int, query_offset: int = 0, causal: bool = False,
+    probs: Tensor,
+    rel_values: Tensor,
+    buckets: Tensor,
+    max_distance: int,
+    query_offset: int = 0,
+    causal: bool = False,
 ) -> Tensor:
     """``sum_j alpha_ij a^V_ij`` as ``[B, H, Tq, D]`` (the second term of eq. 3).
     ``causal``: ``probs`` are 0 after each query."""
@@ -155,7 +164,12 @@ def relative_position_values(
 
 
 def rows_within_reach(
-    rel_keys: Tensor, rel_values: Optional[Tensor], max_distance: int, tgt_len: int, src_len: int, query_offset: int,
+    rel_keys: Tensor,
+    rel_values: Optional[Tensor],
+    max_distance: int,
+    tgt_len: int,
+    src_len: int,
+    query_offset: int,
 ) -> Tuple[Tensor, Optional[Tensor], int]:
     """The table rows of the distances these positions can have, and their clipping distance.
 
@@ -178,6 +192,7 @@ def relative_position_attention(
     rel_keys: Tensor,
     rel_values: Optional[Tensor],
     max_distance: int,
+    *,
     key_padding_mask: Optional[Tensor] = None,
     causal: bool = False,
     query_offset: int = 0,
@@ -192,27 +207,36 @@ def relative_position_attention(
         raise ValueError(f"max_distance must be an integer >= 1 (the clipping distance k), got {max_distance!r}")
     for name, table in (("rel_keys", rel_keys), ("rel_values", rel_values)):
         if table is not None and tuple(table.shape) != (2 * max_distance + 1, q.size(-1)):
-            raise ValueError(f"{name} must be [2k+1, D] = {(2 * max_distance + 1, q.size(-1))}, got {tuple(table.shape)}")
+            raise ValueError(
+                f"{name} must be [2k+1, D] = {(2 * max_distance + 1, q.size(-1))}, got {tuple(table.shape)}"
+            )
     tgt_len, src_len = q.size(2), k.size(2)
-    rel_keys, rel_values, max_distance = rows_within_reach(rel_keys, rel_values, max_distance, tgt_len, src_len,
-                                                           query_offset)
+    rel_keys, rel_values, max_distance = rows_within_reach(
+        rel_keys, rel_values, max_distance, tgt_len, src_len, query_offset
+    )
     buckets = relative_position_buckets(tgt_len, src_len, max_distance, query_offset, q.device)
+    shared = dict(
+        key_padding_mask=key_padding_mask,
+        causal=causal,
+        query_offset=query_offset,
+        dropout_p=dropout_p,
+        need_weights=need_weights,
+    )
     if tgt_len == 1:
         # One query (an incremental decoding step): eqs. 3-4 as written, k_j + a^K_j
         # and v_j + a^V_j, cost as much as the bucket form and take half the ops.
         keys = k + rel_keys[buckets[0]]
         values = v if rel_values is None else v + rel_values[buckets[0]]
-        return unchecked_softmax_attention(q, keys, values, key_padding_mask, causal, query_offset, dropout_p,
-                                           need_weights)
-    scaled_q = scaled(q)  # both terms of eq. 4
-    bias = relative_position_bias(scaled_q, rel_keys, buckets, max_distance, query_offset, causal)
-    if rel_values is None and not need_weights:
-        mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, q.dtype)
-        return fused_attention(q, k, v, bias, mask, hidden, dropout_p), None
-    mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, logit_dtype(q.dtype))
-    probs = masked_softmax(masked_scores(scaled_q, k, mask).add_(bias), hidden).to(q.dtype)
-    attended = dropout_probs(probs, dropout_p)
-    out = torch.matmul(attended, v)
+        return attend(q, keys, values, **shared)
+    # the second term of eq. 4 is an additive bias on the logits; eq. 3's is a value term
+    bias = relative_position_bias(scaled(q), rel_keys, buckets, max_distance, query_offset, causal)
+    value_term = None
     if rel_values is not None:
-        out = out + relative_position_values(attended, rel_values, buckets, max_distance, query_offset, causal)
-    return out, probs
+
+        def value_term(attended: Tensor) -> Tensor:
+            return relative_position_values(attended, rel_values, buckets, max_distance, query_offset, causal)
+
+    return attend(q, k, v, bias=bias, value_term=value_term, **shared)
+
+
+__all__ = ["relative_position_attention"]

@@ -1,29 +1,22 @@
 """Command-line flags and architecture registration shared by both models."""
+
 import argparse
+import dataclasses
 
 from fairseq import options
 from fairseq.models import register_model_architecture
 
-from ..spec import (
-    CROSS,
-    DA_ADJUSTINGS,
-    DA_MAPPINGS,
-    DECODER_SELF,
-    DISTANCE_MASK_DIRECTIONS,
-    ENCODER_SELF,
-    MECHANISMS,
-    QVI_INTERACTIONS,
-    MechanismOptions,
-    SpecError,
-    exit_on_spec_error,
-)
+from ..registry import option_flag
+from ..spec import CROSS, DECODER_SELF, ENCODER_SELF, KINDS, MECHANISMS, MechanismOptions, SpecError, exit_on_spec_error
 
 
 def spec_help(kind):
     allowed = ", ".join(m for m in MECHANISMS if m in kind.allowed)
-    return (f"mechanism per layer of {kind.description} (default: vanilla): comma-separated MECH[@LAYERS], "
-            f"MECH one of {allowed}; LAYERS i or i-j (0-based, inclusive); no @ = every layer; "
-            "layers not named are vanilla")
+    return (
+        f"mechanism per layer of {kind.description} (default: vanilla): comma-separated MECH[@LAYERS], "
+        f"MECH one of {allowed}; LAYERS i or i-j (0-based, inclusive); no @ = every layer; "
+        "layers not named are vanilla"
+    )
 
 
 HELP_TITLE = "distance-aware attention (fairseq_distattn)"
@@ -44,38 +37,9 @@ def add_distattn_args(container, kinds):
 
     for kind in kinds:
         add(kind.flag, type=str, metavar="SPEC", help=spec_help(kind))
-    defaults = MechanismOptions()
-    add("--max-relative-position", type=int, metavar="K",
-        help=f"rpr clipping distance k (default: {defaults.max_relative_position})")
-    add("--no-relative-values", action="store_true",
-        help="rpr: relative key embeddings only (Shaw eq. 4), no value embeddings (eq. 3)")
-    add("--window-segment-size", type=int, metavar="B",
-        help=f"window-*-seg: segment size b (default: {defaults.window_segment_size})")
-    add("--distance-mask-alpha", type=float, metavar="ALPHA",
-        help=f"distance-mask: weight of -|i-j| on the logits (default: {defaults.distance_mask_alpha})")
-    add("--distance-mask-direction", type=str, metavar="DIR",
-        help="distance-mask: directional mask, one of " + ", ".join(DISTANCE_MASK_DIRECTIONS) + " (default: none)")
-    add("--attention-recompute-length", type=int, metavar="N",
-        help="from this key length on, training keeps no [B, H, Tq, Tk] attention tensor for backward: "
-             "it recomputes the mechanism in query chunks instead (less memory, one more attention "
-             f"forward per layer); 0 = never (default: {defaults.attention_recompute_length}). With "
-             "--attention-dropout > 0 the recomputed blocks draw their own dropout masks, so one --seed "
-             "gives a different (equally valid) run for each value of this flag")
-    # the papers' ablations (examples/ablations/README.md); argparse refuses other choices
-    add("--da-mapping", type=str, choices=DA_MAPPINGS,
-        help="da: the map f of the weighted distance x = w|i-j| (Wu et al. 2021 sec. 4.3): learnable-sigmoid "
-             "(1+e^v)/(1+e^(v-x)) (eq. 5), sigmoid 1/(1+e^-x), exponent e^x, linear kx+b, clip min(x, T) "
-             f"(default: {defaults.da_mapping}, the paper's)")
-    add("--da-adjusting", type=str, choices=DA_ADJUSTINGS,
-        help="da: how f adjusts the attention (Wu et al. 2021 sec. 4.4), with S = QK^T/sqrt(d): early-multiply "
-             "softmax(ReLU(QK^T) f/sqrt(d)) (eq. 6), early-add softmax(S + f), late-multiply softmax(S) f, "
-             f"late-add softmax(S) + f (default: {defaults.da_adjusting}, the paper's)")
-    add("--da-clip-threshold", type=float, metavar="T",
-        help=f"da with --da-mapping clip: the threshold T of min(x, T) (default: {defaults.da_clip_threshold:g})")
-    add("--qvi-interaction", type=str, choices=QVI_INTERACTIONS,
-        help="qvi: the value function g(Q, V) (Wu et al. QVI sec. 4.3), with Q^ of eq. 7: gated (eq. 8-9), "
-             "values-only V, interactions-only Q^*VW, summation Q^*VW + V "
-             f"(default: {defaults.qvi_interaction}, the paper's)")
+    # every option of every registered mechanism (and of the attention module), as it declares it
+    for flag in OPTION_FLAGS:
+        add(flag.flag, help=flag.help, **flag.argparse)
 
 
 def show_flags_in_fairseq_help():
@@ -96,27 +60,11 @@ def show_flags_in_fairseq_help():
     options.add_model_args = add_model_args
 
 
-SPEC_ATTRIBUTES = {kind.flag[2:].replace("-", "_"): kind for kind in (ENCODER_SELF, DECODER_SELF, CROSS)}
-
-
-def _option_defaults():
-    defaults = MechanismOptions()
-    return {
-        "max_relative_position": defaults.max_relative_position,
-        "no_relative_values": False,
-        "window_segment_size": defaults.window_segment_size,
-        "distance_mask_alpha": defaults.distance_mask_alpha,
-        "distance_mask_direction": "none",
-        "attention_recompute_length": defaults.attention_recompute_length,
-        "da_mapping": defaults.da_mapping,
-        "da_adjusting": defaults.da_adjusting,
-        "da_clip_threshold": defaults.da_clip_threshold,
-        "qvi_interaction": defaults.qvi_interaction,
-    }
-
-
+SPEC_ATTRIBUTES = {kind.flag[2:].replace("-", "_"): kind for kind in KINDS}
+# the command-line side of every field of MechanismOptions
+OPTION_FLAGS = tuple(option_flag(field) for field in dataclasses.fields(MechanismOptions))
 # attribute -> default of every option flag (the SPEC flags default to "vanilla")
-OPTION_DEFAULTS = _option_defaults()
+OPTION_DEFAULTS = {flag.attr: flag.arg_default for flag in OPTION_FLAGS}
 
 
 def set_distattn_defaults(args, encoder_self=None, decoder_self=None, cross=None):
@@ -135,8 +83,15 @@ def set_distattn_defaults(args, encoder_self=None, decoder_self=None, cross=None
 ARCHITECTURES = {}
 
 
-def register_architecture(model_name, name, fairseq_architecture, no_absolute_positions=False,
-                          encoder_self=None, decoder_self=None, cross=None):
+def register_architecture(
+    model_name,
+    name,
+    fairseq_architecture,
+    no_absolute_positions=False,
+    encoder_self=None,
+    decoder_self=None,
+    cross=None,
+):
     """Register ``name``: fairseq's architecture defaults plus attention defaults
     (architectures only set defaults; a flag the user gives always wins)."""
     specs = {attr: spec for attr, spec in zip(SPEC_ATTRIBUTES, (encoder_self, decoder_self, cross)) if spec}
@@ -189,7 +144,9 @@ def plugin_architecture_for(fairseq_arch: str) -> str:
     for name, (fairseq_architecture, specs) in ARCHITECTURES.items():
         if not specs and ARCH_CONFIG_REGISTRY.get(fairseq_arch) is fairseq_architecture:
             return f"--arch {name}"
-    return "--arch distattn_transformer (translation) or --arch distattn_lm (language modelling), or one of their presets"
+    return (
+        "--arch distattn_transformer (translation) or --arch distattn_lm (language modelling), or one of their presets"
+    )
 
 
 def check_parsed_args(args):
@@ -206,10 +163,14 @@ def check_parsed_args(args):
         build_or_exit(lambda: model.check_attention_args(args), args)
         return
     for flag, value in plugin_flags_given(args):
-        exit_on_spec_error(SpecError(
-            flag, value, f"--arch {arch} builds fairseq's own {model.__name__}, which has no distance-aware attention",
-            f"this flag with {plugin_architecture_for(arch)}",
-        ))
+        exit_on_spec_error(
+            SpecError(
+                flag,
+                value,
+                f"--arch {arch} builds fairseq's own {model.__name__}, which has no distance-aware attention",
+                f"this flag with {plugin_architecture_for(arch)}",
+            )
+        )
 
 
 def check_flags_after_parsing():
@@ -231,6 +192,13 @@ def check_flags_after_parsing():
 
 
 __all__ = [
-    "add_distattn_args", "show_flags_in_fairseq_help", "check_flags_after_parsing", "set_distattn_defaults",
-    "register_architecture", "build_or_exit", "ENCODER_SELF", "DECODER_SELF", "CROSS",
+    "add_distattn_args",
+    "show_flags_in_fairseq_help",
+    "check_flags_after_parsing",
+    "set_distattn_defaults",
+    "register_architecture",
+    "build_or_exit",
+    "ENCODER_SELF",
+    "DECODER_SELF",
+    "CROSS",
 ]

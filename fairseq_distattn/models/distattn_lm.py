@@ -1,17 +1,26 @@
 """Language model ``distattn_lm`` and its architectures."""
+
 from argparse import Namespace
 from contextlib import contextmanager
 
+from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import register_model
 from fairseq.models import transformer_lm as fairseq_lm
-from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig
 
 from ..encoder_decoder import DistAttnTransformerDecoder, decoder_plans
 from ..spec import SpecError
 from ..summary import log_attention
-from .arguments import CROSS, DECODER_SELF, ENCODER_SELF, add_distattn_args, build_or_exit, register_architecture, set_distattn_defaults
+from .arguments import (
+    CROSS,
+    DECODER_SELF,
+    ENCODER_SELF,
+    add_distattn_args,
+    build_or_exit,
+    register_architecture,
+    set_distattn_defaults,
+)
 
 
 @contextmanager
@@ -49,10 +58,17 @@ class DistAttnLanguageModel(TransformerLanguageModel):
         for kind in (ENCODER_SELF, CROSS):  # listed by --help for every model, but the LM has neither
             spec = getattr(args, kind.flag[2:].replace("-", "_"))
             if spec != "vanilla":
-                raise SpecError(kind.flag, spec, f"distattn_lm is decoder-only and has no {kind.description}", "vanilla (or leave it out)")
+                raise SpecError(
+                    kind.flag,
+                    spec,
+                    f"distattn_lm is decoder-only and has no {kind.description}",
+                    "vanilla (or leave it out)",
+                )
         # fairseq's LM build_model takes the positions from --tokens-per-sample when not given
         max_target_positions = getattr(args, "max_target_positions", None) or getattr(args, "tokens_per_sample", None)
-        cfg = TransformerConfig.from_namespace(Namespace(**{**vars(args), "max_target_positions": max_target_positions}))
+        cfg = TransformerConfig.from_namespace(
+            Namespace(**{**vars(args), "max_target_positions": max_target_positions})
+        )
         decoder_plans(cfg, no_encoder_attn=True, decoder_only=True)
 
     @classmethod
@@ -73,7 +89,14 @@ def architecture(name, fairseq_architecture, **attention):
 
 architecture("distattn_lm", fairseq_lm.base_lm_architecture)
 architecture("distattn_lm_gbw", fairseq_lm.transformer_lm_baevski_gbw)
-architecture("distattn_lm_rpr_gbw", fairseq_lm.transformer_lm_baevski_gbw, decoder_self="rpr", no_absolute_positions=True)
+architecture(
+    "distattn_lm_rpr_gbw", fairseq_lm.transformer_lm_baevski_gbw, decoder_self="rpr", no_absolute_positions=True
+)
 architecture("distattn_lm_da_gbw", fairseq_lm.transformer_lm_baevski_gbw, decoder_self="da", no_absolute_positions=True)
+# Press et al. 2022: ALiBi in every layer and no position embeddings, which the
+# linear biases replace (the paper's LM, here on fairseq's gbw configuration).
+architecture(
+    "distattn_lm_alibi_gbw", fairseq_lm.transformer_lm_baevski_gbw, decoder_self="alibi", no_absolute_positions=True
+)
 # Nguyen et al. 2020 LM: multiplicative window in the first 3 decoder layers.
 architecture("distattn_lm_window_gbw", fairseq_lm.transformer_lm_baevski_gbw, decoder_self="window-mw@0-2")

@@ -1,11 +1,20 @@
 """Translation model ``distattn_transformer`` and its architectures."""
+
 from fairseq.models import register_model
 from fairseq.models.transformer import TransformerConfig, TransformerModel
 from fairseq.models.transformer import transformer_legacy as fairseq_transformer
 
 from ..encoder_decoder import DistAttnTransformerDecoder, DistAttnTransformerEncoder, decoder_plans, encoder_plans
 from ..summary import log_attention
-from .arguments import CROSS, DECODER_SELF, ENCODER_SELF, add_distattn_args, build_or_exit, register_architecture, set_distattn_defaults
+from .arguments import (
+    CROSS,
+    DECODER_SELF,
+    ENCODER_SELF,
+    add_distattn_args,
+    build_or_exit,
+    register_architecture,
+    set_distattn_defaults,
+)
 
 
 @register_model("distattn_transformer")
@@ -39,7 +48,9 @@ class DistAttnTransformerModel(TransformerModel):
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
-        return DistAttnTransformerDecoder(args, tgt_dict, embed_tokens, no_encoder_attn=getattr(args, "no_cross_attention", False))
+        return DistAttnTransformerDecoder(
+            args, tgt_dict, embed_tokens, no_encoder_attn=getattr(args, "no_cross_attention", False)
+        )
 
 
 def architecture(name, fairseq_architecture, **attention):
@@ -50,6 +61,7 @@ distattn_transformer = architecture("distattn_transformer", fairseq_transformer.
 architecture("distattn_transformer_iwslt_de_en", fairseq_transformer.transformer_iwslt_de_en)
 architecture("distattn_transformer_wmt_en_de", fairseq_transformer.transformer_wmt_en_de)
 architecture("distattn_transformer_vaswani_wmt_en_de_big", fairseq_transformer.transformer_vaswani_wmt_en_de_big)
+
 
 def shaw_base(args):
     # Shaw et al. 2018 sec. 4.1: the base model's feed-forward layers are 1024 wide
@@ -62,8 +74,18 @@ def shaw_base(args):
 # layer, relative positions replace the sinusoidal absolute ones.
 architecture("distattn_rpr_wmt_en_de", shaw_base, encoder_self="rpr", decoder_self="rpr", no_absolute_positions=True)
 # Wu et al. 2021: real distances re-scale attention instead of position embeddings.
-architecture("distattn_da_wmt_en_de", fairseq_transformer.transformer_wmt_en_de,
-             encoder_self="da", decoder_self="da", no_absolute_positions=True)
+architecture(
+    "distattn_da_wmt_en_de",
+    fairseq_transformer.transformer_wmt_en_de,
+    encoder_self="da",
+    decoder_self="da",
+    no_absolute_positions=True,
+)
 # Nguyen et al. 2020 best model, Enc(AW)-Cr(AW,Seg)-Dec(MW) in the first 3 layers, b = 5.
-architecture("distattn_window_wmt_en_de", fairseq_transformer.transformer_wmt_en_de,
-             encoder_self="window-aw@0-2", decoder_self="window-mw@0-2", cross="window-aw-seg@0-2")
+architecture(
+    "distattn_window_wmt_en_de",
+    fairseq_transformer.transformer_wmt_en_de,
+    encoder_self="window-aw@0-2",
+    decoder_self="window-mw@0-2",
+    cross="window-aw-seg@0-2",
+)

@@ -11,6 +11,7 @@ Two scores are computed for a translation test set:
   al. 2018, Nguyen et al. 2020);
 * detokenised sacreBLEU against the raw (SGML-stripped) references, with its signature.
 """
+
 from __future__ import annotations
 
 import re
@@ -99,9 +100,11 @@ def check_complete(ids: Iterable[int], expected: int, what: str = "test") -> Non
             parts.append(f"missing {len(missing)} sentence id(s): {shown}")
         if extra:
             parts.append(f"unexpected id(s): {', '.join(map(str, extra[:10]))}")
-        parts.append("(a dropped batch? run fairseq-generate with --required-batch-size-multiple 1; "
-                     "sentences longer than --max-source-positions are skipped with "
-                     "--skip-invalid-size-inputs-valid-test)")
+        parts.append(
+            "(a dropped batch? run fairseq-generate with --required-batch-size-multiple 1; "
+            "sentences longer than --max-source-positions are skipped with "
+            "--skip-invalid-size-inputs-valid-test)"
+        )
         raise IncompleteOutput("; ".join(parts))
 
 
@@ -152,5 +155,7 @@ def moses_tokenize(lines: Sequence[str], lang: str) -> List[str]:
 def format_bleu(score) -> str:
     """'27.31 (58.9/33.0/20.7/13.5, BP=1.000, ratio=1.010, hyp_len=.., ref_len=..)'"""
     precisions = "/".join(f"{p:.1f}" for p in score.precisions)
-    return (f"{score.score:.2f} ({precisions}, BP={score.bp:.3f}, ratio={score.sys_len / max(score.ref_len, 1):.3f}, "
-            f"hyp_len={score.sys_len}, ref_len={score.ref_len})")
+    return (
+        f"{score.score:.2f} ({precisions}, BP={score.bp:.3f}, ratio={score.sys_len / max(score.ref_len, 1):.3f}, "
+        f"hyp_len={score.sys_len}, ref_len={score.ref_len})"
+    )

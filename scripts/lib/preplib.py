@@ -28,6 +28,7 @@ Input text is read as UTF-8 split on "\\n" only (a stray "\\r" or U+2028 inside 
 line does not split it, unlike Python's universal newlines), with invalid bytes
 replaced, so parallel files stay line-aligned.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -125,8 +126,14 @@ class AtomicWriter:
 class Progress:
     """Progress on stderr: a live line on a terminal, else a line every few seconds."""
 
-    def __init__(self, label: str, total: Optional[float] = None, unit: str = "lines",
-                 scale: float = 1.0, interval: Optional[float] = None):
+    def __init__(
+        self,
+        label: str,
+        total: Optional[float] = None,
+        unit: str = "lines",
+        scale: float = 1.0,
+        interval: Optional[float] = None,
+    ):
         self.label = label
         self.total = total
         self.unit = unit
@@ -183,8 +190,11 @@ class Progress:
 def file_digest(path: str, algo: str, label: Optional[str] = None) -> str:
     h = hashlib.new(algo)
     size = os.path.getsize(path)
-    progress = Progress(label or f"{algo} {os.path.basename(path)}", total=size, unit="MB",
-                        scale=1 << 20) if size > (256 << 20) else None
+    progress = (
+        Progress(label or f"{algo} {os.path.basename(path)}", total=size, unit="MB", scale=1 << 20)
+        if size > (256 << 20)
+        else None
+    )
     done = 0
     with open(path, "rb") as f:
         while True:
@@ -222,8 +232,10 @@ def cmd_verify(args) -> None:
     if args.size is not None:
         size = os.path.getsize(path)
         if size != args.size:
-            fail(f"size mismatch for {path}: expected {args.size:,} bytes, got {size:,} "
-                 "(truncated or wrong file)", status=3)
+            fail(
+                f"size mismatch for {path}: expected {args.size:,} bytes, got {size:,} (truncated or wrong file)",
+                status=3,
+            )
     algo, expected = parse_expected(args.expect)
     actual = file_digest(path, algo)
     if actual != expected:
@@ -254,8 +266,7 @@ def cmd_download(args) -> None:
                 mode = "ab" if have else "wb"
                 length = response.headers.get("Content-Length")
                 total = have + int(length) if length is not None else None
-                progress = Progress(f"download {os.path.basename(dest)}", total=total, unit="MB",
-                                    scale=1 << 20)
+                progress = Progress(f"download {os.path.basename(dest)}", total=total, unit="MB", scale=1 << 20)
                 done = have
                 with open(part, mode) as out:
                     while True:
@@ -281,12 +292,15 @@ def cmd_download(args) -> None:
             last_error = str(getattr(error, "reason", error))
         if attempt < args.retries:
             wait = min(60, 5 * attempt)
-            sys.stderr.write(f"{PROG}: download of {args.url} failed ({last_error}); retry {attempt + 1}/"
-                             f"{args.retries} in {wait}s\n")
+            sys.stderr.write(
+                f"{PROG}: download of {args.url} failed ({last_error}); retry {attempt + 1}/{args.retries} in {wait}s\n"
+            )
             time.sleep(wait)
     kept = f"partial data kept in {part}; " if os.path.exists(part) else ""
-    fail(f"download of {args.url} failed: {last_error} ({kept}rerun to resume, or put the archive "
-         "in --raw-dir)", status=4)
+    fail(
+        f"download of {args.url} failed: {last_error} ({kept}rerun to resume, or put the archive in --raw-dir)",
+        status=4,
+    )
 
 
 # --------------------------------------------------------------------------- archives
@@ -423,8 +437,7 @@ def cmd_concat_parallel(args) -> None:
             fail(f"corpus {src} has {n_src:,} lines but {tgt} has {n_tgt:,}: not line-aligned")
         counts.append(n_src)
     total = sum(counts)
-    progress = Progress(f"concat {os.path.basename(args.src_out)}+{os.path.basename(args.tgt_out)}",
-                        total=total)
+    progress = Progress(f"concat {os.path.basename(args.src_out)}+{os.path.basename(args.tgt_out)}", total=total)
     done = 0
     with AtomicWriter(args.src_out) as out_src, AtomicWriter(args.tgt_out) as out_tgt:
         for (src, tgt), n in zip(pairs, counts):
@@ -471,8 +484,7 @@ def _make_tokeniser(lang: str, aggressive: bool, escape: bool) -> Callable[[str]
 
     def run(line: str) -> str:
         # tokenizer.perl [-a] -l LANG (escapes special characters unless -no-escape)
-        return tokenizer.tokenize(line, aggressive_dash_splits=aggressive, escape=escape,
-                                  return_str=True)
+        return tokenizer.tokenize(line, aggressive_dash_splits=aggressive, escape=escape, return_str=True)
 
     return run
 
@@ -518,8 +530,7 @@ def _chunks(lines: Iterable[str], size: int) -> Iterator[List[str]]:
         yield chunk
 
 
-def process_lines(kind: str, options: dict, input_path: str, output_path: str, workers: int,
-                  label: str) -> None:
+def process_lines(kind: str, options: dict, input_path: str, output_path: str, workers: int, label: str) -> None:
     total = count_lines(input_path)
     progress = Progress(label, total=total)
     done = 0
@@ -552,21 +563,38 @@ def _in_out_pairs(paths: Sequence[str]) -> List[Tuple[str, str]]:
 
 def cmd_normalise(args) -> None:
     for input_path, output_path in _in_out_pairs(args.files):
-        process_lines("normalise", {"lang": args.lang, "punct": args.punct, "apostrophe": args.apostrophe},
-                      input_path, output_path, args.workers, f"normalise {os.path.basename(input_path)}")
+        process_lines(
+            "normalise",
+            {"lang": args.lang, "punct": args.punct, "apostrophe": args.apostrophe},
+            input_path,
+            output_path,
+            args.workers,
+            f"normalise {os.path.basename(input_path)}",
+        )
 
 
 def cmd_tokenise(args) -> None:
     for input_path, output_path in _in_out_pairs(args.files):
-        process_lines("tokenise", {"lang": args.lang, "aggressive": not args.no_aggressive,
-                                   "escape": not args.no_escape},
-                      input_path, output_path, args.workers, f"tokenise {os.path.basename(input_path)}")
+        process_lines(
+            "tokenise",
+            {"lang": args.lang, "aggressive": not args.no_aggressive, "escape": not args.no_escape},
+            input_path,
+            output_path,
+            args.workers,
+            f"tokenise {os.path.basename(input_path)}",
+        )
 
 
 def cmd_apply_bpe(args) -> None:
     for input_path, output_path in _in_out_pairs(args.files):
-        process_lines("apply-bpe", {"codes": args.codes}, input_path, output_path, args.workers,
-                      f"apply-bpe {os.path.basename(input_path)}")
+        process_lines(
+            "apply-bpe",
+            {"codes": args.codes},
+            input_path,
+            output_path,
+            args.workers,
+            f"apply-bpe {os.path.basename(input_path)}",
+        )
 
 
 def cmd_clean(args) -> None:
@@ -647,8 +675,9 @@ def cmd_count_lines(args) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     default_workers = max(1, os.cpu_count() or 1)
 
@@ -730,8 +759,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab-size", type=int, required=True)
     p.add_argument("--model-type", choices=["unigram", "bpe"], default="unigram")
     p.add_argument("--character-coverage", type=float, default=1.0)
-    p.add_argument("--input-sentence-size", type=int, default=10_000_000,
-                   help="sample at most this many sentences (0: all)")
+    p.add_argument(
+        "--input-sentence-size", type=int, default=10_000_000, help="sample at most this many sentences (0: all)"
+    )
     p.add_argument("--soft-vocab-limit", action="store_true")
     p.add_argument("--workers", type=int, default=default_workers)
     p.add_argument("inputs", nargs="+")

@@ -1,0 +1,96 @@
+"""ALiBi: attention with linear biases (Press, Smith, Lewis 2022, *Train Short,
+Test Long*).
+
+Sec. 3:   softmax( q_i K^T + m * [-(i-1), ..., -2, -1, 0] )
+a static, non-learned bias on the query-key scores (here the scaled scores
+q_i k_j / sqrt(d), as the paper's implementation adds it), with one slope m
+per head; no position embeddings are added to the word embeddings.
+
+Slopes (sec. 3): for n heads the geometric sequence that starts at
+2^(-8/n) and has that ratio, m_h = 2^(-8h/n), h = 1..n (1/2, 1/4, ..., 1/256
+for 8 heads). For n not a power of 2 (the paper's footnote and code): the
+2^floor(log2 n) slopes of the closest smaller power of 2, followed by the
+first n - 2^floor(log2 n) of every other slope of twice that power.
+
+The paper's causal form gives key j <= i the bias -m (i - j); keys after the
+query are hidden by the causal mask, so it is -m |i - j| on every visible key.
+The encoder (bidirectional) form is the symmetric -m |i - j|.
+"""
+
+import math
+from functools import lru_cache
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .masking import absolute_distance, attend, check_attention_arguments, logit_dtype, position_tensor
+
+
+@lru_cache(maxsize=64)
+def alibi_slopes(num_heads: int) -> Tuple[float, ...]:
+    """The paper's slopes m_1..m_n for ``num_heads`` heads (exact in float64)."""
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+        raise ValueError(f"num_heads must be an integer >= 1, got {num_heads!r}")
+
+    def power_of_2(n: int) -> Tuple[float, ...]:
+        start = 2.0 ** (-8.0 / n)
+        return tuple(start**h for h in range(1, n + 1))
+
+    closest = 2 ** int(math.floor(math.log2(num_heads)))
+    if closest == num_heads:
+        return power_of_2(num_heads)
+    return power_of_2(closest) + alibi_slopes(2 * closest)[0::2][: num_heads - closest]
+
+
+@position_tensor
+def alibi_bias(tgt_len: int, src_len: int, num_heads: int, query_offset: int, device, dtype) -> Tensor:
+    """``-m_h |i - j|`` as ``[H, Tq, Tk]`` in ``dtype`` (formed in float64) with the paper's slopes."""
+    slopes = torch.tensor(alibi_slopes(num_heads), dtype=torch.float64, device=device)
+    distance = absolute_distance(tgt_len, src_len, query_offset, device, torch.float64)
+    return (slopes[:, None, None] * distance).neg_().to(dtype)
+
+
+def alibi_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    slopes: Optional[Tensor] = None,
+    *,
+    key_padding_mask: Optional[Tensor] = None,
+    causal: bool = False,
+    query_offset: int = 0,
+    dropout_p: float = 0.0,
+    need_weights: bool = True,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """``softmax(q k^T / sqrt(D) - m_h |i - j|) v`` (sec. 3): the causal form with
+    ``causal=True``, the symmetric one without. ``slopes`` ``[H]`` default to the
+    paper's (:func:`alibi_slopes`). Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``;
+    the bias runs fused with ``need_weights=False`` (``probs`` None)."""
+    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
+    tgt_len, src_len, heads = q.size(2), k.size(2), q.size(1)
+    compute = logit_dtype(q.dtype)
+    if slopes is None:
+        bias = alibi_bias(tgt_len, src_len, heads, query_offset, q.device, compute)
+    else:
+        if not isinstance(slopes, Tensor) or tuple(slopes.shape) != (heads,):
+            raise ValueError(
+                f"slopes must be [H] = ({heads},), one per head, got "
+                f"{tuple(slopes.shape) if isinstance(slopes, Tensor) else repr(slopes)}"
+            )
+        distance = absolute_distance(tgt_len, src_len, query_offset, q.device, compute)
+        bias = -(slopes.to(compute)[:, None, None] * distance)
+    return attend(
+        q,
+        k,
+        v,
+        bias=bias,
+        key_padding_mask=key_padding_mask,
+        causal=causal,
+        query_offset=query_offset,
+        dropout_p=dropout_p,
+        need_weights=need_weights,
+    )
+
+
+__all__ = ["alibi_attention", "alibi_bias", "alibi_slopes"]

@@ -1,0 +1,149 @@
+"""T5's relative attention bias (Raffel et al. 2020, *Exploring the Limits of
+Transfer Learning with a Unified Text-to-Text Transformer*, sec. 2.1).
+
+"Each embedding is a scalar that is added to the corresponding logit used for
+computing the attention weights": logits_ij = q_i k_j / sqrt(d) + b_h(bucket(j - i)),
+a learned [buckets, heads] table b. T5 uses 32 buckets "whose sizes increase
+logarithmically up to an offset of 128 beyond which we assign all relative
+positions to the same embedding"; the table is shared across the layers of a
+stack (each layer's heads read the same b), and the encoder's and decoder's
+stacks have their own.
+
+Buckets (T5's ``_relative_position_bucket``), with n = i - j the distance back
+from the query to the key:
+- bidirectional (encoder): half the buckets for n >= 0, half (offset by
+  buckets/2) for keys after the query (n < 0), each side over |n|;
+- unidirectional (decoder): every bucket for n >= 0 (n < 0 is bucket 0 and
+  hidden by the causal mask);
+- of a side's N buckets the first N/2 hold one distance each (n < N/2), the
+  rest are log-spaced: N/2 + floor(log(n / (N/2)) / log(max_distance / (N/2))
+  * (N - N/2)), capped at N - 1.
+T5 evaluates the logarithm in float32; here the floor is found with integers
+(exact), which gives T5's buckets for every distance at 32/128 (tested).
+"""
+
+from functools import lru_cache
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .masking import attend, check_attention_arguments, logit_dtype, position_tensor, relative_distance
+
+NUM_BUCKETS = 32
+MAX_DISTANCE = 128
+
+
+def _one_side(n: int, num_buckets: int, max_distance: int) -> int:
+    """Bucket of a distance ``n >= 0`` among ``num_buckets`` of one side."""
+    max_exact = num_buckets // 2
+    if n < max_exact:
+        return n
+    # floor(k log(n / e) / log(m / e)) >= b  <=>  (n / e)^k >= (m / e)^b  <=>  n^k e^b >= m^b e^k
+    log_buckets = num_buckets - max_exact
+    bucket = 0
+    while bucket + 1 < log_buckets and n**log_buckets * max_exact ** (bucket + 1) >= (
+        max_distance ** (bucket + 1) * max_exact**log_buckets
+    ):
+        bucket += 1
+    return max_exact + bucket
+
+
+@lru_cache(maxsize=64)
+def relative_position_bucket_table(num_buckets: int, max_distance: int, bidirectional: bool) -> Tuple[int, ...]:
+    """Bucket of every relative position ``j - i`` in ``-max_distance..max_distance``
+    (entry ``j - i + max_distance``); beyond them the buckets do not change."""
+    table = []
+    for relative in range(-max_distance, max_distance + 1):
+        n = -relative
+        if bidirectional:
+            half = num_buckets // 2
+            table.append((half if n < 0 else 0) + _one_side(abs(n), half, max_distance))
+        else:
+            table.append(_one_side(max(n, 0), num_buckets, max_distance))
+    return tuple(table)
+
+
+@position_tensor
+def relative_position_buckets(
+    tgt_len: int, src_len: int, num_buckets: int, max_distance: int, bidirectional: bool, query_offset: int, device
+) -> Tensor:
+    """``[Tq, Tk]`` long bucket of ``j - (query_offset + i)``."""
+    lookup = torch.tensor(relative_position_bucket_table(num_buckets, max_distance, bidirectional), device=device)
+    distance = relative_distance(tgt_len, src_len, query_offset, device)
+    return lookup[distance.clamp(-max_distance, max_distance) + max_distance]
+
+
+def check_bucket_arguments(num_buckets, max_distance, bidirectional: bool) -> None:
+    smallest = 4 if bidirectional else 2
+    if isinstance(num_buckets, bool) or not isinstance(num_buckets, int) or num_buckets < smallest:
+        direction = "bidirectional" if bidirectional else "unidirectional"
+        raise ValueError(f"num_buckets must be an integer >= {smallest} ({direction}), got {num_buckets!r}")
+    if isinstance(max_distance, bool) or not isinstance(max_distance, int) or max_distance <= num_buckets // 2:
+        raise ValueError(
+            f"max_distance must be an integer > num_buckets // 2 = {num_buckets // 2} (where the "
+            f"log-spaced buckets end), got {max_distance!r}"
+        )
+
+
+def t5_relative_bias(
+    table: Tensor,
+    tgt_len: int,
+    src_len: int,
+    max_distance: int,
+    bidirectional: bool,
+    query_offset: int = 0,
+    dtype: Optional[torch.dtype] = None,
+) -> Tensor:
+    """``b_h(bucket(j - i))`` as ``[H, Tq, Tk]`` from the ``[buckets, H]`` table (unchecked)."""
+    buckets = relative_position_buckets(
+        tgt_len, src_len, table.size(0), max_distance, bidirectional, query_offset, table.device
+    )
+    return table.to(dtype or table.dtype).t()[:, buckets]
+
+
+def t5_bias_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    table: Tensor,
+    *,
+    max_distance: int = MAX_DISTANCE,
+    bidirectional: Optional[bool] = None,
+    key_padding_mask: Optional[Tensor] = None,
+    causal: bool = False,
+    query_offset: int = 0,
+    dropout_p: float = 0.0,
+    need_weights: bool = True,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """``softmax(q k^T / sqrt(D) + b_h(bucket(j - i))) v`` with the learned
+    ``[buckets, H]`` ``table``; ``bidirectional`` defaults to ``not causal``
+    (T5: the encoder's buckets are bidirectional, the decoder's not). Returns
+    ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``; fused with ``need_weights=False``."""
+    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
+    bidirectional = not causal if bidirectional is None else bidirectional
+    if not isinstance(bidirectional, bool):
+        raise ValueError(f"bidirectional must be a bool or None, got {bidirectional!r}")
+    if not isinstance(table, Tensor) or table.dim() != 2 or table.size(1) != q.size(1):
+        raise ValueError(
+            f"table must be [buckets, H] with H = {q.size(1)}, got "
+            f"{tuple(table.shape) if isinstance(table, Tensor) else repr(table)}"
+        )
+    check_bucket_arguments(table.size(0), max_distance, bidirectional)
+    bias = t5_relative_bias(
+        table, q.size(2), k.size(2), max_distance, bidirectional, query_offset, logit_dtype(q.dtype)
+    )
+    return attend(
+        q,
+        k,
+        v,
+        bias=bias,
+        key_padding_mask=key_padding_mask,
+        causal=causal,
+        query_offset=query_offset,
+        dropout_p=dropout_p,
+        need_weights=need_weights,
+    )
+
+
+__all__ = ["relative_position_bucket_table", "t5_bias_attention", "t5_relative_bias"]

@@ -1,0 +1,35 @@
+"""``alibi``: attention with linear biases (Press, Smith, Lewis 2022)."""
+
+from .. import functional as DF
+from ..registry import CROSS_KIND, DIFFERENT_SEQUENCES, SELF_ATTENTION, register_attention
+from .base import Mechanism, shared_arguments
+
+
+@register_attention(
+    "alibi",
+    order=60,
+    kinds=SELF_ATTENTION,
+    unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
+    fused="without weights",
+    small_fused_bias=True,  # the fused path keeps only the [H, Tq, Tk] bias
+    description="fixed per-head linear bias `-m_h * abs(i-j)` on the logits, geometric slopes `m_h = 2^(-8h/H)` "
+    "(causal in the decoder, symmetric in the encoder); no parameters",
+    paper="Press, Smith and Lewis 2022, *Train Short, Test Long: Attention with Linear Biases Enables Input Length "
+    "Extrapolation*",
+)
+class ALiBi(Mechanism):
+    """Press et al. 2022: the paper's slopes for this layer's heads (not learned,
+    nothing saved in checkpoints); the LM preset ``distattn_lm_alibi_gbw`` drops
+    the position embeddings, as the paper does."""
+
+    def extra_repr(self) -> str:
+        slopes = DF.alibi_slopes(self.config.num_heads)
+        return f"heads={self.config.num_heads}, slopes={slopes[0]:.4g}..{slopes[-1]:.4g}"
+
+    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
+        return DF.alibi_attention(
+            queries["query"],
+            keys["key"],
+            keys["value"],
+            **shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights),
+        )

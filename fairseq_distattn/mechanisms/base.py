@@ -1,0 +1,99 @@
+"""What every mechanism module shares: its config, the base class, and the
+per-stack store of parameters shared across layers. No fairseq imports.
+
+Every mechanism sees per-head tensors ``[B, H, T, D]``: ``queries`` holds
+``"query"`` plus any extra query-side projections it declares, ``keys`` holds
+``"key"``, ``"value"`` and its extra key-side projections (these are cached
+by :class:`~fairseq_distattn.attention.DistanceAwareMultiheadAttention`
+exactly like fairseq caches ``prev_key``).
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from torch import Tensor, nn
+
+from ..registry import REGISTRY, MechanismInfo
+
+
+class Stack:
+    """One stack of layers of one attention kind (the encoder's self-attention,
+    the decoder's self-attention, its cross-attention): parameters that a
+    mechanism shares across the layers of a stack (T5's relative attention
+    bias) are made by the first layer that asks and handed to the others."""
+
+    def __init__(self, description: str = ""):
+        self.description = description
+        self._shared: Dict[str, Any] = {}
+
+    def shared(self, key: str, make: Callable[[], Any]) -> Any:
+        if key not in self._shared:
+            self._shared[key] = make()
+        return self._shared[key]
+
+
+@dataclass(frozen=True)
+class MechanismConfig:
+    name: str
+    num_heads: int
+    head_dim: int
+    options: Any  # fairseq_distattn.spec.MechanismOptions
+    # the layer's stack (None: a lone attention module, which shares nothing)
+    stack: Optional[Stack] = field(default=None, compare=False, hash=False, repr=False)
+
+
+class Mechanism(nn.Module):
+    """Base: the declarations of the registered name, and the call into its functional op."""
+
+    extra_queries: Tuple[str, ...] = ()
+    extra_keys: Tuple[str, ...] = ()
+
+    def __init__(self, config: MechanismConfig):
+        super().__init__()
+        self.config = config
+        self.extra_queries = self.info.extra_queries
+        self.extra_keys = self.info.extra_keys
+
+    @property
+    def info(self) -> MechanismInfo:
+        return REGISTRY[self.config.name]
+
+    @classmethod
+    def check_options(cls, options, kind, layers) -> None:
+        """Raise SpecError where ``options`` cannot work in attention ``kind``
+        (a :class:`fairseq_distattn.spec.AttentionKind` whose ``layers`` use this mechanism)."""
+
+    def recompute_saves_memory(self, need_weights: bool) -> bool:
+        """Whether backward would keep [B, H, Tq, Tk] tensors that the attention
+        module may instead recompute in blocks of query rows; only for
+        mechanisms whose every query row depends on that row's queries alone
+        (declared ``row_wise``). A fused path whose bias has no batch dimension
+        (``small_fused_bias``) keeps nothing of that size."""
+        return self.info.row_wise and (need_weights or not self.info.small_fused_bias)
+
+    def forward(
+        self,
+        queries: Dict[str, Tensor],
+        keys: Dict[str, Tensor],
+        key_padding_mask: Optional[Tensor],
+        causal: bool,
+        query_offset: int,
+        dropout_p: float,
+        need_weights: bool,
+        cache: Optional[Dict[str, Optional[Tensor]]],
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """``(out [B,H,Tq,D], probs [B,H,Tq,Tk] or None when not need_weights)``;
+        ``cache`` is the layer's incremental state (batch-first tensors), or None.
+        Subclasses call their op with :func:`shared_arguments`."""
+        raise NotImplementedError
+
+
+def shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights) -> Dict[str, Any]:
+    """The keyword arguments every functional attention op takes after its tensors."""
+    return dict(
+        key_padding_mask=key_padding_mask,
+        causal=causal,
+        query_offset=query_offset,
+        dropout_p=dropout_p,
+        need_weights=need_weights,
+    )

@@ -1,0 +1,85 @@
+"""``window-mw``, ``window-aw``, ``window-mw-seg``, ``window-aw-seg``: the
+differentiable window (Nguyen, Nguyen, Joty, Li 2020)."""
+
+from dataclasses import dataclass
+
+from .. import functional as DF
+from ..registry import ALL_KINDS, DECODER_SELF_KIND, option, positive_integer, register_attention
+from .base import Mechanism, MechanismConfig, shared_arguments
+
+
+@dataclass(frozen=True)
+class WindowOptions:
+    window_segment_size: int = option(
+        5,
+        "--window-segment-size",
+        "window-*-seg: segment size b (default: {default})",
+        convert=positive_integer("--window-segment-size"),
+        type=int,
+        metavar="B",
+    )
+
+
+PAPER = "Nguyen, Nguyen, Joty and Li 2020, *Differentiable Window for Dynamic Local Attention*"
+POINTERS = ("left", "right")
+# Nguyen et al. sec. 5.2: the decoder cannot point to unfinished segments.
+UNFINISHED_SEGMENTS = {DECODER_SELF_KIND: "segments are undefined for keys that are still being generated"}
+
+
+def _window(name, order, additive, segments, description):
+    sides = POINTERS + (("local",) if additive else ())
+    return register_attention(
+        name,
+        WindowOptions,
+        order=order,
+        kinds=ALL_KINDS - set(UNFINISHED_SEGMENTS) if segments else ALL_KINDS,
+        unsupported=UNFINISHED_SEGMENTS if segments else {},
+        fused="without weights" if additive else "",
+        extra_queries=tuple(f"{side}_query" for side in sides),
+        extra_keys=tuple(f"{side}_key" for side in sides),
+        description=description,
+        paper=PAPER,
+    )
+
+
+@_window("window-aw-seg", 33, True, True, "AW with segment-based windows of `--window-segment-size` tokens")
+@_window("window-mw-seg", 32, False, True, "MW with segment-based windows of `--window-segment-size` tokens")
+@_window("window-aw", 31, True, False, "differentiable window, additive (AW): masked local scores on the logits")
+@_window("window-mw", 30, False, False, "differentiable window, multiplicative (MW): the soft window times the weights")
+class DifferentiableWindow(Mechanism):
+    """Nguyen et al. 2020: left/right boundary pointers (eqs. 7-8) give the soft
+    mask (eq. 9, or eq. 11 with segments); MW multiplies it into the attention
+    weights, AW adds masked local scores from their own projections."""
+
+    def __init__(self, config: MechanismConfig):
+        super().__init__(config)
+        self.additive = config.name.startswith("window-aw")
+        self.segment_size = config.options.window_segment_size if config.name.endswith("-seg") else 0
+
+    def extra_repr(self) -> str:
+        segments = f"segment_size={self.segment_size}" if self.segment_size else "token-level"
+        return f"{'AW' if self.additive else 'MW'}, {segments}"
+
+    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
+        mask = DF.window_mask(
+            queries["left_query"],
+            keys["left_key"],
+            queries["right_query"],
+            keys["right_key"],
+            self.segment_size,
+            key_padding_mask=key_padding_mask,
+            causal=causal,
+            query_offset=query_offset,
+        )
+        shared = shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights)
+        if self.additive:
+            return DF.additive_window_attention(
+                queries["query"],
+                keys["key"],
+                queries["local_query"],
+                keys["local_key"],
+                keys["value"],
+                mask,
+                **shared,
+            )
+        return DF.multiplicative_window_attention(queries["query"], keys["key"], keys["value"], mask, **shared)

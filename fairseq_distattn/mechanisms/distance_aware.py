@@ -1,0 +1,121 @@
+"""``da``: distance-aware attention (Wu, Wu, Huang 2021), with the paper's ablations as options."""
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from .. import functional as DF
+from ..functional.distance_aware import DA_ADJUSTINGS, DA_MAPPINGS, distance_coefficients
+from ..registry import (
+    CROSS_KIND,
+    DIFFERENT_SEQUENCES,
+    SELF_ATTENTION,
+    finite_number,
+    one_of,
+    option,
+    register_attention,
+)
+from .base import Mechanism, MechanismConfig, shared_arguments
+
+
+@dataclass(frozen=True)
+class DistanceAwareOptions:
+    # the papers' ablations (examples/ablations/README.md); the defaults are the paper's own choices
+    da_mapping: str = option(
+        "learnable-sigmoid",
+        "--da-mapping",
+        "da: the map f of the weighted distance x = w|i-j| (Wu et al. 2021 sec. 4.3): learnable-sigmoid "
+        "(1+e^v)/(1+e^(v-x)) (eq. 5), sigmoid 1/(1+e^-x), exponent e^x, linear kx+b, clip min(x, T) "
+        "(default: {default}, the paper's)",
+        convert=one_of("--da-mapping", DA_MAPPINGS),
+        type=str,
+        choices=DA_MAPPINGS,
+    )  # Wu et al. 2021 sec. 4.3
+    da_adjusting: str = option(
+        "early-multiply",
+        "--da-adjusting",
+        "da: how f adjusts the attention (Wu et al. 2021 sec. 4.4), with S = QK^T/sqrt(d): early-multiply "
+        "softmax(ReLU(QK^T) f/sqrt(d)) (eq. 6), early-add softmax(S + f), late-multiply softmax(S) f, "
+        "late-add softmax(S) + f (default: {default}, the paper's)",
+        convert=one_of("--da-adjusting", DA_ADJUSTINGS),
+        type=str,
+        choices=DA_ADJUSTINGS,
+    )  # sec. 4.4
+    # T of the clip mapping min(x, T); the paper gives no value: Shaw et al.'s clipping distance k.
+    # T bounds float32 (or half) coefficients: it must be finite there
+    da_clip_threshold: float = option(
+        16.0,
+        "--da-clip-threshold",
+        "da with --da-mapping clip: the threshold T of min(x, T) (default: {default:g})",
+        convert=finite_number("--da-clip-threshold", "T", positive=True),
+        type=float,
+        metavar="T",
+    )
+
+
+@register_attention(
+    "da",
+    DistanceAwareOptions,
+    order=20,
+    kinds=SELF_ATTENTION,
+    unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
+    fused="`--da-adjusting early-add`, without weights",
+    description="distance-aware attention: learned per-head re-scaling of the attention by the real distance",
+    paper="Wu, Wu and Huang 2021, *DA-Transformer: Distance-aware Transformer*",
+)
+class DistanceAware(Mechanism):
+    """Wu et al. 2021: per-head w and v. Both start at 0, where f = 1 for every
+    distance, so training starts from ReLU attention and learns each head's
+    preference for short or long distances (the paper gives no initialisation).
+
+    The sec. 4.3-4.4 ablations (``--da-mapping``, ``--da-adjusting``) hold only
+    the parameters their f uses: v for the learnable sigmoid, k and b for the
+    linear map (starting at k = b = 1, so f = 1 at w = 0 as for eq. 5), none
+    besides w for sigmoid, exponent and clip."""
+
+    def __init__(self, config: MechanismConfig):
+        super().__init__(config)
+        options, heads = config.options, config.num_heads
+        self.mapping, self.adjusting = options.da_mapping, options.da_adjusting
+        self.clip_threshold = options.da_clip_threshold if self.mapping == "clip" else None
+        self.distance_weight = nn.Parameter(torch.zeros(heads))
+        self.sharpness = nn.Parameter(torch.zeros(heads)) if self.mapping == "learnable-sigmoid" else None
+        linear = self.mapping == "linear"
+        self.linear_slope = nn.Parameter(torch.ones(heads)) if linear else None
+        self.linear_intercept = nn.Parameter(torch.ones(heads)) if linear else None
+
+    def extra_repr(self) -> str:
+        # only the ablations are named: the paper's choices (eq. 5, eq. 6) go without saying
+        parts = [f"heads={self.config.num_heads}"]
+        if self.mapping != "learnable-sigmoid":
+            parts.append(f"mapping={self.mapping}" + (f", T={self.clip_threshold:g}" if self.mapping == "clip" else ""))
+        if self.adjusting != "early-multiply":
+            parts.append(f"adjusting={self.adjusting}")
+        return ", ".join(parts)
+
+    def _mapping_arguments(self):
+        return dict(
+            mapping=self.mapping,
+            linear_slope=self.linear_slope,
+            linear_intercept=self.linear_intercept,
+            clip_threshold=self.clip_threshold,
+        )
+
+    def coefficients(self, tgt_len: int, src_len: int, query_offset: int = 0) -> Tensor:
+        """This layer's f(w_h |i-j|) per head, ``[H, Tq, Tk]``."""
+        return distance_coefficients(
+            self.distance_weight, self.sharpness, tgt_len, src_len, query_offset, **self._mapping_arguments()
+        )
+
+    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
+        return DF.distance_aware_attention(
+            queries["query"],
+            keys["key"],
+            keys["value"],
+            self.distance_weight,
+            self.sharpness,
+            adjusting=self.adjusting,
+            **self._mapping_arguments(),
+            **shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights),
+        )

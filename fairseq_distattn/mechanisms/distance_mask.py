@@ -1,0 +1,91 @@
+"""``distance-mask``: distance-based self-attention (Im & Cho 2017)."""
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .. import functional as DF
+from ..registry import (
+    CROSS_KIND,
+    DIFFERENT_SEQUENCES,
+    SELF_ATTENTION,
+    SpecError,
+    finite_number,
+    option,
+    register_attention,
+)
+from .base import Mechanism, shared_arguments
+
+DISTANCE_MASK_DIRECTIONS = ("none", "forward", "backward")
+
+
+def _direction(value, context):
+    direction = "none" if value is None else value
+    if direction not in DISTANCE_MASK_DIRECTIONS:
+        raise SpecError(
+            "--distance-mask-direction", direction, "unknown direction", ", ".join(DISTANCE_MASK_DIRECTIONS)
+        )
+    return None if direction == "none" else direction
+
+
+@dataclass(frozen=True)
+class DistanceMaskOptions:
+    # alpha multiplies float32 (or half) logits: a value that is inf there
+    # (1e39 is finite in Python) turns 0 * alpha on the diagonal into NaN
+    distance_mask_alpha: float = option(
+        1.0,
+        "--distance-mask-alpha",
+        "distance-mask: weight of -|i-j| on the logits (default: {default})",
+        convert=finite_number("--distance-mask-alpha", "ALPHA", positive=False),
+        type=float,
+        metavar="ALPHA",
+    )
+    distance_mask_direction: Optional[str] = option(
+        None,
+        "--distance-mask-direction",
+        "distance-mask: directional mask, one of " + ", ".join(DISTANCE_MASK_DIRECTIONS) + " (default: none)",
+        arg_default="none",
+        convert=_direction,
+        type=str,
+        metavar="DIR",
+    )
+
+
+@register_attention(
+    "distance-mask",
+    DistanceMaskOptions,
+    order=50,
+    kinds=SELF_ATTENTION,
+    unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
+    fused="without weights",
+    small_fused_bias=True,  # the fused path keeps only the [Tq, Tk] bias
+    description="fixed `-alpha * abs(i-j)` distance mask, optionally directional",
+    paper="Im and Cho 2017, *Distance-based Self-Attention Network for Natural Language Inference*",
+)
+class DistanceMask(Mechanism):
+    """Im & Cho 2017: fixed -alpha |i-j| bias, optional directional mask."""
+
+    @classmethod
+    def check_options(cls, options, kind, layers):
+        # A backward mask hides every past key; with the decoder's causal mask nothing is left.
+        if kind.causal and options.distance_mask_direction == "backward":
+            raise SpecError(
+                "--distance-mask-direction",
+                "backward",
+                f"{kind.flag} uses distance-mask, and a backward mask leaves a causal query no key",
+                "none, forward",
+            )
+
+    def extra_repr(self) -> str:
+        options = self.config.options
+        return f"alpha={options.distance_mask_alpha}, direction={options.distance_mask_direction or 'none'}"
+
+    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
+        options = self.config.options
+        return DF.distance_mask_attention(
+            queries["query"],
+            keys["key"],
+            keys["value"],
+            options.distance_mask_alpha,
+            direction=options.distance_mask_direction,
+            **shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights),
+        )

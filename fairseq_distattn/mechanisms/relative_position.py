@@ -1,0 +1,92 @@
+"""``rpr``: relative position representations (Shaw, Uszkoreit, Vaswani 2018)."""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .. import functional as DF
+from ..registry import (
+    CROSS_KIND,
+    DIFFERENT_SEQUENCES,
+    SELF_ATTENTION,
+    SpecError,
+    option,
+    positive_integer,
+    register_attention,
+)
+from .base import Mechanism, MechanismConfig, shared_arguments
+
+
+def _clipping_distance(value, context):
+    value = positive_integer("--max-relative-position")(value, context)
+    if context.max_positions is not None and value > context.max_positions:
+        raise SpecError(
+            "--max-relative-position",
+            value,
+            f"larger than the longest sequence the model accepts ({context.max_positions} positions, "
+            "--max-source-positions/--max-target-positions), so no distance ever reaches it",
+            f"an integer 1 <= K <= {context.max_positions}",
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class RelativePositionOptions:
+    # bounded by the longest sequence the model accepts (no distance beyond it ever occurs)
+    max_relative_position: int = option(
+        16,
+        "--max-relative-position",
+        "rpr clipping distance k (default: {default})",
+        convert=_clipping_distance,
+        type=int,
+        metavar="K",
+    )
+    relative_values: bool = option(
+        True,
+        "--no-relative-values",
+        "rpr: relative key embeddings only (Shaw eq. 4), no value embeddings (eq. 3)",
+        arg_default=False,
+        convert=lambda no_values, context: not no_values,
+        action="store_true",
+    )
+
+
+@register_attention(
+    "rpr",
+    RelativePositionOptions,
+    order=10,
+    kinds=SELF_ATTENTION,
+    unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
+    fused="keys only (`--no-relative-values`), without weights",
+    description="relative position representations (clipped at `--max-relative-position`)",
+    paper="Shaw, Uszkoreit and Vaswani 2018, *Self-Attention with Relative Position Representations*",
+)
+class RelativePosition(Mechanism):
+    """Shaw et al. 2018: [2k+1, D] key (and value) tables shared across heads."""
+
+    def __init__(self, config: MechanismConfig):
+        super().__init__(config)
+        buckets = 2 * config.options.max_relative_position + 1
+        self.relative_keys = nn.Parameter(torch.empty(buckets, config.head_dim))
+        nn.init.xavier_uniform_(self.relative_keys)
+        if config.options.relative_values:
+            self.relative_values = nn.Parameter(torch.empty(buckets, config.head_dim))
+            nn.init.xavier_uniform_(self.relative_values)
+        else:
+            self.register_parameter("relative_values", None)
+
+    def extra_repr(self) -> str:
+        options = self.config.options
+        return f"k={options.max_relative_position}, relative_values={options.relative_values}"
+
+    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
+        return DF.relative_position_attention(
+            queries["query"],
+            keys["key"],
+            keys["value"],
+            self.relative_keys,
+            self.relative_values,
+            self.config.options.max_relative_position,
+            **shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights),
+        )

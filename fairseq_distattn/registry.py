@@ -1,0 +1,301 @@
+"""The mechanism registry, after xformers' ``register_attention(name, Config)``.
+
+A mechanism declares everything about itself in its own module file
+(``fairseq_distattn/mechanisms/<name>.py``), next to its ``nn.Module``::
+
+    @dataclass(frozen=True)
+    class MyOptions:
+        my_width: int = option(4, "--my-width", "my: window width (default: {default})",
+                               convert=positive_integer, type=int, metavar="W")
+
+    @register_attention("my-mech", MyOptions, kinds=SELF_ATTENTION,
+                        unsupported={CROSS_KIND: "queries and keys come from different sequences"},
+                        description="...", paper="...")
+    class MyMechanism(Mechanism):
+        ...
+
+and everything else derives from here: the SPEC names and the mechanisms each
+attention kind allows (:mod:`fairseq_distattn.spec`), the options dataclass
+and its validation, the command-line flags and ``--help``
+(:mod:`fairseq_distattn.models.arguments`), the README's mechanism table
+(``python -m fairseq_distattn.mechanisms``), and the tests' and benchmarks'
+mechanism lists. No fairseq imports.
+"""
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional, Tuple
+
+ENCODER_SELF_KIND = "encoder-self"
+DECODER_SELF_KIND = "decoder-self"
+CROSS_KIND = "cross"
+KINDS = (ENCODER_SELF_KIND, DECODER_SELF_KIND, CROSS_KIND)
+SELF_ATTENTION = frozenset({ENCODER_SELF_KIND, DECODER_SELF_KIND})
+ALL_KINDS = frozenset(KINDS)
+# why a mechanism that needs query and key positions on one axis has no cross-attention form
+DIFFERENT_SEQUENCES = "queries and keys come from different sequences"
+
+# The largest finite float32: the dtype in which (at least) the logits are formed.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+class SpecError(ValueError):
+    """A bad flag value; ``str()`` is the one-line message."""
+
+    def __init__(self, flag: str, value, problem: str, allowed: str):
+        super().__init__(f"argument {flag}: invalid value {str(value)!r}: {problem}; allowed: {allowed}")
+        self.flag, self.value, self.problem, self.allowed = flag, value, problem, allowed
+
+    def with_note(self, note: str) -> "SpecError":
+        """The same error with ``note`` appended to its problem."""
+        return SpecError(self.flag, self.value, f"{self.problem} ({note})", self.allowed)
+
+
+# --------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class OptionContext:
+    """What a value check may need beyond the value: ``max_positions`` is the
+    longest sequence the model accepts (None: unknown)."""
+
+    max_positions: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class OptionFlag:
+    """The command-line side of one option field."""
+
+    flag: str
+    help: str
+    arg_default: Any  # the parsed attribute's value when the flag is absent
+    convert: Callable[[Any, OptionContext], Any]  # parsed value -> field value; raises SpecError
+    argparse: Mapping[str, Any]
+
+    @property
+    def attr(self) -> str:
+        return self.flag[2:].replace("-", "_")
+
+
+OPTION_METADATA = "distattn_flag"
+
+
+def option(
+    default,
+    flag: str,
+    help: str,
+    *,
+    convert: Optional[Callable[[Any, OptionContext], Any]] = None,
+    arg_default=dataclasses.MISSING,
+    **argparse_kwargs,
+) -> Any:
+    """A field of a mechanism's options dataclass with its flag: ``help`` may name
+    ``{default}`` (the flag's default); ``convert(value, context)`` validates the
+    parsed value (raising :class:`SpecError`) and returns the field's value;
+    ``arg_default`` is what fairseq's namespace holds when the flag is absent
+    (default: ``default``); the rest goes to ``argparse.add_argument``."""
+    arg_default = default if arg_default is dataclasses.MISSING else arg_default
+    flag_info = OptionFlag(
+        flag,
+        help.format(default=arg_default),
+        arg_default,
+        convert or (lambda value, context: value),
+        dict(argparse_kwargs),
+    )
+    return dataclasses.field(default=default, metadata={OPTION_METADATA: flag_info})
+
+
+def option_flag(field: dataclasses.Field) -> OptionFlag:
+    return field.metadata[OPTION_METADATA]
+
+
+def _is_integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def positive_integer(flag: str) -> Callable[[Any, OptionContext], int]:
+    def convert(value, context):
+        if not _is_integer(value) or value <= 0:
+            raise SpecError(flag, value, "must be a positive integer", "an integer >= 1")
+        return value
+
+    return convert
+
+
+def finite_number(flag: str, name: str, positive: bool) -> Callable[[Any, OptionContext], float]:
+    """A finite number in float32 (a value that is inf there, such as 1e39, would
+    turn products on the logits into inf or NaN), > 0 or >= 0."""
+
+    def convert(value, context):
+        low_ok = (lambda v: v > 0) if positive else (lambda v: v >= 0)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or not low_ok(value)
+            or value > FLOAT32_MAX
+        ):
+            what = "positive" if positive else "non-negative"
+            bound = "0 <" if positive else "0 <="
+            raise SpecError(
+                flag, value, f"must be a finite {what} number", f"a number {bound} {name} <= {FLOAT32_MAX:.4g}"
+            )
+        return float(value)
+
+    return convert
+
+
+def one_of(flag: str, names: Tuple[str, ...]) -> Callable[[Any, OptionContext], str]:
+    def convert(value, context):
+        if value not in names:
+            raise SpecError(flag, value, "unknown choice", ", ".join(names))
+        return value
+
+    return convert
+
+
+# --------------------------------------------------------------------------- mechanisms
+
+
+@dataclass(frozen=True)
+class MechanismInfo:
+    """One registered SPEC name and what it declares."""
+
+    name: str
+    module: type  # the nn.Module (a fairseq_distattn.mechanisms.Mechanism)
+    options: Optional[type]  # its options dataclass (shared by names of one family), or None
+    kinds: FrozenSet[str]  # the attention kinds it applies to
+    unsupported: Mapping[str, str]  # kind -> why it does not apply there
+    row_wise: bool  # every query row depends on that row's queries alone (recomputable in row blocks)
+    fused: str  # when the fused F.scaled_dot_product_attention path runs ("" never)
+    small_fused_bias: bool  # the fused path keeps only a [H|1, Tq, Tk] bias, nothing per batch
+    extra_queries: Tuple[str, ...]  # extra per-head query projections of the attention module
+    extra_keys: Tuple[str, ...]  # extra per-head key projections (cached like fairseq's prev_key)
+    description: str  # the README table's "mechanism" column
+    paper: str
+    order: int  # position in listings (SPEC grammar, --help, README)
+
+    def option_fields(self) -> Tuple[dataclasses.Field, ...]:
+        return dataclasses.fields(self.options) if self.options is not None else ()
+
+
+REGISTRY: Dict[str, MechanismInfo] = {}
+
+
+def register_attention(
+    name: str,
+    options: Optional[type] = None,
+    *,
+    description: str,
+    paper: str,
+    order: int,
+    kinds: FrozenSet[str] = ALL_KINDS,
+    unsupported: Optional[Mapping[str, str]] = None,
+    row_wise: bool = True,
+    fused: str = "",
+    small_fused_bias: bool = False,
+    extra_queries: Tuple[str, ...] = (),
+    extra_keys: Tuple[str, ...] = (),
+):
+    """Class decorator registering a mechanism module under the SPEC ``name``
+    (a class may be registered under several names, each with its own
+    declarations). Every kind it does not support needs a reason."""
+    unsupported = dict(unsupported or {})
+
+    def decorate(cls):
+        if name in REGISTRY or name == "vanilla":
+            raise ValueError(f"mechanism {name!r} is registered twice")
+        if not set(kinds) <= ALL_KINDS or set(unsupported) != ALL_KINDS - set(kinds):
+            raise ValueError(
+                f"{name}: give a reason for exactly the kinds it does not support, {sorted(ALL_KINDS - set(kinds))}"
+            )
+        if options is not None:
+            if not dataclasses.is_dataclass(options):
+                raise TypeError(f"{name}: options must be a dataclass")
+            for field in dataclasses.fields(options):
+                if OPTION_METADATA not in field.metadata:
+                    raise ValueError(f"{name}: option {field.name} has no flag (use registry.option)")
+                for other in REGISTRY.values():
+                    if (
+                        other.options is not None
+                        and other.options is not options
+                        and any(
+                            field.name == f.name or option_flag(field).flag == option_flag(f).flag
+                            for f in other.option_fields()
+                        )
+                    ):
+                        raise ValueError(f"{name}: option {field.name} is also declared by {other.name}")
+        REGISTRY[name] = MechanismInfo(
+            name=name,
+            module=cls,
+            options=options,
+            kinds=frozenset(kinds),
+            unsupported=unsupported,
+            row_wise=row_wise,
+            fused=fused,
+            small_fused_bias=small_fused_bias,
+            extra_queries=tuple(extra_queries),
+            extra_keys=tuple(extra_keys),
+            description=description,
+            paper=paper,
+            order=order,
+        )
+        return cls
+
+    return decorate
+
+
+def registered() -> Tuple[MechanismInfo, ...]:
+    """Every registered mechanism in listing order (after discovery:
+    ``import fairseq_distattn.mechanisms``)."""
+    return tuple(sorted(REGISTRY.values(), key=lambda info: (info.order, info.name)))
+
+
+def option_classes() -> Tuple[type, ...]:
+    """The options dataclasses of the registered mechanisms, in listing order, each once."""
+    classes = []
+    for info in registered():
+        if info.options is not None and info.options not in classes:
+            classes.append(info.options)
+    return tuple(classes)
+
+
+# --------------------------------------------------------------------------- README table
+
+KIND_LABELS = {ENCODER_SELF_KIND: "encoder self", DECODER_SELF_KIND: "decoder self", CROSS_KIND: "cross"}
+MECHANISM_TABLE = "docs/mechanisms.md"  # relative to the repository; copied into README.md
+
+
+def mechanism_table() -> str:
+    """The mechanism table of the README, from the registry (Markdown, with a title)."""
+    lines = [
+        "# Mechanisms",
+        "",
+        "| MECH | mechanism | paper | attention kinds | fused path (SDPA) | recomputed in row blocks | options |",
+        "|---|---|---|---|---|---|---|",
+        "| `vanilla` | fairseq's scaled dot-product attention | Vaswani et al. 2017 | all | fairseq's | - | - |",
+    ]
+    for info in registered():
+        kinds = ", ".join(KIND_LABELS[kind] for kind in KINDS if kind in info.kinds)
+        kinds += "".join(f"; not {KIND_LABELS[kind]}: {reason}" for kind, reason in sorted(info.unsupported.items()))
+        flags = ", ".join(f"`{option_flag(field).flag}`" for field in info.option_fields()) or "-"
+        cells = [
+            f"`{info.name}`",
+            info.description,
+            info.paper,
+            kinds,
+            info.fused or "no",
+            ("only with weights" if info.small_fused_bias else "yes") if info.row_wise else "no (not row-wise)",
+            flags,
+        ]
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    lines += [
+        "",
+        "*Fused path*: with `need_weights=False` (training, generation) the mechanism runs as one "
+        "`F.scaled_dot_product_attention` with an additive bias. *Recomputed in row blocks*: from "
+        "`--attention-recompute-length` on, a training step recomputes the mechanism in blocks of query rows "
+        "instead of keeping `[B, H, Tq, Tk]` tensors for backward: row-wise mechanisms only, and not where the "
+        "fused path keeps only a bias without a batch dimension (so only when the weights are needed).",
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,207 @@
+"""The LM quality and extrapolation harnesses end to end at a tiny size (it checks that they work and
+that their outputs are well formed, not what the models score), and their report arithmetic."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+from benchmarks import lm_extrapolation, lm_quality
+
+CONFIGS = ("transformer_lm_gbw", "distattn_lm_alibi_gbw")
+
+
+def table_cells(markdown: str, first_cell: str):
+    """The cells of the table rows whose first cell is ``first_cell``."""
+    rows = [line for line in markdown.splitlines() if line.startswith(f"| {first_cell} |")]
+    return [[cell.strip() for cell in re.split(r"(?<!\\)\|", row)[1:-1]] for row in rows]
+
+
+def test_lm_harnesses_write_one_json_per_run_skip_done_runs_and_report(tmp_path):
+    # a slice of the shipped WikiText-2 sample (the full one takes minutes even at the tiny size)
+    data = tmp_path / "wikitext-2"
+    data.mkdir()
+    for name, lines in (("valid.txt", 300), ("test.txt", 60)):
+        text = lm_quality.read_text(lm_quality.SHIPPED_DATA, name)[:lines]
+        (data / name).write_text("".join(line + "\n" for line in text), encoding="utf-8")
+    out, work = tmp_path / "out", tmp_path / "work"
+    argv = [
+        "--scale",
+        "tiny",
+        "--updates",
+        "4",
+        "--configs",
+        ",".join(CONFIGS),
+        "--seeds",
+        "3",
+        "--data",
+        str(data),
+        "--work",
+        str(work),
+        "--out",
+        str(out),
+    ]
+    assert lm_quality.main(argv) == 0
+
+    records = {path.stem: json.loads(path.read_text()) for path in (out / "runs").glob("*.json")}
+    assert set(records) == {f"{config}-seed3" for config in CONFIGS}
+    for name, record in records.items():
+        assert record["config"] == name.rsplit("-seed", 1)[0] and record["seed"] == 3 and record["updates"] == 4
+        assert record["baseline"] == "transformer_lm_gbw" and record["train_args"] == ["--arch", record["config"]]
+        assert [p["updates"] for p in record["valid_curve"]] == [1, 2, 3, 4]
+        best = min(record["valid_curve"], key=lambda p: p["loss"])
+        assert (record["best_valid_updates"], record["best_valid_loss"]) == (best["updates"], best["loss"])
+        # eval-lm prints ppl = 2 ** loss with the loss rounded to 4 decimals
+        assert record["test_ppl"] > 1 and math.isclose(record["test_ppl"], 2 ** record["test_loss_base2"], rel_tol=1e-3)
+        splits = record["data_splits"]
+        assert record["test_tokens"] == splits["test"]["tokens"] and splits["test"]["lines"] == 60
+        assert splits["train"]["lines"] + splits["valid"]["lines"] == 300 and splits["valid"]["lines"] > 0
+        assert "fairseq-eval-lm" in record["eval_command"] and "--tokens-per-sample 64" in record["eval_command"]
+        assert "--context-window 0" in record["eval_command"]
+        assert f"--arch {record['config']}" in record["train_command"] and "--seed 3" in record["train_command"]
+        assert record["git_revision"] and record["machine"] and record["train_wall_s"] > 0
+        assert record["wall_s"] >= record["train_wall_s"]
+        assert (work / "tiny" / name / "checkpoint_best.pt").is_file()
+        assert not (work / "tiny" / name / "checkpoints").exists()
+    # training and dev sets are valid.txt cut in two
+    prepared = next(work.glob("data-*"))
+    split = [lm_quality.read_text(prepared, f"{name}.txt") for name in ("train", "valid")]
+    assert split[0] + split[1] == lm_quality.read_text(data, "valid.txt") and 0 < len(split[1]) <= 30
+
+    markdown = (out / "lm_quality.md").read_text()
+    [alibi] = table_cells(markdown, "distattn_lm_alibi_gbw")
+    [vanilla] = table_cells(markdown, "transformer_lm_gbw")
+    assert alibi[1] == "1 (3)" and alibi[4] == "transformer_lm_gbw" and vanilla[3] == "-"
+    assert alibi[2] == f"{records['distattn_lm_alibi_gbw-seed3']['test_ppl']:.2f}"
+    assert (out / "valid_loss.png").stat().st_size > 1000
+
+    # a second invocation finds both runs done: nothing is trained again
+    before = {path: path.stat().st_mtime_ns for path in (out / "runs").glob("*.json")}
+    assert lm_quality.main(argv) == 0
+    assert {path: path.stat().st_mtime_ns for path in (out / "runs").glob("*.json")} == before
+
+    # length extrapolation of one of the models: one JSON per (run, length), both modes
+    extra = tmp_path / "extrapolation"
+    extra_argv = [
+        "--quality-work",
+        str(work),
+        "--scale",
+        "tiny",
+        "--lengths",
+        "64,128",
+        "--out",
+        str(extra),
+        "--configs",
+        "distattn_lm_alibi_gbw",
+    ]
+    assert lm_extrapolation.main(extra_argv) == 0
+    found = {path.stem: json.loads(path.read_text()) for path in (extra / "runs").glob("*.json")}
+    assert set(found) == {f"distattn_lm_alibi_gbw-seed3-L{n}" for n in (64, 128)}
+    test_tokens = records["transformer_lm_gbw-seed3"]["test_tokens"]
+    for record in found.values():
+        n = record["tokens_per_sample"]
+        assert record["train_tokens_per_sample"] == 64 and record["baseline"] == "transformer_lm_gbw"
+        assert (record["blocks"]["context_window"], record["sliding"]["context_window"]) == (0, n // 2)
+        # every token of test.txt is scored once in both modes, at every length
+        assert record["blocks"]["tokens"] == record["sliding"]["tokens"] == test_tokens
+        assert f"--tokens-per-sample {n}" in record["sliding"]["command"]
+    # blocks at the training length is the quality harness's own evaluation
+    at_training_length = found["distattn_lm_alibi_gbw-seed3-L64"]["blocks"]
+    assert at_training_length["ppl"] == records["distattn_lm_alibi_gbw-seed3"]["test_ppl"]
+    markdown = (extra / "lm_extrapolation.md").read_text()
+    rows = table_cells(markdown, "distattn_lm_alibi_gbw")
+    assert len(rows) == 2 and all(len(row) == 1 + 2 + 1 for row in rows)  # name, N = 64, N = 128, 128/64
+    assert (extra / "ppl_vs_length.png").stat().st_size > 1000
+    before = {path: path.stat().st_mtime_ns for path in (extra / "runs").glob("*.json")}
+    assert lm_extrapolation.main(extra_argv) == 0
+    assert {path: path.stat().st_mtime_ns for path in (extra / "runs").glob("*.json")} == before
+
+
+def quality_record(config, baseline, seed, ppl):
+    return {
+        "config": config,
+        "baseline": baseline,
+        "seed": seed,
+        "note": "n",
+        "updates": 10,
+        "tokens_per_sample": 64,
+        "test_ppl": ppl,
+        "test_loss_base2": math.log2(ppl),
+        "best_valid_loss": 5.0,
+        "best_valid_updates": 10,
+        "train_wall_s": 7.0,
+        "valid_curve": [{"updates": 10, "loss": 5.0, "ppl": 32.0}],
+    }
+
+
+def test_quality_report_means_stds_and_deltas_against_an_independent_computation(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    ppls = {"transformer_lm_gbw": [100.0, 110.0, 90.0], "distattn_lm_da_gbw": [80.0, 95.0], "distattn_lm": [120.0]}
+    baselines = {
+        "transformer_lm_gbw": "transformer_lm_gbw",
+        "distattn_lm_da_gbw": "transformer_lm_gbw",
+        "distattn_lm": "transformer_lm",
+    }
+    for config, values in ppls.items():
+        for seed, ppl in enumerate(values, 1):
+            record = quality_record(config, baselines[config], seed, ppl)
+            (runs / f"{config}-seed{seed}.json").write_text(json.dumps(record), encoding="utf-8")
+    markdown = lm_quality.report(tmp_path)
+
+    def sample_std(values):
+        mean = sum(values) / len(values)
+        return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+    [da] = table_cells(markdown, "distattn_lm_da_gbw")
+    # mean 87.5, sample std sqrt(112.5) = 10.61; baseline mean 100: -12.50, -12.5%
+    assert da[1] == "2 (1,2)" and da[2] == f"87.50 +- {sample_std([80.0, 95.0]):.2f}" == "87.50 +- 10.61"
+    assert da[3] == "-12.50 (-12.5%)" and da[4] == "transformer_lm_gbw"
+    [base] = table_cells(markdown, "transformer_lm_gbw")
+    assert base[2] == "100.00 +- 10.00" and base[3] == "-"
+    # one seed: no spread claimed; its baseline has no runs: no delta
+    [single] = table_cells(markdown, "distattn_lm")
+    assert single[2] == "120.00" and single[3] == "-" and single[4] == "transformer_lm"
+    assert (tmp_path / "valid_loss.png").is_file()
+
+
+def test_extrapolation_report_ratios_against_an_independent_computation(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    values = {(1, 64): (50.0, 48.0), (1, 256): (80.0, 45.0), (2, 64): (54.0, 52.0), (2, 256): (100.0, 43.0)}
+    for (seed, n), (blocks, sliding) in values.items():
+        record = {
+            "config": "distattn_lm_alibi_gbw",
+            "seed": seed,
+            "baseline": "transformer_lm_gbw",
+            "train_tokens_per_sample": 64,
+            "tokens_per_sample": n,
+            "blocks": {"ppl": blocks},
+            "sliding": {"ppl": sliding},
+        }
+        (runs / f"alibi-seed{seed}-L{n}.json").write_text(json.dumps(record), encoding="utf-8")
+    markdown = lm_extrapolation.report(tmp_path)
+    blocks, sliding = table_cells(markdown, "distattn_lm_alibi_gbw")
+    # blocks: means 52 and 90, stds sqrt(8) and sqrt(200), ratio 90/52
+    assert blocks[1:] == ["52.00 +- 2.83", "90.00 +- 14.14", f"{90 / 52:.2f}"]
+    assert sliding[1:] == ["50.00 +- 2.83", "44.00 +- 1.41", f"{44 / 50:.2f}"]
+
+
+def test_dev_split_starts_at_an_article_title_and_every_lm_preset_is_in_the_grid():
+    lines = [" = A = ", " a", " a", " = = Section = = ", " a", " = B = ", " b", " ", " = C = ", " c"]
+    train, dev = lm_quality.split_train_dev(lines, fraction=0.3)
+    assert (train, dev) == (lines[:8], lines[8:])  # the first article title at or after line 7
+    train, dev = lm_quality.split_train_dev([" x"] * 10, fraction=0.2)
+    assert (len(train), len(dev)) == (8, 2)  # no title: a line cut
+
+    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+
+    configs = lm_quality.lm_configs()
+    presets = {arch for arch, model in ARCH_MODEL_NAME_REGISTRY.items() if model == "distattn_lm"}
+    assert presets and presets <= set(configs)
+    assert {configs[name].baseline for name in configs} <= set(configs)
+    assert configs["distattn_lm_rpr_gbw"].baseline == "transformer_lm_gbw"
+    assert configs["distattn_lm"].baseline == "transformer_lm"
+    assert "no position embeddings" in configs["distattn_lm_alibi_gbw"].note
+    assert "sinusoidal" in configs["distattn_lm_window_gbw"].note
