@@ -201,6 +201,7 @@ def window_internals(
         key_padding_mask=key_padding_mask,
         causal=causal,
         query_offset=query_offset,
+        expected=mechanism.expected_mask,
     )
     left = boundary_pointers(queries["left_query"], keys["left_key"], key_padding_mask, causal, query_offset)
     right = boundary_pointers(queries["right_query"], keys["right_key"], key_padding_mask, causal, query_offset)

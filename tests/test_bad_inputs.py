@@ -93,6 +93,7 @@ BAD_INPUTS = [
     (MT, ["--max-relative-position", "1000000000"], "--max-relative-position", ["1000000000"]),
     (MT, ["--window-segment-size", "0"], "--window-segment-size", ["'0'"]),
     (MT, ["--window-segment-size", "-1"], "--window-segment-size", ["-1"]),
+    (MT, ["--arch", "transformer", "--window-expected-mask"], "--window-expected-mask", ["distattn_transformer"]),
     (MT, ["--attention-recompute-length", "-5"], "--attention-recompute-length", ["-5"]),
     (MT, ["--distance-mask-alpha", "inf"], "--distance-mask-alpha", ["inf"]),
     (MT, ["--distance-mask-alpha", "1e39"], "--distance-mask-alpha", ["1e+39"]),

@@ -82,6 +82,7 @@ BAD_CALLS = [
     (softmax, dict(causal="yes"), "causal"),
     (window, dict(segment_size=-1), "segment_size"),
     (window, dict(segment_size=2.5), "segment_size"),
+    (window, dict(expected=1), "expected"),
     (rpr, dict(max_distance=0), "max_distance"),
     (rpr, dict(max_distance=-4), "max_distance"),
     (rpr, dict(rel_keys=tensors(3, D)), "rel_keys"),

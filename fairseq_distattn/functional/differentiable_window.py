@@ -7,13 +7,22 @@ where phi^T L is the cumulative sum of phi over keys ("rightward", f) and
 phi^T L^T the reverse cumulative sum ("leftward", g): m = f_l g_r + f_r g_l.
 We compute both sums directly in O(Tq Tk); no triangular matrix is built.
 Eq. 9 is implemented as written: where the two pointers agree on one key
-(l = r) both terms count it, so a one-hot window of width 1 gives 2 there.
+(l = r) both terms count it, so a one-hot window of width 1 gives 2 there:
+f_l g_r + f_r g_l = E[1{l <= j <= r}] + E[1{r <= j <= l}]
+                  = E[1{min(l, r) <= j <= max(l, r)}] + p_l(j) p_r(j).
+``expected=True`` (``--window-expected-mask``, off by default) departs from
+the letter of eq. 9 for the value the paper states, m_hat = E(m) in [0, 1]:
+M = eq. 9 - p_l(j) p_r(j) = E[1{min(l, r) <= j <= max(l, r)}] with l ~ p_l and
+r ~ p_r independent.
 
 Segment-based soft masking (sec. 3.3, eqs. 10-11): L is replaced by J with
 J_ij = 1 iff i <= b * ceil(j / b), so every key of a segment of b keys gets
 the cumulative sum up to the end of its segment (f) or from the start of its
 segment (g). Segments are counted from each sequence's first real token, so
-left padding does not shift a sentence's segment boundaries.
+left padding does not shift a sentence's segment boundaries. Eq. 11 is the
+token formula on the pointers' per-segment masses P(s) = sum_{seg(i) = s} p(i),
+so ``expected=True`` there subtracts P_l(seg(j)) P_r(seg(j)), which gives
+E[1{seg(min(l, r)) <= seg(j) <= seg(max(l, r))}].
 
 Window attention (sec. 4):
   eqs. (12)-(13) MW:  (S(Q K^T / sqrt d) * M) V
@@ -46,18 +55,22 @@ def _leftward(pointer: Tensor, rightward: Tensor) -> Tensor:
 
 class _TokenWindowMask(torch.autograd.Function):
     """Eq. 9, ``m = f_l g_r + f_r g_l`` with ``f = cumsum(p)`` and
-    ``g = sum(p) - f + p``, with its gradient in closed form.
+    ``g = sum(p) - f + p`` (minus ``p_l p_r`` when ``expected``), with its
+    gradient in closed form.
 
     Autograd's own backward of this expression flips every cumsum twice and
     runs a dozen more passes over ``[B, H, Tq, Tk]``. Here, with ``dM`` the
     incoming gradient, ``F = dM g_r`` and ``G = dM f_r`` for the left pointer:
     ``dp_l = F + sum_j F - cumsum(F - G)`` (and the same with l and r swapped).
-    Only the two cumsums ``f`` are kept; ``g`` is rebuilt in backward.
+    Only the two cumsums ``f`` are kept; ``g`` is rebuilt in backward. With
+    ``expected``, the ``- p_l p_r`` term adds ``-dM p_r`` to ``dp_l`` and
+    ``-dM p_l`` to ``dp_r`` at the same key.
     """
 
     @staticmethod
-    def forward(ctx, left_pointer: Tensor, right_pointer: Tensor) -> Tensor:
-        mask, left_f, right_f = _token_window_mask(left_pointer, right_pointer)
+    def forward(ctx, left_pointer: Tensor, right_pointer: Tensor, expected: bool = False) -> Tensor:
+        mask, left_f, right_f = _token_window_mask(left_pointer, right_pointer, expected)
+        ctx.expected = expected
         ctx.save_for_backward(left_pointer, right_pointer, left_f, right_f)
         return mask
 
@@ -65,10 +78,12 @@ class _TokenWindowMask(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_mask: Tensor):
         left_pointer, right_pointer, left_f, right_f = ctx.saved_tensors
-        return (
-            _pointer_gradient(grad_mask, right_pointer, right_f),
-            _pointer_gradient(grad_mask, left_pointer, left_f),
-        )
+        left_grad = _pointer_gradient(grad_mask, right_pointer, right_f)
+        right_grad = _pointer_gradient(grad_mask, left_pointer, left_f)
+        if ctx.expected:
+            left_grad.addcmul_(grad_mask, right_pointer, value=-1)
+            right_grad.addcmul_(grad_mask, left_pointer, value=-1)
+        return left_grad, right_grad, None
 
 
 def _window_from_sums(left_sums: Tuple[Tensor, Tensor], right_sums: Tuple[Tensor, Tensor]) -> Tensor:
@@ -77,10 +92,16 @@ def _window_from_sums(left_sums: Tuple[Tensor, Tensor], right_sums: Tuple[Tensor
     return torch.addcmul(left_f * right_g, right_f, left_g)
 
 
-def _token_window_mask(left_pointer: Tensor, right_pointer: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-    """``(m, f_l, f_r)``: eq. 9 and the two cumulative sums its gradient needs."""
+def _token_window_mask(
+    left_pointer: Tensor, right_pointer: Tensor, expected: bool = False
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(m, f_l, f_r)``: eq. 9 (minus ``p_l p_r`` when ``expected``) and the two
+    cumulative sums its gradient needs."""
     left_sums, right_sums = _cumulative_sums(left_pointer), _cumulative_sums(right_pointer)
-    return _window_from_sums(left_sums, right_sums), left_sums[0], right_sums[0]
+    mask = _window_from_sums(left_sums, right_sums)
+    if expected:
+        mask.addcmul_(left_pointer, right_pointer, value=-1)  # a fresh tensor: E[1{min(l,r) <= j <= max(l,r)}]
+    return mask, left_sums[0], right_sums[0]
 
 
 def _pointer_gradient(grad_mask: Tensor, other_pointer: Tensor, other_f: Tensor) -> Tensor:
@@ -100,13 +121,16 @@ def key_segments(key_padding_mask: Optional[Tensor], src_len: int, segment_size:
     return (rank.clamp(min=0) // segment_size)[:, None, None, :]
 
 
-def _segment_cumulative_sums(pointer: Tensor, segments: Tensor, num_segments: int) -> Tuple[Tensor, Tensor]:
-    """(f, g) of eq. 11: cumulative sums over whole segments, read back per key."""
+def _segment_cumulative_sums(
+    pointer: Tensor, segments: Tensor, num_segments: int
+) -> Tuple[Tuple[Tensor, Tensor], Tensor]:
+    """((f, g), P) of eq. 11: cumulative sums over whole segments, and the
+    pointer's total mass P in each key's own segment, read back per key."""
     index = segments.expand_as(pointer)
     per_segment = pointer.new_zeros(pointer.shape[:-1] + (num_segments,))
     per_segment.scatter_add_(-1, index, pointer)
     rightward, leftward = _cumulative_sums(per_segment)
-    return rightward.gather(-1, index), leftward.gather(-1, index)
+    return (rightward.gather(-1, index), leftward.gather(-1, index)), per_segment.gather(-1, index)
 
 
 def window_mask(
@@ -119,14 +143,23 @@ def window_mask(
     key_padding_mask: Optional[Tensor] = None,
     causal: bool = False,
     query_offset: int = 0,
+    expected: bool = False,
 ) -> Tensor:
     """Soft window mask M ``[B, H, Tq, Tk]`` of eq. 9 (``segment_size=0``) or eq. 11
     (``segment_size=b>0``); float32 for half inputs. Not an attention op (no
-    values): it takes the positional conventions but no dropout or weights."""
+    values): it takes the positional conventions but no dropout or weights.
+
+    ``expected=True`` departs from eq. 9/11 as written (which count a key twice
+    where both pointers fall on it, so M reaches 2): it returns the paper's
+    stated m_hat = E[1{min(l, r) <= j <= max(l, r)}] in [0, 1], i.e. eq. 9 minus
+    ``p_l(j) p_r(j)``, or with segments eq. 11 minus ``P_l(seg(j)) P_r(seg(j))``
+    (each pointer's mass in key j's segment), = E[1{seg(min) <= seg(j) <= seg(max)}]."""
     check_attention_arguments(q_left, k_left, None, key_padding_mask, causal, query_offset)
     check_attention_arguments(q_right, k_right, None, key_padding_mask, causal, query_offset)
     if isinstance(segment_size, bool) or not isinstance(segment_size, int) or segment_size < 0:
         raise ValueError(f"segment_size must be an integer >= 0 (0: token-level eq. 9), got {segment_size!r}")
+    if not isinstance(expected, bool):
+        raise ValueError(f"expected must be a bool, got {expected!r}")
     tgt_len, src_len = q_left.size(2), k_left.size(2)
     # pointers, their cumulative sums and eq. 9's products stay in float32 for
     # half inputs: a float16 cumsum over Tk keys loses ~Tk ulps
@@ -137,14 +170,14 @@ def window_mask(
     if segment_size > 0:
         segments = key_segments(key_padding_mask, src_len, segment_size, q_left.device)
         num_segments = (src_len + segment_size - 1) // segment_size
-        return _window_from_sums(
-            _segment_cumulative_sums(left_pointer, segments, num_segments),
-            _segment_cumulative_sums(right_pointer, segments, num_segments),
-        )
+        left_sums, left_mass = _segment_cumulative_sums(left_pointer, segments, num_segments)
+        right_sums, right_mass = _segment_cumulative_sums(right_pointer, segments, num_segments)
+        mask = _window_from_sums(left_sums, right_sums)
+        return torch.addcmul(mask, left_mass, right_mass, value=-1) if expected else mask
     if torch.is_grad_enabled() and (left_pointer.requires_grad or right_pointer.requires_grad):
-        return _TokenWindowMask.apply(left_pointer, right_pointer)
+        return _TokenWindowMask.apply(left_pointer, right_pointer, expected)
     # generation calls this once per windowed layer and step: skip autograd's bookkeeping
-    return _token_window_mask(left_pointer, right_pointer)[0]
+    return _token_window_mask(left_pointer, right_pointer, expected)[0]
 
 
 def _check_window(mask: Tensor, q: Tensor, k: Tensor) -> None:

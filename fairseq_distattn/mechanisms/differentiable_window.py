@@ -18,6 +18,15 @@ class WindowOptions:
         type=int,
         metavar="B",
     )
+    # off by default: eq. 9 as written is the paper's equation, and trained checkpoints depend on it
+    window_expected_mask: bool = option(
+        False,
+        "--window-expected-mask",
+        "window-*: M = E[1{{min(l,r) <= j <= max(l,r)}}] = eq. 9 - p_l(j) p_r(j): the paper's stated m_hat in "
+        "[0, 1] (sec. 3.2), departing from eq. 9 as written, which counts a key twice where both pointers fall "
+        "on it (M up to 2); with segments, eq. 11 - P_l(seg j) P_r(seg j)",
+        action="store_true",
+    )
 
 
 PAPER = "Nguyen, Nguyen, Joty and Li 2020, *Differentiable Window for Dynamic Local Attention*"
@@ -55,10 +64,12 @@ class DifferentiableWindow(Mechanism):
         super().__init__(config)
         self.additive = config.name.startswith("window-aw")
         self.segment_size = config.options.window_segment_size if config.name.endswith("-seg") else 0
+        self.expected_mask = config.options.window_expected_mask
 
     def extra_repr(self) -> str:
         segments = f"segment_size={self.segment_size}" if self.segment_size else "token-level"
-        return f"{'AW' if self.additive else 'MW'}, {segments}"
+        expected = ", expected_mask=True (departs from eq. 9 as written)" if self.expected_mask else ""
+        return f"{'AW' if self.additive else 'MW'}, {segments}{expected}"
 
     def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
         mask = DF.window_mask(
@@ -70,6 +81,7 @@ class DifferentiableWindow(Mechanism):
             key_padding_mask=key_padding_mask,
             causal=causal,
             query_offset=query_offset,
+            expected=self.expected_mask,
         )
         shared = shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights)
         if self.additive:
