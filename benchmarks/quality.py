@@ -92,6 +92,12 @@ CONFIGS = {
         QualityConfig("window-dec-only", WINDOW_PAPER[2:4], True, "the window configuration's decoder MW@0-2 alone"),
         QualityConfig("window-cross-only", WINDOW_PAPER[4:], True, "the window configuration's cross AW-seg@0-2 alone"),
         QualityConfig(
+            "window-expected-mask",
+            (*WINDOW_PAPER, "--window-expected-mask"),
+            True,
+            "the window configuration with M = E[window indicator] in [0, 1] (departs from eq. 9: l = r counted once)",
+        ),
+        QualityConfig(
             "window-mw",
             (*both_self("window-mw"), "--cross-attention", "window-mw"),
             True,
