@@ -26,7 +26,16 @@ if __package__ in (None, ""):  # `python benchmarks/extrapolation.py`
     __package__ = "benchmarks"
 
 from benchmarks.common import REPO_ROOT  # noqa: E402
-from benchmarks.quality import CONFIGS, DEFAULT_WORK, log, mean_std, run, tool  # noqa: E402
+from benchmarks.quality import (  # noqa: E402
+    CONFIGS,
+    DEFAULT_WORK,
+    log,
+    mean_std,
+    run,
+    score_translation,
+    tool,
+    translation_args,
+)
 from benchmarks.readme_blocks import update_readme  # noqa: E402
 
 sys.path.insert(0, str(REPO_ROOT / "scripts" / "lib"))
@@ -94,17 +103,7 @@ def evaluate(model: Path, test_set: Path, out_dir: Path, env: Dict[str, str]) ->
     run(
         [
             tool("fairseq-generate"),
-            test_set / "data-bin",
-            "--user-dir",
-            "fairseq_distattn",
-            "--task",
-            "translation",
-            "--source-lang",
-            "en",
-            "--target-lang",
-            "de",
-            "--path",
-            model,
+            *translation_args(test_set / "data-bin", model),
             "--gen-subset",
             "test",
             "--beam",
@@ -125,31 +124,7 @@ def evaluate(model: Path, test_set: Path, out_dir: Path, env: Dict[str, str]) ->
         env,
         stdout_path=generated,
     )
-    run(
-        [
-            sys.executable,
-            REPO_ROOT / "scripts" / "evaluate.py",
-            "score",
-            generated,
-            "--source-lang",
-            "en",
-            "--target-lang",
-            "de",
-            "--segmentation",
-            "subword_nmt",
-            "--src-raw",
-            test_set / "test.raw.en",
-            "--ref-raw",
-            test_set / "test.raw.de",
-            "--ref-tok",
-            test_set / "test.tok.de",
-            "--output-dir",
-            out_dir,
-        ],
-        log_path,
-        env,
-    )
-    scores = json.loads((out_dir / "bleu.json").read_text(encoding="utf-8"))
+    scores = score_translation(generated, test_set / "test", out_dir, log_path, env)
     sources = mt_eval.read_text(test_set / "test.bpe.en")
     hyps_tok = mt_eval.read_text(out_dir / "hyp.tok.de")
     refs_tok = mt_eval.read_text(test_set / "test.tok.de")

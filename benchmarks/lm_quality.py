@@ -34,7 +34,6 @@ import functools
 import gzip
 import hashlib
 import json
-import logging
 import os
 import re
 import shlex
@@ -49,7 +48,16 @@ if __package__ in (None, ""):  # `python benchmarks/lm_quality.py`
     __package__ = "benchmarks"
 
 from benchmarks.common import REPO_ROOT, cpu_model, git_revision, without_machine_paths  # noqa: E402
-from benchmarks.quality import load_runs, log, mean_std, run, tool, training_wall_seconds  # noqa: E402
+from benchmarks.quality import (  # noqa: E402
+    load_runs,
+    log,
+    mean_std,
+    optimizer_args,
+    plot_curves,
+    run,
+    tool,
+    training_wall_seconds,
+)
 from benchmarks.readme_blocks import update_readme  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "lm_quality"
@@ -248,22 +256,9 @@ def train_args(config: LMConfig, scale: Dict, seed: int, data_bin: Path, save_di
         MAX_POSITIONS,
         "--criterion",
         "cross_entropy",
-        "--optimizer",
-        "adam",
-        "--adam-betas",
-        "(0.9, 0.98)",
+        *optimizer_args(updates),
         "--weight-decay",
         "0.01",
-        "--clip-norm",
-        "1.0",
-        "--lr",
-        "1e-3",
-        "--lr-scheduler",
-        "inverse_sqrt",
-        "--warmup-updates",
-        max(1, min(updates // 4, 400)),
-        "--warmup-init-lr",
-        "1e-7",
         "--max-tokens",
         scale["max_tokens"],
         "--max-update",
@@ -470,39 +465,17 @@ def report(out: Path) -> str:
     out.mkdir(parents=True, exist_ok=True)
     (out / "lm_quality.md").write_text(markdown, encoding="utf-8")
     if runs:
-        plot_curves(by_config, order, out / "valid_loss.png")
+        plot_curves(
+            by_config,
+            order,
+            out / "valid_loss.png",
+            ylabel="dev loss (cross-entropy, bits per token)",
+            title="WikiText-2 LM dev loss, one line per seed (dashed: fairseq baselines)",
+            dashed=lambda name, record: record["baseline"] == name,
+        )
     if out.resolve() == DEFAULT_OUT.resolve():
         update_readme(out / "lm_quality.md")
     return markdown
-
-
-def plot_curves(by_config: Dict[str, List[Dict]], order: Sequence[str], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # importing fairseq_distattn may log at DEBUG
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(8, 5))
-    for index, name in enumerate(order):
-        for number, record in enumerate(by_config[name]):
-            curve = record["valid_curve"]
-            axes.plot(
-                [p["updates"] for p in curve],
-                [p["loss"] for p in curve],
-                color=f"C{index % 10}",
-                linestyle="--" if record["baseline"] == name else "-",
-                label=name if number == 0 else None,
-                alpha=0.8,
-                linewidth=1,
-            )
-    axes.set_xlabel("updates")
-    axes.set_ylabel("dev loss (cross-entropy, bits per token)")
-    axes.set_title("WikiText-2 LM dev loss, one line per seed (dashed: fairseq baselines)")
-    axes.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
 
 
 # -------------------------------------------------------------------- main

@@ -30,7 +30,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 if __package__ in (None, ""):  # `python benchmarks/quality.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -184,6 +184,74 @@ def run(cmd: Sequence, log_path: Path, env: Dict[str, str], stdout_path: Optiona
         raise RuntimeError(f"{cmd[0]} failed (exit {proc.returncode}); end of {log_path}:\n{tail}")
 
 
+def translation_args(data_bin: Path, model: Optional[Path] = None) -> List[object]:
+    """The data, plugin and language-pair arguments every fairseq tool of the
+    En-De recipe takes (and ``--path`` for the tools that load a model)."""
+    args: List[object] = [
+        data_bin,
+        "--user-dir",
+        "fairseq_distattn",
+        "--task",
+        "translation",
+        "--source-lang",
+        "en",
+        "--target-lang",
+        "de",
+    ]
+    return args + (["--path", model] if model is not None else [])
+
+
+def optimizer_args(updates: int) -> List[object]:
+    """The optimiser and schedule of every quality recipe (translation and LM):
+    Adam, inverse square root with a warm-up of a quarter of the run, at most 400."""
+    return [
+        "--optimizer",
+        "adam",
+        "--adam-betas",
+        "(0.9, 0.98)",
+        "--clip-norm",
+        "1.0",
+        "--lr",
+        "1e-3",
+        "--lr-scheduler",
+        "inverse_sqrt",
+        "--warmup-updates",
+        max(1, min(updates // 4, 400)),
+        "--warmup-init-lr",
+        "1e-7",
+    ]
+
+
+def score_translation(generated: Path, test_prefix: Path, out_dir: Path, log_path: Path, env: Dict[str, str]) -> Dict:
+    """Score fairseq-generate output against ``{test_prefix}.raw.de`` with
+    ``scripts/evaluate.py`` (tokenised BLEU and sacreBLEU); returns its bleu.json."""
+    run(
+        [
+            sys.executable,
+            REPO_ROOT / "scripts" / "evaluate.py",
+            "score",
+            generated,
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+            "--segmentation",
+            "subword_nmt",
+            "--src-raw",
+            f"{test_prefix}.raw.en",
+            "--ref-raw",
+            f"{test_prefix}.raw.de",
+            "--ref-tok",
+            f"{test_prefix}.tok.de",
+            "--output-dir",
+            out_dir,
+        ],
+        log_path,
+        env,
+    )
+    return json.loads((out_dir / "bleu.json").read_text(encoding="utf-8"))
+
+
 def prepare(data: Path, work: Path, merges: int, env: Dict[str, str]) -> Tuple[Path, Path]:
     """The quickstart's steps 1-3 (sacremoses, joint BPE, fairseq-preprocess) into ``work``."""
     env = {
@@ -245,15 +313,7 @@ def train_run(
     run(
         [
             tool("fairseq-train"),
-            data_bin,
-            "--user-dir",
-            "fairseq_distattn",
-            "--task",
-            "translation",
-            "--source-lang",
-            "en",
-            "--target-lang",
-            "de",
+            *translation_args(data_bin),
             *config.arch_args(),
             "--encoder-layers",
             scale["layers"],
@@ -278,20 +338,7 @@ def train_run(
             "label_smoothed_cross_entropy",
             "--label-smoothing",
             "0.1",
-            "--optimizer",
-            "adam",
-            "--adam-betas",
-            "(0.9, 0.98)",
-            "--clip-norm",
-            "1.0",
-            "--lr",
-            "1e-3",
-            "--lr-scheduler",
-            "inverse_sqrt",
-            "--warmup-updates",
-            max(1, min(updates // 4, 400)),
-            "--warmup-init-lr",
-            "1e-7",
+            *optimizer_args(updates),
             "--max-tokens",
             scale["max_tokens"],
             "--max-update",
@@ -343,17 +390,7 @@ def train_run(
     run(
         [
             tool("fairseq-generate"),
-            data_bin,
-            "--user-dir",
-            "fairseq_distattn",
-            "--task",
-            "translation",
-            "--source-lang",
-            "en",
-            "--target-lang",
-            "de",
-            "--path",
-            averaged,
+            *translation_args(data_bin, averaged),
             "--gen-subset",
             "test",
             "--beam",
@@ -370,45 +407,11 @@ def train_run(
         env,
         stdout_path=generated,
     )
-    run(
-        [
-            sys.executable,
-            REPO_ROOT / "scripts" / "evaluate.py",
-            "score",
-            generated,
-            "--source-lang",
-            "en",
-            "--target-lang",
-            "de",
-            "--segmentation",
-            "subword_nmt",
-            "--src-raw",
-            prep / "test.raw.en",
-            "--ref-raw",
-            prep / "test.raw.de",
-            "--ref-tok",
-            prep / "test.tok.de",
-            "--output-dir",
-            run_dir / "eval",
-        ],
-        eval_log,
-        env,
-    )
-    bleu = json.loads((run_dir / "eval" / "bleu.json").read_text(encoding="utf-8"))
+    bleu = score_translation(generated, prep / "test", run_dir / "eval", eval_log, env)
     run(
         [
             tool("fairseq-validate"),
-            data_bin,
-            "--user-dir",
-            "fairseq_distattn",
-            "--task",
-            "translation",
-            "--source-lang",
-            "en",
-            "--target-lang",
-            "de",
-            "--path",
-            averaged,
+            *translation_args(data_bin, averaged),
             "--valid-subset",
             "valid",
             "--max-tokens",
@@ -590,28 +593,41 @@ def movement_table(by_config: Dict[str, List[Dict]], order: Sequence[str]) -> Li
     ]
 
 
-def plot_curves(by_config: Dict[str, List[Dict]], order: Sequence[str], path: Path) -> None:
+def plot_curves(
+    by_config: Dict[str, List[Dict]],
+    order: Sequence[str],
+    path: Path,
+    *,
+    ylabel: str = "validation loss (label-smoothed, base 2)",
+    title: str = "Multi30k En-De validation loss, one line per seed",
+    dashed: Callable[[str, Dict], bool] = lambda name, record: False,
+) -> None:
+    """One line per run's validation curve, one colour per config (shared by the
+    translation and LM harnesses; ``dashed`` marks baselines)."""
+    import logging
+
     import matplotlib
 
     matplotlib.use("Agg")
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # importing fairseq_distattn may log at DEBUG
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(8, 5))
     for index, name in enumerate(order):
-        color = f"C{index % 10}"
         for number, record in enumerate(by_config[name]):
             curve = record["valid_curve"]
             axes.plot(
                 [p["updates"] for p in curve],
                 [p["loss"] for p in curve],
-                color=color,
+                color=f"C{index % 10}",
+                linestyle="--" if dashed(name, record) else "-",
                 label=name if number == 0 else None,
                 alpha=0.8,
                 linewidth=1,
             )
     axes.set_xlabel("updates")
-    axes.set_ylabel("validation loss (label-smoothed, base 2)")
-    axes.set_title("Multi30k En-De validation loss, one line per seed")
+    axes.set_ylabel(ylabel)
+    axes.set_title(title)
     axes.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
