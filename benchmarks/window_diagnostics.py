@@ -73,6 +73,17 @@ NEAR = 0.05
 CONSISTENT_LOGITS = 1e-3
 # the consistency checks' batch: enough sentences of different lengths for real padding
 CHECK_SENTENCES = 16
+# the issue's closing table, in this order: vanilla, the paper's configuration,
+# the named departure from eq. 9, each kind alone, and MW everywhere
+WINDOW_CONFIGS = (
+    "vanilla",
+    "window",
+    "window-expected-mask",
+    "window-enc-only",
+    "window-dec-only",
+    "window-cross-only",
+    "window-mw",
+)
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -509,23 +520,87 @@ def window_layer_share(model) -> Dict[str, Tuple[int, int]]:
 
 
 def quality_context(runs: Path) -> Optional[Dict[str, object]]:
-    """The quality grid's BLEU and valid perplexity of vanilla and window (its committed run files)."""
+    """BLEU, sacreBLEU and valid perplexity per seed of vanilla and the window
+    configurations of :data:`WINDOW_CONFIGS` (the quality grid's committed run
+    files); None until vanilla and window both have runs."""
     if not runs.is_dir():
         return None
     by_config: Dict[str, List[Dict]] = {}
     for path in sorted(runs.glob("*.json")):
         record = json.loads(path.read_text(encoding="utf-8"))
-        if record.get("config") in ("vanilla", "window"):
+        if record.get("config") in WINDOW_CONFIGS:
             by_config.setdefault(record["config"], []).append(record)
-    if set(by_config) != {"vanilla", "window"}:
+    if not {"vanilla", "window"} <= set(by_config):
         return None
     return {
         name: [
-            {"seed": r["seed"], "bleu": r["tokenized_bleu_compound_split"], "valid_ppl": r["valid_ppl_averaged"]}
-            for r in sorted(records, key=lambda r: r["seed"])
+            {
+                "seed": r["seed"],
+                "bleu": r["tokenized_bleu_compound_split"],
+                "sacrebleu": r["sacrebleu"],
+                "valid_ppl": r["valid_ppl_averaged"],
+                "note": r.get("note", ""),
+            }
+            for r in sorted(by_config[name], key=lambda r: r["seed"])
         ]
-        for name, records in by_config.items()
+        for name in WINDOW_CONFIGS
+        if name in by_config
     }
+
+
+def _mean_std(values: Sequence[float], digits: int = 2) -> str:
+    """``mean +- sample std`` (a single value alone)."""
+    if len(values) == 1:
+        return _f(values[0], digits)
+    return f"{statistics.fmean(values):.{digits}f} +- {statistics.stdev(values):.{digits}f}"
+
+
+def quality_table(quality: Dict[str, List[Dict]]) -> List[str]:
+    """The issue's closing table: BLEU over seeds for vanilla, the paper's window
+    configuration, the named departure and each single-kind ablation."""
+    vanilla = statistics.fmean(r["bleu"] for r in quality["vanilla"])
+    vanilla_sacre = statistics.fmean(r["sacrebleu"] for r in quality["vanilla"] if "sacrebleu" in r)
+    rows = []
+    for name, records in quality.items():
+        bleu = [r["bleu"] for r in records]
+        sacre = [r["sacrebleu"] for r in records if "sacrebleu" in r]
+        rows.append(
+            [
+                name,
+                f"{len(records)} ({','.join(str(r['seed']) for r in records)})",
+                _mean_std(bleu),
+                "-" if name == "vanilla" else f"{statistics.fmean(bleu) - vanilla:+.2f}",
+                _mean_std(sacre) if sacre else "-",
+                "-" if name == "vanilla" or not sacre else f"{statistics.fmean(sacre) - vanilla_sacre:+.2f}",
+                _mean_std([r["valid_ppl"] for r in records]),
+                records[0].get("note", "").replace("|", "\\|"),
+            ]
+        )
+    missing = [name for name in WINDOW_CONFIGS if name not in quality]
+    return [
+        "## BLEU of the window configurations (the quality grid's runs)",
+        "",
+        "`python -m benchmarks.quality` (2000 updates, 3+3 layers x 256, average of the last 5 checkpoints, "
+        "beam 5, test_2016_flickr); mean +- sample std over seeds. `window-expected-mask` is the named "
+        "departure `--window-expected-mask` (M in [0, 1]); the `-only` rows keep one of the window "
+        "configuration's three kinds and leave the others vanilla.",
+        "",
+        *_table(
+            [
+                "config",
+                "runs (seeds)",
+                "BLEU tok+compound",
+                "delta vs vanilla",
+                "sacreBLEU",
+                "delta vs vanilla",
+                "valid ppl",
+                "what",
+            ],
+            rows,
+        ),
+        "",
+        *([f"Not run yet: {', '.join(missing)}.", ""] if missing else []),
+    ]
 
 
 def _sites(results: Dict, model: str, state: str) -> List[Dict]:
@@ -565,10 +640,10 @@ def findings(results: Dict) -> List[str]:
         spread = statistics.stdev(vanilla_bleu) if len(vanilla_bleu) > 1 else 0.0
         gap = statistics.fmean(window_bleu) - statistics.fmean(vanilla_bleu)
         lines.append(
-            f"**Is window worse?** Window scores BLEU {', '.join(_f(b, 2) for b in window_bleu)} "
-            f"(seed {', '.join(str(r['seed']) for r in quality['window'])}) against vanilla "
-            f"{statistics.fmean(vanilla_bleu):.2f} +- {spread:.2f} over {len(vanilla_bleu)} seeds "
-            f"({', '.join(_f(b, 2) for b in vanilla_bleu)}): a difference of {gap:+.2f}, "
+            f"**Is window worse?** Window scores BLEU {_mean_std(window_bleu)} over {len(window_bleu)} "
+            f"seed(s) ({', '.join(_f(b, 2) for b in window_bleu)}) against vanilla {_mean_std(vanilla_bleu)} "
+            f"over {len(vanilla_bleu)} seeds ({', '.join(_f(b, 2) for b in vanilla_bleu)}): a difference of "
+            f"{gap:+.2f}, "
             + (
                 "within one vanilla seed std, so on these numbers it does not train worse; the issue's gap was one "
                 "vanilla seed against one window seed."
@@ -780,6 +855,7 @@ def markdown(results: Dict) -> str:
         "## Findings",
         "",
         *[line + "\n" for line in findings(results)],
+        *(quality_table(results["quality"]) if results.get("quality") else []),
         "## 1. Attention entropy (nats)",
         "",
         "MW rows (softmax * M) are renormalised for the entropy; log n is the uniform row's entropy.",
@@ -1084,6 +1160,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.getLogger().setLevel(logging.WARNING)
     if args.report:
         results = json.loads((args.out / "window_diagnostics.json").read_text(encoding="utf-8"))
+        # the BLEU context follows the quality runs committed since the measurement
+        quality = quality_context(args.quality_runs) if "quality" in results else None
+        if quality is not None:
+            results["quality"] = quality
     else:
         results = run(args)
     written = write(results, args.out)

@@ -6,6 +6,7 @@ projections."""
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -178,3 +179,52 @@ def test_results_name_paths_relative_to_the_repository():
     assert wd.shown(args.data) == "work/quality/data-6000/data-bin"
     with pytest.raises(SystemExit):
         wd.parse_args(["--sentences", "0"])
+
+
+def _quality_run(runs, config, seed, bleu, sacrebleu, ppl):
+    record = {
+        "config": config,
+        "seed": seed,
+        "note": f"{config} | note",
+        "tokenized_bleu_compound_split": bleu,
+        "sacrebleu": sacrebleu,
+        "valid_ppl_averaged": ppl,
+    }
+    (runs / f"{config}-seed{seed}.json").write_text(json.dumps(record), encoding="utf-8")
+
+
+def test_quality_table_reports_mean_std_and_delta_over_seeds(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    assert wd.quality_context(runs) is None  # no vanilla and window yet
+    _quality_run(runs, "vanilla", 1, 36.0, 35.0, 6.5)
+    _quality_run(runs, "vanilla", 2, 38.0, 37.0, 6.7)
+    _quality_run(runs, "window", 1, 35.0, 34.5, 6.9)
+    _quality_run(runs, "window-dec-only", 2, 37.5, 36.5, 6.4)
+    _quality_run(runs, "rpr", 1, 40.0, 40.0, 6.0)  # not a window configuration
+    quality = wd.quality_context(runs)
+    assert list(quality) == ["vanilla", "window", "window-dec-only"]
+    table = "\n".join(wd.quality_table(quality))
+    # vanilla mean 37.00, sample std sqrt(2) = 1.41; window 35.00 - 37.00 = -2.00; sacreBLEU 34.50 - 36.00
+    assert "| vanilla | 2 (1,2) | 37.00 +- 1.41 | - | 36.00 +- 1.41 | - | 6.60 +- 0.14 |" in table
+    assert "| window | 1 (1) | 35.00 | -2.00 | 34.50 | -1.50 | 6.90 |" in table
+    assert "| window-dec-only | 1 (2) | 37.50 | +0.50 | 36.50 | +0.50 | 6.40 |" in table
+    assert "window-dec-only \\| note" in table and "rpr" not in table
+    assert "Not run yet: window-expected-mask, window-enc-only, window-cross-only, window-mw." in table
+
+
+def test_report_refreshes_the_bleu_context_from_new_runs(tiny, tmp_path):
+    shared_out, results = tiny
+    out = tmp_path / "out"  # the fixture's directory stays as the other tests read it
+    shutil.copytree(shared_out, out)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    _quality_run(runs, "vanilla", 1, 36.0, 35.0, 6.5)
+    _quality_run(runs, "window", 1, 35.0, 34.5, 6.9)
+    with_quality = dict(results, quality=wd.quality_context(runs))
+    (out / "window_diagnostics.json").write_text(json.dumps(with_quality), encoding="utf-8")
+    _quality_run(runs, "window", 2, 37.0, 36.5, 6.5)  # a seed lands after the measurement
+    assert wd.main(["--report", "--out", str(out), "--quality-runs", str(runs)]) == 0
+    text = (out / "window_diagnostics.md").read_text(encoding="utf-8")
+    assert "| window | 2 (1,2) | 36.00 +- 1.41 | +0.00 |" in text
+    assert "Window scores BLEU 36.00 +- 1.41 over 2 seed(s)" in text
