@@ -24,7 +24,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .masking import absolute_distance, attend, check_attention_arguments, logit_dtype, position_tensor
+from .flex import OffsetTable, offsets
+from .masking import attend, check_attention_arguments, logit_dtype, position_tensor
 
 
 @lru_cache(maxsize=64)
@@ -44,11 +45,26 @@ def alibi_slopes(num_heads: int) -> Tuple[float, ...]:
 
 
 @position_tensor
+def _paper_slope_values(tgt_len: int, src_len: int, num_heads: int, query_offset: int, device, dtype) -> Tensor:
+    slopes = torch.tensor(alibi_slopes(num_heads), dtype=torch.float64, device=device)
+    distance = offsets(tgt_len, src_len, query_offset, device, torch.float64).abs_()
+    return (slopes[:, None] * distance).neg_().to(dtype)
+
+
+def alibi_table(
+    tgt_len: int, src_len: int, num_heads: int, query_offset: int, device, dtype, slopes: Optional[Tensor] = None
+) -> OffsetTable:
+    """``-m_h |i - j|`` per head and key offset (:class:`OffsetTable`): with the
+    paper's slopes formed in float64, else with ``slopes`` ``[H]`` in ``dtype``."""
+    if slopes is None:
+        return OffsetTable(_paper_slope_values(tgt_len, src_len, num_heads, query_offset, device, dtype), tgt_len)
+    distance = offsets(tgt_len, src_len, query_offset, device, dtype).abs_()
+    return OffsetTable(-(slopes.to(dtype)[:, None] * distance), tgt_len)
+
+
 def alibi_bias(tgt_len: int, src_len: int, num_heads: int, query_offset: int, device, dtype) -> Tensor:
     """``-m_h |i - j|`` as ``[H, Tq, Tk]`` in ``dtype`` (formed in float64) with the paper's slopes."""
-    slopes = torch.tensor(alibi_slopes(num_heads), dtype=torch.float64, device=device)
-    distance = absolute_distance(tgt_len, src_len, query_offset, device, torch.float64)
-    return (slopes[:, None, None] * distance).neg_().to(dtype)
+    return alibi_table(tgt_len, src_len, num_heads, query_offset, device, dtype).dense()
 
 
 def alibi_attention(
@@ -69,22 +85,17 @@ def alibi_attention(
     the bias runs fused with ``need_weights=False`` (``probs`` None)."""
     check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
     tgt_len, src_len, heads = q.size(2), k.size(2), q.size(1)
-    compute = logit_dtype(q.dtype)
-    if slopes is None:
-        bias = alibi_bias(tgt_len, src_len, heads, query_offset, q.device, compute)
-    else:
-        if not isinstance(slopes, Tensor) or tuple(slopes.shape) != (heads,):
-            raise ValueError(
-                f"slopes must be [H] = ({heads},), one per head, got "
-                f"{tuple(slopes.shape) if isinstance(slopes, Tensor) else repr(slopes)}"
-            )
-        distance = absolute_distance(tgt_len, src_len, query_offset, q.device, compute)
-        bias = -(slopes.to(compute)[:, None, None] * distance)
+    if slopes is not None and (not isinstance(slopes, Tensor) or tuple(slopes.shape) != (heads,)):
+        raise ValueError(
+            f"slopes must be [H] = ({heads},), one per head, got "
+            f"{tuple(slopes.shape) if isinstance(slopes, Tensor) else repr(slopes)}"
+        )
+    table = alibi_table(tgt_len, src_len, heads, query_offset, q.device, logit_dtype(q.dtype), slopes)
     return attend(
         q,
         k,
         v,
-        bias=bias,
+        offset_table=table,
         key_padding_mask=key_padding_mask,
         causal=causal,
         query_offset=query_offset,

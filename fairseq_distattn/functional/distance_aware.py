@@ -37,7 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .masking import absolute_distance, attend, check_attention_arguments, logit_dtype
+from .flex import OffsetTable, offsets
+from .masking import attend, check_attention_arguments, logit_dtype
 
 DA_MAPPINGS = ("learnable-sigmoid", "sigmoid", "exponent", "linear", "clip")
 DA_ADJUSTINGS = ("early-multiply", "early-add", "late-multiply", "late-add")
@@ -106,6 +107,27 @@ def map_weighted_distance(
     raise ValueError(f"mapping must be one of {', '.join(DA_MAPPINGS)}, got {mapping!r}")
 
 
+def distance_coefficient_table(
+    distance_weight: Tensor,
+    sharpness: Optional[Tensor],
+    tgt_len: int,
+    src_len: int,
+    query_offset: int,
+    mapping: str = "learnable-sigmoid",
+    linear_slope: Optional[Tensor] = None,
+    linear_intercept: Optional[Tensor] = None,
+    clip_threshold: Optional[float] = None,
+    combine: str = "add",
+) -> OffsetTable:
+    """The coefficients of :func:`distance_coefficients` once per head and key
+    offset (:class:`OffsetTable`), applied by ``combine``."""
+    check_mapping_arguments(mapping, distance_weight.size(0), sharpness, linear_slope, linear_intercept, clip_threshold)
+    distance = offsets(tgt_len, src_len, query_offset, distance_weight.device, distance_weight.dtype).abs_()
+    weighted = distance_weight[:, None, None] * distance  # [H, 1, Tq + Tk - 1]
+    mapped = map_weighted_distance(weighted, mapping, sharpness, linear_slope, linear_intercept, clip_threshold)
+    return OffsetTable(mapped[:, 0], tgt_len, combine)
+
+
 def distance_coefficients(
     distance_weight: Tensor,
     sharpness: Optional[Tensor],
@@ -119,10 +141,17 @@ def distance_coefficients(
 ) -> Tensor:
     """Re-scaled coefficients f(w_h |i-j|) as ``[H, Tq, Tk]``: eq. (5) by default,
     or the sec. 4.3 ``mapping``; ``sharpness`` is v of eq. (5) (None for the others)."""
-    check_mapping_arguments(mapping, distance_weight.size(0), sharpness, linear_slope, linear_intercept, clip_threshold)
-    distance = absolute_distance(tgt_len, src_len, query_offset, distance_weight.device, distance_weight.dtype)
-    weighted = distance_weight[:, None, None] * distance
-    return map_weighted_distance(weighted, mapping, sharpness, linear_slope, linear_intercept, clip_threshold)
+    return distance_coefficient_table(
+        distance_weight,
+        sharpness,
+        tgt_len,
+        src_len,
+        query_offset,
+        mapping,
+        linear_slope,
+        linear_intercept,
+        clip_threshold,
+    ).dense()
 
 
 def _zero_unseen(weights: Tensor, mask: Optional[Tensor], hidden: Optional[Tensor]) -> Tensor:
@@ -171,7 +200,7 @@ def distance_aware_attention(
     # ReLU(QK^T) x f reaches (1 + e^v) times the largest logit: formed in float32 for half inputs
     compute = logit_dtype(q.dtype)
     per_head = [None if p is None else p.to(compute) for p in (sharpness, linear_slope, linear_intercept)]
-    coefficients = distance_coefficients(
+    table = distance_coefficient_table(
         distance_weight.to(compute),
         per_head[0],
         tgt_len,
@@ -181,6 +210,8 @@ def distance_aware_attention(
         per_head[1],
         per_head[2],
         clip_threshold,
+        # eq. 6 ReLU(QK^T) * f / sqrt(d): ReLU commutes with the positive 1/sqrt(d)
+        combine="relu-multiply" if adjusting == "early-multiply" else "add",
     )
     shared = dict(
         key_padding_mask=key_padding_mask,
@@ -189,11 +220,9 @@ def distance_aware_attention(
         dropout_p=dropout_p,
         need_weights=need_weights,
     )
-    if adjusting == "early-multiply":
-        # eq. 6; ReLU commutes with the positive 1/sqrt(d)
-        return attend(q, k, v, score_mod=lambda scores: torch.relu(scores) * coefficients, **shared)
-    if adjusting == "early-add":
-        return attend(q, k, v, bias=coefficients, **shared)  # softmax(S + R^)
+    if adjusting in ("early-multiply", "early-add"):  # early-add: softmax(S + R^)
+        return attend(q, k, v, offset_table=table, **shared)
+    coefficients = table.dense()
 
     def adjust(weights: Tensor, mask: Optional[Tensor], hidden: Optional[Tensor]) -> Tensor:
         adjusted = weights + coefficients if adjusting == "late-add" else weights * coefficients

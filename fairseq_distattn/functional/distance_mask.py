@@ -15,8 +15,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from .flex import OffsetTable, offsets
 from .masking import (
-    absolute_distance,
     attend,
     check_attention_arguments,
     logit_dtype,
@@ -28,14 +28,20 @@ DIRECTIONS = (None, "forward", "backward")
 
 
 @position_tensor
-def distance_mask_bias(tgt_len: int, src_len: int, alpha: float, query_offset: int, device, dtype) -> Tensor:
-    """``alpha * M_dis`` = ``-alpha |i - j|`` as ``[Tq, Tk]``, floored at a finite
-    value: with a huge alpha, ``alpha |i - j|`` overflows to inf, and a query
-    whose own position is padding would then see only -inf keys (NaN).
-    ``alpha`` multiplies in float64, so 0 x alpha on the diagonal is 0."""
-    distance = absolute_distance(tgt_len, src_len, query_offset, device, torch.float64)
+def distance_mask_table(tgt_len: int, src_len: int, alpha: float, query_offset: int, device, dtype) -> OffsetTable:
+    """``alpha * M_dis`` = ``-alpha |i - j|`` per key offset (:class:`OffsetTable`,
+    one row shared by the heads), floored at a finite value: with a huge alpha,
+    ``alpha |i - j|`` overflows to inf, and a query whose own position is
+    padding would then see only -inf keys (NaN). ``alpha`` multiplies in
+    float64, so 0 x alpha on the diagonal is 0."""
+    distance = offsets(tgt_len, src_len, query_offset, device, torch.float64).abs_()
     floor = torch.finfo(dtype).max / 2
-    return (distance * (-alpha)).clamp_(min=-floor).to(dtype)
+    return OffsetTable((distance * (-alpha)).clamp_(min=-floor).to(dtype)[None], tgt_len)
+
+
+def distance_mask_bias(tgt_len: int, src_len: int, alpha: float, query_offset: int, device, dtype) -> Tensor:
+    """``-alpha |i - j|`` as ``[Tq, Tk]`` (see :func:`distance_mask_table`)."""
+    return distance_mask_table(tgt_len, src_len, alpha, query_offset, device, dtype).dense()[0]
 
 
 @position_tensor
@@ -68,12 +74,12 @@ def distance_mask_attention(
     tgt_len, src_len = q.size(2), k.size(2)
     # the whole mechanism is one small [Tq, Tk] bias and M_dir, a visibility the core masks with
     allowed = None if direction is None else directional_visibility(tgt_len, src_len, direction, query_offset, q.device)
-    bias = distance_mask_bias(tgt_len, src_len, float(alpha), query_offset, q.device, logit_dtype(q.dtype))
+    table = distance_mask_table(tgt_len, src_len, float(alpha), query_offset, q.device, logit_dtype(q.dtype))
     return attend(
         q,
         k,
         v,
-        bias=bias,
+        offset_table=table,
         allowed=allowed,
         key_padding_mask=key_padding_mask,
         causal=causal,

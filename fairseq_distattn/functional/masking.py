@@ -26,6 +26,8 @@ from typing import Callable, Optional, Tuple
 import torch
 from torch import Tensor
 
+from .flex import OffsetTable, flex_applies, flex_attend
+
 # Position tensors depend only on sizes, offsets, device and dtype; generation
 # asks for the same ones in every layer at every step. Small ones are kept.
 MAX_CACHED_ELEMENTS = 2**14
@@ -295,6 +297,7 @@ def attend(
     *,
     bias: Optional[Tensor] = None,
     score_mod: Optional[ScoreMod] = None,
+    offset_table: Optional[OffsetTable] = None,
     weight_mod: Optional[WeightMod] = None,
     value_term: Optional[ValueTerm] = None,
     allowed: Optional[Tensor] = None,
@@ -309,10 +312,27 @@ def attend(
     visible keys (see :func:`attention_weights`) and ``out = dropout(probs) v
     + value_term(dropout(probs))``; ``probs`` is None unless ``need_weights``.
 
-    A mechanism that is only an additive ``bias`` (and ``allowed``) runs fused
+    ``offset_table`` is a bias or a score modification that depends only on the
+    head and ``j - i`` (:class:`flex.OffsetTable`), given instead of ``bias`` or
+    ``score_mod``: where :func:`flex.flex_applies` it runs in flex_attention,
+    elsewhere it becomes that ``bias`` or ``score_mod``. A mechanism that is
+    only an additive bias (and ``allowed``) otherwise runs fused
     (:func:`fused_attention`) when the weights are not needed. Unchecked: the
     public ops check their arguments first."""
     tgt_len, src_len = q.size(2), k.size(2)
+    if offset_table is not None:
+        if (
+            weight_mod is None
+            and value_term is None
+            and flex_applies(q, need_weights=need_weights, dropout_p=dropout_p, query_offset=query_offset)
+        ):
+            out = flex_attend(q, k, v, offset_table, allowed=allowed, key_padding_mask=key_padding_mask, causal=causal)
+            return out, None
+        dense = offset_table.dense()
+        if offset_table.combine == "add":
+            bias = dense
+        else:
+            score_mod = functools.partial(_relu_multiply, coefficients=dense)
     if not need_weights and score_mod is None and weight_mod is None and value_term is None:
         if (
             bias is None
@@ -344,6 +364,10 @@ def attend(
     if value_term is not None:
         out = out + value_term(attended)
     return out, probs if need_weights else None
+
+
+def _relu_multiply(scores: Tensor, coefficients: Tensor) -> Tensor:
+    return torch.relu(scores) * coefficients
 
 
 def half_range_bias(bias: Tensor, mask: Optional[Tensor], dtype: torch.dtype) -> Tensor:

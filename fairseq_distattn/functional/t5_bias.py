@@ -28,7 +28,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .masking import attend, check_attention_arguments, logit_dtype, position_tensor, relative_distance
+from .flex import OffsetTable, offsets
+from .masking import attend, check_attention_arguments, logit_dtype
 
 NUM_BUCKETS = 32
 MAX_DISTANCE = 128
@@ -64,16 +65,6 @@ def relative_position_bucket_table(num_buckets: int, max_distance: int, bidirect
     return tuple(table)
 
 
-@position_tensor
-def relative_position_buckets(
-    tgt_len: int, src_len: int, num_buckets: int, max_distance: int, bidirectional: bool, query_offset: int, device
-) -> Tensor:
-    """``[Tq, Tk]`` long bucket of ``j - (query_offset + i)``."""
-    lookup = torch.tensor(relative_position_bucket_table(num_buckets, max_distance, bidirectional), device=device)
-    distance = relative_distance(tgt_len, src_len, query_offset, device)
-    return lookup[distance.clamp(-max_distance, max_distance) + max_distance]
-
-
 def check_bucket_arguments(num_buckets, max_distance, bidirectional: bool) -> None:
     smallest = 4 if bidirectional else 2
     if isinstance(num_buckets, bool) or not isinstance(num_buckets, int) or num_buckets < smallest:
@@ -86,6 +77,25 @@ def check_bucket_arguments(num_buckets, max_distance, bidirectional: bool) -> No
         )
 
 
+def t5_relative_table(
+    table: Tensor,
+    tgt_len: int,
+    src_len: int,
+    max_distance: int,
+    bidirectional: bool,
+    query_offset: int = 0,
+    dtype: Optional[torch.dtype] = None,
+) -> OffsetTable:
+    """``b_h(bucket(j - i))`` per head and key offset (:class:`OffsetTable`) from
+    the ``[buckets, H]`` ``table`` (unchecked)."""
+    lookup = torch.tensor(
+        relative_position_bucket_table(table.size(0), max_distance, bidirectional), device=table.device
+    )
+    relative = offsets(tgt_len, src_len, query_offset, table.device)
+    buckets = lookup[relative.clamp(-max_distance, max_distance) + max_distance]
+    return OffsetTable(table.to(dtype or table.dtype).t()[:, buckets], tgt_len)
+
+
 def t5_relative_bias(
     table: Tensor,
     tgt_len: int,
@@ -96,10 +106,7 @@ def t5_relative_bias(
     dtype: Optional[torch.dtype] = None,
 ) -> Tensor:
     """``b_h(bucket(j - i))`` as ``[H, Tq, Tk]`` from the ``[buckets, H]`` table (unchecked)."""
-    buckets = relative_position_buckets(
-        tgt_len, src_len, table.size(0), max_distance, bidirectional, query_offset, table.device
-    )
-    return table.to(dtype or table.dtype).t()[:, buckets]
+    return t5_relative_table(table, tgt_len, src_len, max_distance, bidirectional, query_offset, dtype).dense()
 
 
 def t5_bias_attention(
@@ -130,14 +137,14 @@ def t5_bias_attention(
             f"{tuple(table.shape) if isinstance(table, Tensor) else repr(table)}"
         )
     check_bucket_arguments(table.size(0), max_distance, bidirectional)
-    bias = t5_relative_bias(
+    relative_bias = t5_relative_table(
         table, q.size(2), k.size(2), max_distance, bidirectional, query_offset, logit_dtype(q.dtype)
     )
     return attend(
         q,
         k,
         v,
-        bias=bias,
+        offset_table=relative_bias,
         key_padding_mask=key_padding_mask,
         causal=causal,
         query_offset=query_offset,

@@ -1,0 +1,164 @@
+"""The fused path for mechanisms that are a function of the score and of the
+key's offset from the query: ``torch.nn.attention.flex_attention``.
+
+A bias that depends only on the head and on ``j - i`` (alibi's -m_h |i-j|,
+distance-mask's -alpha |i-j|, T5's bucketed b_h, DA's coefficients f(w_h |i-j|))
+is ``Tq + Tk - 1`` values per head, not ``Tq x Tk``: a :class:`OffsetTable`
+holds them and its ``score_mod`` reads entry ``j - i + Tq - 1`` inside the
+kernel, so neither the bias nor the attention matrix is ever materialised, and
+a score modification such as DA's eq. 6 ``ReLU(s) * f`` runs fused too (SDPA
+only takes an additive mask). Causal, key-padding and direction masks become
+one block mask, so fully hidden blocks are skipped.
+
+When it runs (:func:`flex_applies`): full-sequence calls (``query_offset`` 0:
+training, scoring, the encoder; one-token decoding steps gain nothing and would
+recompile per step) without attention weights and without attention dropout
+(FlexAttention has none), on CUDA with a head size flex compiles for. Elsewhere
+the mechanisms take the eager path of :func:`masking.attend`, to which this one
+is equal to float32 rounding (``tests/test_flex.py``). :func:`flex_mode` forces
+it on or off. On CPU, "always" runs flex's eager (uncompiled) form without
+gradients (flex has no CPU backward), which checks the score and mask
+functions but is not fast; the compiled CPU kernel of this torch gave wrong
+outputs for lengths that are not a multiple of 128 (measured: max error 0.7 at
+L = 40 for plain attention), so it is never used.
+"""
+
+import contextlib
+import functools
+import importlib.util
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional
+
+import torch
+from torch import Tensor
+
+FLEX_MODES = ("auto", "always", "never")
+_mode = "auto"
+
+
+@functools.lru_cache(maxsize=None)
+def _flex_module():
+    """torch's flex_attention module, imported on first use (importing this package
+    stays cheap and side-effect free), or None before torch 2.5."""
+    if importlib.util.find_spec("torch.nn.attention.flex_attention") is None:
+        return None
+    return importlib.import_module("torch.nn.attention.flex_attention")
+
+
+@contextlib.contextmanager
+def flex_mode(mode: str) -> Iterator[None]:
+    """Within the block, ``"auto"`` (CUDA only, the default), ``"always"``
+    (wherever the call qualifies, CPU included) or ``"never"``."""
+    global _mode
+    if mode not in FLEX_MODES:
+        raise ValueError(f"mode must be one of {', '.join(FLEX_MODES)}, got {mode!r}")
+    previous, _mode = _mode, mode
+    try:
+        yield
+    finally:
+        _mode = previous
+
+
+def flex_applies(q: Tensor, *, need_weights: bool, dropout_p: float, query_offset: int) -> bool:
+    """Whether a call with these arguments takes the flex path."""
+    if _mode == "never" or _flex_module() is None or need_weights or dropout_p > 0.0 or query_offset != 0:
+        return False
+    if not q.is_cuda:
+        # flex has no backward on CPU: there it serves inference, and only when forced
+        return _mode == "always" and not torch.is_grad_enabled()
+    head_size = q.size(-1)
+    # flex's CUDA kernels tile the head dimension: powers of two from 16
+    return head_size >= 16 and head_size & (head_size - 1) == 0
+
+
+def offsets(tgt_len: int, src_len: int, query_offset: int, device, dtype=torch.long) -> Tensor:
+    """The key's position relative to the query's, ``j - (query_offset + i)``,
+    once per diagonal of a ``[Tq, Tk]`` matrix: entry ``j - i + Tq - 1``."""
+    return torch.arange(-(tgt_len - 1) - query_offset, src_len - query_offset, device=device, dtype=dtype)
+
+
+@dataclass
+class OffsetTable:
+    """Per-head values of a function of ``j - i``: ``values`` ``[H or 1, Tq + Tk - 1]``,
+    entry ``j - i + Tq - 1`` (see :func:`offsets`). ``combine``: ``"add"`` for
+    a bias on the scaled score, ``"relu-multiply"`` for ``ReLU(score) * value``."""
+
+    values: Tensor
+    tgt_len: int
+    combine: str = "add"
+
+    def dense(self) -> Tensor:
+        """The ``[H or 1, Tq, Tk]`` matrix the table stands for (the eager path's)."""
+        src_len = self.values.size(-1) - self.tgt_len + 1
+        rows = torch.arange(self.tgt_len, device=self.values.device)
+        index = torch.arange(src_len, device=self.values.device)[None, :] - rows[:, None] + self.tgt_len - 1
+        return self.values[:, index]
+
+    def score_mod(self) -> Callable:
+        values = self.values
+        shared = values.size(0) == 1
+        # a tensor, not a Python int: a compiled kernel would recompile for every Tq
+        shift = torch.tensor(self.tgt_len - 1, device=values.device)
+
+        def lookup(h, q_idx, kv_idx):
+            column = kv_idx - q_idx + shift
+            return values[0, column] if shared else values[h, column]
+
+        if self.combine == "add":
+            return lambda score, b, h, q_idx, kv_idx: score + lookup(h, q_idx, kv_idx)
+        if self.combine == "relu-multiply":
+            return lambda score, b, h, q_idx, kv_idx: torch.relu(score) * lookup(h, q_idx, kv_idx)
+        raise ValueError(f"combine must be 'add' or 'relu-multiply', got {self.combine!r}")
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_flex() -> Callable:
+    return torch.compile(_flex_module().flex_attention)
+
+
+def _flex(q: Tensor) -> Callable:
+    """Compiled flex_attention on CUDA (compiled once per process); its eager form elsewhere."""
+    return _compiled_flex() if q.is_cuda else _flex_module().flex_attention
+
+
+def flex_attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    table: OffsetTable,
+    *,
+    allowed: Optional[Tensor] = None,
+    key_padding_mask: Optional[Tensor] = None,
+    causal: bool = False,
+) -> Tensor:
+    """``softmax(table applied to q k^T / sqrt(D)) v`` over the keys that
+    ``causal``, ``key_padding_mask`` and the bool ``[Tq, Tk]`` ``allowed`` leave
+    visible (``query_offset`` 0). A row with no visible key gives 0, as on the
+    eager path."""
+    batch, _, tgt_len, _ = q.shape
+    src_len = k.size(2)
+    block_mask = None
+    if causal or key_padding_mask is not None or allowed is not None:
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            keep = kv_idx >= 0
+            if causal:
+                keep = keep & (kv_idx <= q_idx)
+            if key_padding_mask is not None:
+                keep = keep & ~key_padding_mask[b, kv_idx]
+            if allowed is not None:
+                keep = keep & allowed[q_idx, kv_idx]
+            return keep
+
+        block_mask = _flex_module().create_block_mask(
+            mask_mod,
+            batch if key_padding_mask is not None else None,
+            None,
+            tgt_len,
+            src_len,
+            device=q.device,
+        )
+    return _flex(q)(q, k, v, score_mod=table.score_mod(), block_mask=block_mask)
+
+
+__all__ = ["OffsetTable", "flex_applies", "flex_attend", "flex_mode", "offsets"]

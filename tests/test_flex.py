@@ -1,0 +1,177 @@
+"""The flex_attention path (``fairseq_distattn.functional.flex``): every
+mechanism that hands the core an :class:`OffsetTable` gives the same output
+through flex_attention as through the eager path, with causal, key-padding and
+direction masks; the routing takes flex only where it applies; on CUDA the
+compiled kernel matches the eager path in the forward and backward pass."""
+
+import pytest
+import torch
+
+from fairseq_distattn import functional as DF
+from fairseq_distattn.functional import flex
+
+pytestmark = pytest.mark.skipif(flex._flex_module() is None, reason="this torch has no flex_attention")
+
+HEADS = 4
+
+
+def _inputs(batch, length, head_size, dtype, device="cpu", seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, HEADS, length, head_size, generator=generator, dtype=dtype).to(device) for _ in range(3)]
+
+
+def _ops(device, dtype):
+    """name -> op(q, k, v, **shared) for every mechanism with an offset table."""
+    generator = torch.Generator().manual_seed(1)
+
+    def per_head(scale=1.0):
+        return (torch.randn(HEADS, generator=generator, dtype=dtype) * scale).to(device)
+
+    distance_weight, sharpness = per_head(0.5), per_head()
+    t5_table = torch.randn(32, HEADS, generator=generator, dtype=dtype).to(device)
+    slopes = per_head(0.3).abs()
+    return {
+        "alibi": lambda q, k, v, **kw: DF.alibi_attention(q, k, v, **kw),
+        "alibi-learned-slopes": lambda q, k, v, **kw: DF.alibi_attention(q, k, v, slopes, **kw),
+        "distance-mask": lambda q, k, v, **kw: DF.distance_mask_attention(q, k, v, 0.7, **kw),
+        "distance-mask-forward": lambda q, k, v, **kw: DF.distance_mask_attention(
+            q, k, v, 0.7, direction="forward", **kw
+        ),
+        "distance-mask-backward": lambda q, k, v, **kw: DF.distance_mask_attention(
+            q, k, v, 0.7, direction="backward", **kw
+        ),
+        "t5-bias": lambda q, k, v, **kw: DF.t5_bias_attention(q, k, v, t5_table, **kw),
+        "da": lambda q, k, v, **kw: DF.distance_aware_attention(q, k, v, distance_weight, sharpness, **kw),
+        "da-early-add": lambda q, k, v, **kw: DF.distance_aware_attention(
+            q, k, v, distance_weight, sharpness, adjusting="early-add", **kw
+        ),
+        "da-sigmoid": lambda q, k, v, **kw: DF.distance_aware_attention(
+            q, k, v, distance_weight, None, mapping="sigmoid", **kw
+        ),
+    }
+
+
+OP_NAMES = list(_ops("cpu", torch.float64))
+
+
+def _padding(batch, length, device="cpu"):
+    padding = torch.zeros(batch, length, dtype=torch.bool, device=device)
+    padding[1, :3] = True  # left padding, as fairseq's source side
+    padding[2, -2:] = True
+    return padding
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_flex_forward_equals_the_eager_path_on_cpu(name, causal, padded):
+    q, k, v = _inputs(3, 11, 8, torch.float64)
+    shared = dict(causal=causal, key_padding_mask=_padding(3, 11) if padded else None, need_weights=False)
+    op = _ops("cpu", torch.float64)[name]
+    with torch.no_grad():
+        with flex.flex_mode("never"):
+            eager, _ = op(q, k, v, **shared)
+        with flex.flex_mode("always"):
+            fused, _ = op(q, k, v, **shared)
+    torch.testing.assert_close(fused, eager, rtol=1e-10, atol=1e-10)
+
+
+def test_cross_attention_lengths_and_a_hidden_row():
+    """Tq != Tk, and a causal row whose keys are all padding gives 0, as eagerly."""
+    q, _, _ = _inputs(3, 5, 8, torch.float64)
+    _, k, v = _inputs(3, 9, 8, torch.float64, seed=4)
+    padding = torch.zeros(3, 9, dtype=torch.bool)
+    padding[0, :4] = True  # query 0 of sentence 0 may see key 0 only under causal: padding
+    op = _ops("cpu", torch.float64)["da"]
+    with torch.no_grad():
+        for causal in (False, True):
+            shared = dict(causal=causal, key_padding_mask=padding, need_weights=False)
+            with flex.flex_mode("never"):
+                eager, _ = op(q, k, v, **shared)
+            with flex.flex_mode("always"):
+                fused, _ = op(q, k, v, **shared)
+            torch.testing.assert_close(fused, eager, rtol=1e-10, atol=1e-10)
+    assert float(fused[0, :, 0].abs().max()) == 0.0
+
+
+def test_routing(monkeypatch):
+    calls = []
+    real = flex.flex_attend
+    monkeypatch.setattr(DF.masking, "flex_attend", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    q, k, v = _inputs(2, 6, 8, torch.float32)
+    op = _ops("cpu", torch.float32)["alibi"]
+    with torch.no_grad():
+        op(q, k, v, need_weights=False)  # auto: CUDA only
+        assert calls == []
+        with flex.flex_mode("always"):
+            op(q, k, v, need_weights=False)
+            assert len(calls) == 1
+            op(q, k, v, need_weights=True)  # the weights need the eager path
+            op(q, k, v, need_weights=False, dropout_p=0.1)  # flex has no attention dropout
+            op(q[:, :, -1:], k, v, need_weights=False, query_offset=5)  # a decoding step
+            assert len(calls) == 1
+    with flex.flex_mode("always"):
+        op(q, k, v, need_weights=False)  # gradients on CPU: flex has no CPU backward
+    assert len(calls) == 1
+    with pytest.raises(ValueError, match="mode must be one of"):
+        with flex.flex_mode("sometimes"):
+            pass
+
+
+def test_offset_table_dense_is_the_toeplitz_matrix():
+    values = torch.arange(2 * 7, dtype=torch.float64).reshape(2, 7)  # Tq = 3, Tk = 5
+    table = flex.OffsetTable(values, 3)
+    dense = table.dense()
+    assert dense.shape == (2, 3, 5)
+    for i in range(3):
+        for j in range(5):
+            assert dense[1, i, j] == values[1, j - i + 2]
+    assert flex.offsets(3, 5, 2, "cpu").tolist() == [-4, -3, -2, -1, 0, 1, 2]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled flex kernel runs on CUDA")
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_compiled_flex_matches_the_eager_path_on_cuda(name):
+    q, k, v = (t.requires_grad_() for t in _inputs(4, 100, 64, torch.float32, device="cuda"))
+    op = _ops("cuda", torch.float32)[name]
+    for causal in (False, True):
+        shared = dict(causal=causal, key_padding_mask=_padding(4, 100, "cuda"), need_weights=False)
+        results = {}
+        for mode in ("never", "auto"):
+            with flex.flex_mode(mode):
+                out, _ = op(q, k, v, **shared)
+            grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+            results[mode] = (out, *grads)
+        for fused, eager in zip(results["auto"], results["never"]):
+            torch.testing.assert_close(fused, eager, rtol=2e-4, atol=2e-4)
+
+
+def test_a_translation_model_gives_the_same_logits_through_flex(monkeypatch):
+    """Every layer's self-attention through flex (forced, inference) against the
+    eager path, in a model that puts a different mechanism in each layer."""
+    from .model_helpers import TINY, left_pad, random_tokens, translation_model
+
+    calls = []
+    real = flex.flex_attend
+    monkeypatch.setattr(DF.masking, "flex_attend", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    model, d = translation_model(
+        extra=[
+            *TINY,
+            "--encoder-self-attention",
+            "alibi@0,distance-mask@1",
+            "--decoder-self-attention",
+            "da@0,t5-bias@1",
+        ]
+    )
+    sentences = [random_tokens(d, 1, length, seed)[0] for seed, length in enumerate((7, 4, 6))]
+    src_tokens = left_pad(sentences, d.pad())
+    src_lengths = torch.tensor([len(s) for s in sentences])
+    prev_output_tokens = random_tokens(d, 3, 5, seed=9)
+    with torch.no_grad():
+        with flex.flex_mode("never"):
+            eager, _ = model(src_tokens, src_lengths, prev_output_tokens)
+        assert calls == []
+        with flex.flex_mode("always"):
+            fused, _ = model(src_tokens, src_lengths, prev_output_tokens)
+    assert len(calls) == 4  # the four self-attention layers; cross-attention is vanilla
+    torch.testing.assert_close(fused, eager, rtol=1e-9, atol=1e-9)
