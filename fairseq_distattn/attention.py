@@ -137,7 +137,7 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
             key_padding_mask = key_padding_mask.to(torch.bool)
 
         dropout_p = self.dropout_module.p if self.training else 0.0
-        if saved_state is None and self._recomputes(queries["query"], keys["key"], need_weights):
+        if saved_state is None and self._recomputes(queries["query"], keys["key"], need_weights, dropout_p):
             out, probs = self._attend_in_recomputed_chunks(queries, keys, key_padding_mask, dropout_p, need_weights)
         else:
             out, probs = self.mechanism(
@@ -154,13 +154,13 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
                 weights = weights.mean(dim=0)
         return out, weights
 
-    def _recomputes(self, query: Tensor, key: Tensor, need_weights: bool) -> bool:
+    def _recomputes(self, query: Tensor, key: Tensor, need_weights: bool, dropout_p: float) -> bool:
         threshold = self.mechanism.config.options.attention_recompute_length
         return (
             0 < threshold <= key.size(2)
             and torch.is_grad_enabled()
             and query.requires_grad
-            and self.mechanism.recompute_saves_memory(need_weights)
+            and self.mechanism.recompute_saves_memory(query, need_weights, dropout_p)
         )
 
     def _attend_in_recomputed_chunks(

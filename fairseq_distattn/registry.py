@@ -170,6 +170,7 @@ class MechanismInfo:
     row_wise: bool  # every query row depends on that row's queries alone (recomputable in row blocks)
     fused: str  # when the fused F.scaled_dot_product_attention path runs ("" never)
     small_fused_bias: bool  # the fused path keeps only a [H|1, Tq, Tk] bias, nothing per batch
+    flex: str  # when the flex_attention path runs (functional.flex: an OffsetTable; "" never)
     extra_queries: Tuple[str, ...]  # extra per-head query projections of the attention module
     extra_keys: Tuple[str, ...]  # extra per-head key projections (cached like fairseq's prev_key)
     description: str  # the README table's "mechanism" column
@@ -195,6 +196,7 @@ def register_attention(
     row_wise: bool = True,
     fused: str = "",
     small_fused_bias: bool = False,
+    flex: str = "",
     extra_queries: Tuple[str, ...] = (),
     extra_keys: Tuple[str, ...] = (),
 ):
@@ -235,6 +237,7 @@ def register_attention(
             row_wise=row_wise,
             fused=fused,
             small_fused_bias=small_fused_bias,
+            flex=flex,
             extra_queries=tuple(extra_queries),
             extra_keys=tuple(extra_keys),
             description=description,
@@ -272,9 +275,10 @@ def mechanism_table() -> str:
     lines = [
         "# Mechanisms",
         "",
-        "| MECH | mechanism | paper | attention kinds | fused path (SDPA) | recomputed in row blocks | options |",
-        "|---|---|---|---|---|---|---|",
-        "| `vanilla` | fairseq's scaled dot-product attention | Vaswani et al. 2017 | all | fairseq's | - | - |",
+        "| MECH | mechanism | paper | attention kinds | fused path (SDPA) | flex_attention (CUDA) "
+        "| recomputed in row blocks | options |",
+        "|---|---|---|---|---|---|---|---|",
+        "| `vanilla` | fairseq's scaled dot-product attention | Vaswani et al. 2017 | all | fairseq's | - | - | - |",
     ]
     for info in registered():
         kinds = ", ".join(KIND_LABELS[kind] for kind in KINDS if kind in info.kinds)
@@ -286,6 +290,7 @@ def mechanism_table() -> str:
             info.paper,
             kinds,
             info.fused or "no",
+            info.flex or "no",
             ("only with weights" if info.small_fused_bias else "yes") if info.row_wise else "no (not row-wise)",
             flags,
         ]
@@ -293,9 +298,13 @@ def mechanism_table() -> str:
     lines += [
         "",
         "*Fused path*: with `need_weights=False` (training, generation) the mechanism runs as one "
-        "`F.scaled_dot_product_attention` with an additive bias. *Recomputed in row blocks*: from "
+        "`F.scaled_dot_product_attention` with an additive bias. *flex_attention*: on CUDA, for full sequences "
+        "without weights and without attention dropout, the mechanism's bias or score modification, a function "
+        "of the head and j - i, runs inside compiled `torch.nn.attention.flex_attention` (nothing of size "
+        "`[B, H, Tq, Tk]` is kept; it takes precedence over the fused path). *Recomputed in row blocks*: from "
         "`--attention-recompute-length` on, a training step recomputes the mechanism in blocks of query rows "
         "instead of keeping `[B, H, Tq, Tk]` tensors for backward: row-wise mechanisms only, and not where the "
-        "fused path keeps only a bias without a batch dimension (so only when the weights are needed).",
+        "fused path keeps only a bias without a batch dimension (so only when the weights are needed) nor where "
+        "the flex path runs.",
     ]
     return "\n".join(lines) + "\n"

@@ -175,3 +175,65 @@ def test_a_translation_model_gives_the_same_logits_through_flex(monkeypatch):
             fused, _ = model(src_tokens, src_lengths, prev_output_tokens)
     assert len(calls) == 4  # the four self-attention layers; cross-attention is vanilla
     torch.testing.assert_close(fused, eager, rtol=1e-9, atol=1e-9)
+
+
+def _flex_declared(name):
+    from fairseq_distattn.registry import REGISTRY
+
+    return bool(REGISTRY[name].flex)
+
+
+def _registered_self_attention():
+    import fairseq_distattn.mechanisms  # noqa: F401 (discovers the registry)
+    from fairseq_distattn.registry import registered
+    from fairseq_distattn.spec import ENCODER_SELF
+
+    return [info.name for info in registered() if info.name in ENCODER_SELF.allowed]
+
+
+@pytest.mark.parametrize("mechanism", _registered_self_attention())
+def test_the_registry_declares_which_mechanisms_take_the_flex_path(mechanism, monkeypatch):
+    """A mechanism runs through flex exactly when it declares ``flex`` (forced
+    flex, inference), with the same logits as the eager path either way."""
+    from .model_helpers import TINY, left_pad, random_tokens, translation_model
+
+    calls = []
+    real = flex.flex_attend
+    monkeypatch.setattr(DF.masking, "flex_attend", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    model, d = translation_model(extra=[*TINY, "--encoder-self-attention", mechanism])
+    sentences = [random_tokens(d, 1, length, seed)[0] for seed, length in enumerate((6, 3))]
+    src_tokens, src_lengths = left_pad(sentences, d.pad()), torch.tensor([6, 3])
+    prev_output_tokens = random_tokens(d, 2, 4, seed=5)
+    with torch.no_grad():
+        with flex.flex_mode("never"):
+            eager, _ = model(src_tokens, src_lengths, prev_output_tokens)
+        with flex.flex_mode("always"):
+            fused, _ = model(src_tokens, src_lengths, prev_output_tokens)
+    assert len(calls) == (2 if _flex_declared(mechanism) else 0)  # both encoder layers, or none
+    torch.testing.assert_close(fused, eager, rtol=1e-9, atol=1e-9)
+
+
+def test_da_late_adjustments_stay_eager():
+    from .model_helpers import TINY, translation_model
+
+    for adjusting, offset_table in (("early-add", True), ("late-add", False), ("late-multiply", False)):
+        model, _ = translation_model(
+            extra=[*TINY, "--encoder-self-attention", "da", "--da-adjusting", adjusting], perturb=False
+        )
+        mechanism = model.encoder.layers[0].self_attn.mechanism
+        assert mechanism.hands_offset_table() is offset_table
+
+
+def test_layers_on_the_flex_path_are_not_recomputed(monkeypatch):
+    """Recomputing in row blocks would move the calls off flex (query_offset > 0)
+    and saves nothing: flex keeps no [B, H, Tq, Tk] tensor for backward."""
+    from .model_helpers import TINY, translation_model
+
+    model, _ = translation_model(extra=[*TINY, "--encoder-self-attention", "da", "--decoder-self-attention", "rpr"])
+    da = model.encoder.layers[0].self_attn.mechanism
+    rpr = model.decoder.layers[0].self_attn.mechanism
+    query = torch.zeros(2, 2, 5, 8, requires_grad=True)
+    assert da.recompute_saves_memory(query, False, 0.0) and rpr.recompute_saves_memory(query, False, 0.0)
+    monkeypatch.setattr("fairseq_distattn.mechanisms.base.flex_applies", lambda *a, **kw: True)
+    assert not da.recompute_saves_memory(query, False, 0.0)
+    assert rpr.recompute_saves_memory(query, False, 0.0)  # no offset table: unchanged

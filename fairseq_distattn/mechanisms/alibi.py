@@ -11,6 +11,7 @@ from .base import Mechanism, shared_arguments
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     fused="without weights",
+    flex="without weights",
     small_fused_bias=True,  # the fused path keeps only the [H, Tq, Tk] bias
     description="fixed per-head linear bias `-m_h * abs(i-j)` on the logits, geometric slopes `m_h = 2^(-8h/H)` "
     "(causal in the decoder, symmetric in the encoder); no parameters",

@@ -61,6 +61,7 @@ class DistanceAwareOptions:
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     fused="`--da-adjusting early-add`, without weights",
+    flex="`--da-adjusting` early-multiply (eq. 6) or early-add, without weights",
     description="distance-aware attention: learned per-head re-scaling of the attention by the real distance",
     paper="Wu, Wu and Huang 2021, *DA-Transformer: Distance-aware Transformer*",
 )
@@ -107,6 +108,9 @@ class DistanceAware(Mechanism):
         return distance_coefficients(
             self.distance_weight, self.sharpness, tgt_len, src_len, query_offset, **self._mapping_arguments()
         )
+
+    def hands_offset_table(self) -> bool:
+        return self.adjusting in ("early-multiply", "early-add")
 
     def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
         return DF.distance_aware_attention(

@@ -57,6 +57,7 @@ class DistanceMaskOptions:
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     fused="without weights",
+    flex="without weights",
     small_fused_bias=True,  # the fused path keeps only the [Tq, Tk] bias
     description="fixed `-alpha * abs(i-j)` distance mask, optionally directional",
     paper="Im and Cho 2017, *Distance-based Self-Attention Network for Natural Language Inference*",

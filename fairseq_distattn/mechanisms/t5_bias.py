@@ -78,6 +78,7 @@ class T5BiasOptions:
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     fused="without weights",
+    flex="without weights",
     small_fused_bias=True,  # the fused path keeps only the [H, Tq, Tk] bias
     description="learned per-head scalar bias per relative position bucket (`--t5-bias-buckets`, exact then "
     "log-spaced up to `--t5-bias-max-distance`; bidirectional in the encoder, unidirectional in the "
