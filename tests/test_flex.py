@@ -127,6 +127,10 @@ def test_offset_table_dense_is_the_toeplitz_matrix():
         for j in range(5):
             assert dense[1, i, j] == values[1, j - i + 2]
     assert flex.offsets(3, 5, 2, "cpu").tolist() == [-4, -3, -2, -1, 0, 1, 2]
+    with pytest.raises(ValueError, match="combine must be one of add, relu-multiply"):
+        flex.OffsetTable(values, 3, combine="multiply")
+    with pytest.raises(ValueError, match=r"values must be \[H or 1, Tq \+ Tk - 1\]"):
+        flex.OffsetTable(values[0], 3)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled flex kernel runs on CUDA")

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 FLEX_MODES = ("auto", "always", "never")
+COMBINES = ("add", "relu-multiply")  # a bias on the scaled score; ReLU(score) * value (DA's eq. 6)
 _mode = "auto"
 
 
@@ -87,6 +88,14 @@ class OffsetTable:
     tgt_len: int
     combine: str = "add"
 
+    def __post_init__(self):
+        if self.combine not in COMBINES:
+            raise ValueError(f"combine must be one of {', '.join(COMBINES)}, got {self.combine!r}")
+        if self.values.dim() != 2 or self.values.size(-1) < self.tgt_len:
+            raise ValueError(
+                f"values must be [H or 1, Tq + Tk - 1] with Tq = {self.tgt_len}, got {tuple(self.values.shape)}"
+            )
+
     def dense(self) -> Tensor:
         """The ``[H or 1, Tq, Tk]`` matrix the table stands for (the eager path's)."""
         src_len = self.values.size(-1) - self.tgt_len + 1
@@ -106,9 +115,7 @@ class OffsetTable:
 
         if self.combine == "add":
             return lambda score, b, h, q_idx, kv_idx: score + lookup(h, q_idx, kv_idx)
-        if self.combine == "relu-multiply":
-            return lambda score, b, h, q_idx, kv_idx: torch.relu(score) * lookup(h, q_idx, kv_idx)
-        raise ValueError(f"combine must be 'add' or 'relu-multiply', got {self.combine!r}")
+        return lambda score, b, h, q_idx, kv_idx: torch.relu(score) * lookup(h, q_idx, kv_idx)
 
 
 @functools.lru_cache(maxsize=None)
