@@ -6,6 +6,7 @@ overrides ``forward`` completely: fairseq's fast path
 (``F.multi_head_attention_forward``) would bypass any hook.
 """
 
+import contextlib
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -14,6 +15,7 @@ from fairseq.modules.quant_noise import quant_noise
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from .functional.flex import flex_mode
 from .mechanisms import MechanismConfig, Stack, build_mechanism
 from .spec import MechanismOptions
 
@@ -137,12 +139,15 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
             key_padding_mask = key_padding_mask.to(torch.bool)
 
         dropout_p = self.dropout_module.p if self.training else 0.0
-        if saved_state is None and self._recomputes(queries["query"], keys["key"], need_weights, dropout_p):
-            out, probs = self._attend_in_recomputed_chunks(queries, keys, key_padding_mask, dropout_p, need_weights)
-        else:
-            out, probs = self.mechanism(
-                queries, keys, key_padding_mask, self.causal, query_offset, dropout_p, need_weights, saved_state
-            )
+        # --attention-flex never: this layer keeps off flex_attention (the recompute decision included)
+        never_flex = self.mechanism.config.options.attention_flex == "never"
+        with flex_mode("never") if never_flex else contextlib.nullcontext():
+            if saved_state is None and self._recomputes(queries["query"], keys["key"], need_weights, dropout_p):
+                out, probs = self._attend_in_recomputed_chunks(queries, keys, key_padding_mask, dropout_p, need_weights)
+            else:
+                out, probs = self.mechanism(
+                    queries, keys, key_padding_mask, self.causal, query_offset, dropout_p, need_weights, saved_state
+                )
         if saved_state is not None:
             self._set_input_buffer(incremental_state, saved_state)
 

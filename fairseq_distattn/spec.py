@@ -28,6 +28,7 @@ from .registry import (  # noqa: F401 (SpecError and FLOAT32_MAX are re-exported
     REGISTRY,
     OptionContext,
     SpecError,
+    one_of,
     option,
     option_classes,
     option_flag,
@@ -163,6 +164,15 @@ class AttentionModuleOptions:
         convert=_recompute_length,
         type=int,
         metavar="N",
+    )
+    attention_flex: str = option(
+        "auto",
+        "--attention-flex",
+        "auto: on CUDA, mechanisms that declare a flex_attention path (the mechanism table) run their "
+        "full-sequence calls without weights or attention dropout through compiled "
+        "torch.nn.attention.flex_attention; never: always the eager/SDPA path (default: {default})",
+        convert=one_of("--attention-flex", ("auto", "never")),
+        metavar="auto|never",
     )
 
 

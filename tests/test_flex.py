@@ -241,3 +241,29 @@ def test_layers_on_the_flex_path_are_not_recomputed(monkeypatch):
     monkeypatch.setattr("fairseq_distattn.mechanisms.base.flex_applies", lambda *a, **kw: True)
     assert not da.recompute_saves_memory(query, False, 0.0)
     assert rpr.recompute_saves_memory(query, False, 0.0)  # no offset table: unchanged
+
+
+def test_attention_flex_never_keeps_every_layer_off_flex(monkeypatch):
+    from .model_helpers import TINY, random_tokens, translation_model
+
+    calls = []
+    real = flex.flex_attend
+    monkeypatch.setattr(DF.masking, "flex_attend", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    for setting, expected in (("auto", 4), ("never", 0)):
+        model, d = translation_model(
+            extra=[
+                *TINY,
+                "--encoder-self-attention",
+                "alibi",
+                "--decoder-self-attention",
+                "distance-mask",
+                "--attention-flex",
+                setting,
+            ]
+        )
+        assert model.encoder.layers[0].self_attn.mechanism.config.options.attention_flex == setting
+        src_tokens, prev_output_tokens = random_tokens(d, 2, 5, seed=1), random_tokens(d, 2, 4, seed=2)
+        calls.clear()
+        with torch.no_grad(), flex.flex_mode("always"):
+            model(src_tokens, torch.tensor([5, 5]), prev_output_tokens)
+        assert len(calls) == expected, setting
