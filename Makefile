@@ -14,6 +14,8 @@ PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# test processes (pytest-xdist): one per core, at most 4 (each builds its own session fixtures)
+TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
 
 .PHONY: all install quickstart test lint clean distclean
 
@@ -36,7 +38,7 @@ quickstart: $(STAMP)
 	bash scripts/quickstart.sh
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest tests -q -p no:cacheprovider --durations=10 $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest tests -q -p no:cacheprovider --durations=10 -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
