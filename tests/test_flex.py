@@ -20,7 +20,7 @@ def _inputs(batch, length, head_size, dtype, device="cpu", seed=0):
     return [torch.randn(batch, HEADS, length, head_size, generator=generator, dtype=dtype).to(device) for _ in range(3)]
 
 
-def _ops(device, dtype):
+def _ops(device, dtype, head_size=8):
     """name -> op(q, k, v, **shared) for every mechanism with an offset table."""
     generator = torch.Generator().manual_seed(1)
 
@@ -30,7 +30,9 @@ def _ops(device, dtype):
     distance_weight, sharpness = per_head(0.5), per_head()
     t5_table = torch.randn(32, HEADS, generator=generator, dtype=dtype).to(device)
     slopes = per_head(0.3).abs()
+    relative_keys = torch.randn(2 * 3 + 1, head_size, generator=generator, dtype=dtype).to(device)
     return {
+        "rpr-keys-only": lambda q, k, v, **kw: DF.relative_position_attention(q, k, v, relative_keys, None, 3, **kw),
         "alibi": lambda q, k, v, **kw: DF.alibi_attention(q, k, v, **kw),
         "alibi-learned-slopes": lambda q, k, v, **kw: DF.alibi_attention(q, k, v, slopes, **kw),
         "distance-mask": lambda q, k, v, **kw: DF.distance_mask_attention(q, k, v, 0.7, **kw),
@@ -137,7 +139,7 @@ def test_offset_table_dense_is_the_toeplitz_matrix():
 @pytest.mark.parametrize("name", OP_NAMES)
 def test_compiled_flex_matches_the_eager_path_on_cuda(name):
     q, k, v = (t.requires_grad_() for t in _inputs(4, 100, 64, torch.float32, device="cuda"))
-    op = _ops("cuda", torch.float32)[name]
+    op = _ops("cuda", torch.float32, head_size=64)[name]
     for causal in (False, True):
         shared = dict(causal=causal, key_padding_mask=_padding(4, 100, "cuda"), need_weights=False)
         results = {}
@@ -195,7 +197,7 @@ def _registered_self_attention():
     return [info.name for info in registered() if info.name in ENCODER_SELF.allowed]
 
 
-@pytest.mark.parametrize("mechanism", _registered_self_attention())
+@pytest.mark.parametrize("mechanism", [*_registered_self_attention(), "rpr --no-relative-values"])
 def test_the_registry_declares_which_mechanisms_take_the_flex_path(mechanism, monkeypatch):
     """A mechanism runs through flex exactly when it declares ``flex`` (forced
     flex, inference), with the same logits as the eager path either way."""
@@ -204,7 +206,8 @@ def test_the_registry_declares_which_mechanisms_take_the_flex_path(mechanism, mo
     calls = []
     real = flex.flex_attend
     monkeypatch.setattr(DF.masking, "flex_attend", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    model, d = translation_model(extra=[*TINY, "--encoder-self-attention", mechanism])
+    name, *options = mechanism.split()
+    model, d = translation_model(extra=[*TINY, "--encoder-self-attention", name, *options])
     sentences = [random_tokens(d, 1, length, seed)[0] for seed, length in enumerate((6, 3))]
     src_tokens, src_lengths = left_pad(sentences, d.pad()), torch.tensor([6, 3])
     prev_output_tokens = random_tokens(d, 2, 4, seed=5)
@@ -213,7 +216,11 @@ def test_the_registry_declares_which_mechanisms_take_the_flex_path(mechanism, mo
             eager, _ = model(src_tokens, src_lengths, prev_output_tokens)
         with flex.flex_mode("always"):
             fused, _ = model(src_tokens, src_lengths, prev_output_tokens)
-    assert len(calls) == (2 if _flex_declared(mechanism) else 0)  # both encoder layers, or none
+    takes_flex = model.encoder.layers[0].self_attn.mechanism.hands_offset_table()
+    assert not takes_flex or _flex_declared(name)
+    # every mechanism that declares flex takes it with its default options, rpr with keys only
+    assert takes_flex == (_flex_declared(name) and mechanism != "rpr")
+    assert len(calls) == (2 if takes_flex else 0)  # both encoder layers, or none
     torch.testing.assert_close(fused, eager, rtol=1e-9, atol=1e-9)
 
 

@@ -27,7 +27,7 @@ import contextlib
 import functools
 import importlib.util
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional, Protocol
 
 import torch
 from torch import Tensor
@@ -76,6 +76,18 @@ def offsets(tgt_len: int, src_len: int, query_offset: int, device, dtype=torch.l
     """The key's position relative to the query's, ``j - (query_offset + i)``,
     once per diagonal of a ``[Tq, Tk]`` matrix: entry ``j - i + Tq - 1``."""
     return torch.arange(-(tgt_len - 1) - query_offset, src_len - query_offset, device=device, dtype=dtype)
+
+
+class ScoreTable(Protocol):
+    """What :func:`masking.attend` takes as ``offset_table``: a bias (``combine``
+    "add") or DA's ``ReLU(score) * value`` ("relu-multiply") given as a table
+    read inside flex_attention's ``score_mod``, or as its ``dense()`` matrix."""
+
+    combine: str
+
+    def dense(self) -> Tensor: ...
+
+    def score_mod(self) -> Callable: ...
 
 
 @dataclass
@@ -132,7 +144,7 @@ def flex_attend(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    table: OffsetTable,
+    table: ScoreTable,
     *,
     allowed: Optional[Tensor] = None,
     key_padding_mask: Optional[Tensor] = None,
@@ -168,4 +180,4 @@ def flex_attend(
     return _flex(q)(q, k, v, score_mod=table.score_mod(), block_mask=block_mask)
 
 
-__all__ = ["OffsetTable", "flex_applies", "flex_attend", "flex_mode", "offsets"]
+__all__ = ["OffsetTable", "ScoreTable", "flex_applies", "flex_attend", "flex_mode", "offsets"]

@@ -26,7 +26,7 @@ from typing import Callable, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .flex import OffsetTable, flex_applies, flex_attend
+from .flex import ScoreTable, flex_applies, flex_attend
 
 # Position tensors depend only on sizes, offsets, device and dtype; generation
 # asks for the same ones in every layer at every step. Small ones are kept.
@@ -297,7 +297,7 @@ def attend(
     *,
     bias: Optional[Tensor] = None,
     score_mod: Optional[ScoreMod] = None,
-    offset_table: Optional[OffsetTable] = None,
+    offset_table: Optional[ScoreTable] = None,
     weight_mod: Optional[WeightMod] = None,
     value_term: Optional[ValueTerm] = None,
     allowed: Optional[Tensor] = None,
@@ -312,10 +312,12 @@ def attend(
     visible keys (see :func:`attention_weights`) and ``out = dropout(probs) v
     + value_term(dropout(probs))``; ``probs`` is None unless ``need_weights``.
 
-    ``offset_table`` is a bias or a score modification that depends only on the
-    head and ``j - i`` (:class:`flex.OffsetTable`), given instead of ``bias`` or
-    ``score_mod``: where :func:`flex.flex_applies` it runs in flex_attention,
-    elsewhere it becomes that ``bias`` or ``score_mod``. A mechanism that is
+    ``offset_table`` is a bias or a score modification read from a table by
+    ``j - i`` (:class:`flex.OffsetTable`: per head; rpr's
+    ``RelativeKeyScores``: per query and clipped distance), given instead of
+    ``bias`` or ``score_mod``: where :func:`flex.flex_applies` it runs in
+    flex_attention (its ``score_mod``), elsewhere its ``dense()`` becomes that
+    ``bias`` or ``score_mod``. A mechanism that is
     only an additive bias (and ``allowed``) otherwise runs fused
     (:func:`fused_attention`) when the weights are not needed. Unchecked: the
     public ops check their arguments first."""

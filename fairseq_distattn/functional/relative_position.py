@@ -13,6 +13,7 @@ alpha) and multiplies by w^V. Nothing of size
 """
 
 import functools
+from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
@@ -149,6 +150,37 @@ def relative_position_bias(
     return _BucketGather.apply(per_bucket, buckets, max_distance, query_offset, causal)
 
 
+@dataclass
+class RelativeKeyScores:
+    """The second term of eq. 4 as a table for :func:`masking.attend`:
+    ``q_i . a^K_b`` per query and bucket, ``per_bucket`` ``[B, H, Tq, 2k+1]``, read at
+    bucket ``clip(j - i, -k, k) + k``. Eagerly it becomes the ``[B, H, Tq, Tk]``
+    bias of :func:`relative_position_bias`; in flex_attention ``score_mod`` reads
+    it, so that bias is never formed (keys only: eq. 3's value term needs the
+    weights)."""
+
+    per_bucket: Tensor
+    buckets: Tensor
+    max_distance: int
+    query_offset: int
+    causal: bool
+    combine: str = "add"
+
+    def dense(self) -> Tensor:
+        return _BucketGather.apply(self.per_bucket, self.buckets, self.max_distance, self.query_offset, self.causal)
+
+    def score_mod(self):
+        per_bucket, max_distance = self.per_bucket, self.max_distance
+        # a tensor, not a Python int: a compiled kernel would recompile for every offset
+        offset = torch.tensor(self.query_offset, device=per_bucket.device)
+
+        def add_relative_key_score(score, b, h, q_idx, kv_idx):
+            bucket = (kv_idx - q_idx - offset).clamp(-max_distance, max_distance) + max_distance
+            return score + per_bucket[b, h, q_idx, bucket]
+
+        return add_relative_key_score
+
+
 def relative_position_values(
     probs: Tensor,
     rel_values: Tensor,
@@ -229,14 +261,15 @@ def relative_position_attention(
         values = v if rel_values is None else v + rel_values[buckets[0]]
         return attend(q, keys, values, **shared)
     # the second term of eq. 4 is an additive bias on the logits; eq. 3's is a value term
-    bias = relative_position_bias(scaled(q), rel_keys, buckets, max_distance, query_offset, causal)
-    value_term = None
-    if rel_values is not None:
+    per_bucket = torch.matmul(scaled(q), rel_keys.transpose(0, 1))  # [B, H, Tq, 2k+1]
+    key_scores = RelativeKeyScores(per_bucket, buckets, max_distance, query_offset, causal)
+    if rel_values is None:
+        return attend(q, k, v, offset_table=key_scores, **shared)
 
-        def value_term(attended: Tensor) -> Tensor:
-            return relative_position_values(attended, rel_values, buckets, max_distance, query_offset, causal)
+    def value_term(attended: Tensor) -> Tensor:
+        return relative_position_values(attended, rel_values, buckets, max_distance, query_offset, causal)
 
-    return attend(q, k, v, bias=bias, value_term=value_term, **shared)
+    return attend(q, k, v, bias=key_scores.dense(), value_term=value_term, **shared)
 
 
 __all__ = ["relative_position_attention"]
