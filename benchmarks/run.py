@@ -103,6 +103,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "--no-profile", action="store_true", help="do not profile the training and generation targets that miss"
     )
     p.add_argument("--beam", type=int, default=5)
+    p.add_argument(
+        "--attention-flex",
+        choices=("auto", "never"),
+        default="auto",
+        help="auto: the plugin's flex_attention path where it applies (CUDA); never: without it, "
+        "to measure what it gains (default: auto)",
+    )
     args = p.parse_args(argv)
     args.scale = args.scale or ("tiny" if args.quick else "small")
     args.repeats = args.repeats or (2 if args.quick else 5)
@@ -148,6 +155,14 @@ def _device(name: str):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
+    from fairseq_distattn.functional.flex import flex_mode
+
+    # "never" measures the plugin without its flex_attention path (on CUDA; CPU never takes it)
+    with flex_mode(args.attention_flex):
+        return _run(args, argv)
+
+
+def _run(args: argparse.Namespace, argv: Optional[Sequence[str]]) -> int:
     started = time.perf_counter()
     logging.basicConfig(level=logging.WARNING)
     _quiet()
@@ -182,6 +197,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "seed": args.seed,
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "clock": clock,
+        "attention_flex": args.attention_flex,
     }
     results: Dict[str, object] = {"meta": meta, "machine": machine}
     log(

@@ -667,3 +667,16 @@ def test_data_descriptions_are_relative_to_the_repository(tmp_path):
 
     assert shown(REPO_ROOT / "data" / "multi30k") == "data/multi30k"
     assert shown(REPO_ROOT.parent / "shared" / "data") == "../shared/data"
+
+
+def test_attention_flex_never_runs_the_whole_harness_off_flex(monkeypatch):
+    from benchmarks import run
+    from fairseq_distattn.functional import flex
+
+    modes = []
+    monkeypatch.setattr(run, "_run", lambda args, argv: modes.append(flex._mode) or 0)
+    assert run.main(["--attention-flex", "never"]) == 0
+    assert run.main([]) == 0
+    assert modes == ["never", "auto"] and flex._mode == "auto"
+    with pytest.raises(SystemExit):
+        run.parse_args(["--attention-flex", "always"])
