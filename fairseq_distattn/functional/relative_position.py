@@ -146,8 +146,7 @@ def relative_position_bias(
     """``q_i . a^K_ij`` as ``[B, H, Tq, Tk]`` (the second term of eq. 4, with
     whatever scale ``q`` carries). ``causal``: the caller hides the keys after
     each query, so no gradient flows back from there."""
-    per_bucket = torch.matmul(q, rel_keys.transpose(0, 1))  # [B, H, Tq, 2k+1]
-    return _BucketGather.apply(per_bucket, buckets, max_distance, query_offset, causal)
+    return RelativeKeyScores.of(q, rel_keys, buckets, max_distance, query_offset, causal).dense()
 
 
 @dataclass
@@ -165,6 +164,14 @@ class RelativeKeyScores:
     query_offset: int
     causal: bool
     combine: str = "add"
+
+    @classmethod
+    def of(
+        cls, q: Tensor, rel_keys: Tensor, buckets: Tensor, max_distance: int, query_offset: int, causal: bool
+    ) -> "RelativeKeyScores":
+        """``q_i . a^K_b`` for every bucket (whatever scale ``q`` carries)."""
+        per_bucket = torch.matmul(q, rel_keys.transpose(0, 1))  # [B, H, Tq, 2k+1]
+        return cls(per_bucket, buckets, max_distance, query_offset, causal)
 
     def dense(self) -> Tensor:
         return _BucketGather.apply(self.per_bucket, self.buckets, self.max_distance, self.query_offset, self.causal)
@@ -261,8 +268,7 @@ def relative_position_attention(
         values = v if rel_values is None else v + rel_values[buckets[0]]
         return attend(q, keys, values, **shared)
     # the second term of eq. 4 is an additive bias on the logits; eq. 3's is a value term
-    per_bucket = torch.matmul(scaled(q), rel_keys.transpose(0, 1))  # [B, H, Tq, 2k+1]
-    key_scores = RelativeKeyScores(per_bucket, buckets, max_distance, query_offset, causal)
+    key_scores = RelativeKeyScores.of(scaled(q), rel_keys, buckets, max_distance, query_offset, causal)
     if rel_values is None:
         return attend(q, k, v, offset_table=key_scores, **shared)
 
