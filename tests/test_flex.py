@@ -30,9 +30,19 @@ def _ops(device, dtype, head_size=8):
     distance_weight, sharpness = per_head(0.5), per_head()
     t5_table = torch.randn(32, HEADS, generator=generator, dtype=dtype).to(device)
     slopes = per_head(0.3).abs()
-    relative_keys = torch.randn(2 * 3 + 1, head_size, generator=generator, dtype=dtype).to(device)
+    relative_keys, relative_values = (
+        torch.randn(2 * 3 + 1, head_size, generator=generator, dtype=dtype).to(device) for _ in range(2)
+    )
+    # k beyond the sequence: the tables are cut to the distances that occur (rows_within_reach)
+    far_keys, far_values = (
+        torch.randn(2 * 40 + 1, head_size, generator=generator, dtype=dtype).to(device) for _ in range(2)
+    )
     return {
         "rpr-keys-only": lambda q, k, v, **kw: DF.relative_position_attention(q, k, v, relative_keys, None, 3, **kw),
+        "rpr": lambda q, k, v, **kw: DF.relative_position_attention(q, k, v, relative_keys, relative_values, 3, **kw),
+        "rpr-k-beyond-the-sequence": lambda q, k, v, **kw: DF.relative_position_attention(
+            q, k, v, far_keys, far_values, 40, **kw
+        ),
         "alibi": lambda q, k, v, **kw: DF.alibi_attention(q, k, v, **kw),
         "alibi-learned-slopes": lambda q, k, v, **kw: DF.alibi_attention(q, k, v, slopes, **kw),
         "distance-mask": lambda q, k, v, **kw: DF.distance_mask_attention(q, k, v, 0.7, **kw),
@@ -76,6 +86,109 @@ def test_flex_forward_equals_the_eager_path_on_cpu(name, causal, padded):
         with flex.flex_mode("always"):
             fused, _ = op(q, k, v, **shared)
     torch.testing.assert_close(fused, eager, rtol=1e-10, atol=1e-10)
+
+
+def _dense_flex(q, k, v, score_mod=None, block_mask=None, return_lse=False, return_aux=None):
+    """flex_attention's definition written out densely, with autograd: the
+    score_mod and mask_mod evaluated on broadcast index grids, and the
+    log-sum-exp that the kernel returns (-inf on a row with no visible key)."""
+    batch, heads, tgt_len, head_size = q.shape
+    b, h = torch.arange(batch)[:, None, None, None], torch.arange(heads)[None, :, None, None]
+    q_idx, kv_idx = torch.arange(tgt_len)[:, None], torch.arange(k.size(2))[None, :]
+    scores = torch.matmul(q, k.transpose(-2, -1)) * head_size**-0.5
+    if score_mod is not None:
+        scores = score_mod(scores, b, h, q_idx, kv_idx)
+    if block_mask is not None:
+        scores = scores.masked_fill(~block_mask.mask_mod(b, h, q_idx, kv_idx), float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    visible = torch.isfinite(lse)[..., None]
+    out = torch.where(visible, torch.exp(scores - torch.where(visible, lse[..., None], 0.0)), 0.0) @ v
+    if return_aux is not None:
+        return out, type("AuxOutput", (), {"lse": lse})()
+    return (out, lse) if return_lse else out
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_flex_path_gradients_equal_the_eager_path(name, causal, monkeypatch):
+    """The backward of everything around the kernel (tables, score_mod, block
+    mask, rpr's value term rebuilt from the log-sum-exp) against the eager path,
+    on CPU: flex's kernel replaced by its dense definition, since flex has no
+    CPU backward (the compiled kernel's own backward is tested on CUDA)."""
+    monkeypatch.setattr(flex, "_flex", lambda q: _dense_flex)
+    monkeypatch.setattr(DF.masking, "flex_applies", lambda *a, **kw: flex._mode != "never")
+    calls = []
+    real = flex.flex_attend
+    monkeypatch.setattr(DF.masking, "flex_attend", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    inputs = _inputs(3, 11, 8, torch.float64)
+    op = _ops("cpu", torch.float64)[name]
+    shared = dict(causal=causal, key_padding_mask=_padding(3, 11), need_weights=False)
+    results = {}
+    for mode in ("never", "always"):
+        q, k, v = (t.clone().requires_grad_() for t in inputs)
+        with flex.flex_mode(mode):
+            out, _ = op(q, k, v, **shared)
+        results[mode] = (out, *torch.autograd.grad(out.square().sum(), (q, k, v)))
+    assert calls, "the flex path did not run"
+    for fused, eager in zip(results["always"], results["never"]):
+        torch.testing.assert_close(fused, eager, rtol=1e-10, atol=1e-10)
+
+
+def test_relative_values_from_the_log_sum_exp_take_every_parameter_gradient(monkeypatch):
+    """rpr's key and value tables get the eager path's gradients through the
+    rebuilt value term, including both clipped buckets (k = 3 < length 11) and
+    a padded row (a hidden causal row gives 0 either way)."""
+    monkeypatch.setattr(flex, "_flex", lambda q: _dense_flex)
+    monkeypatch.setattr(DF.masking, "flex_applies", lambda *a, **kw: flex._mode != "never")
+    generator = torch.Generator().manual_seed(3)
+    tables = [torch.randn(7, 8, generator=generator, dtype=torch.float64) for _ in range(2)]
+    inputs = _inputs(3, 11, 8, torch.float64)
+    for causal in (False, True):
+        results = {}
+        for mode in ("never", "always"):
+            relative_keys, relative_values = (t.clone().requires_grad_() for t in tables)
+            with flex.flex_mode(mode):
+                out, _ = DF.relative_position_attention(
+                    *inputs,
+                    relative_keys,
+                    relative_values,
+                    3,
+                    causal=causal,
+                    key_padding_mask=_padding(3, 11),
+                    need_weights=False,
+                )
+            results[mode] = torch.autograd.grad(out.square().sum(), (relative_keys, relative_values))
+        for fused, eager in zip(results["always"], results["never"]):
+            assert float(eager.abs().max()) > 0
+            torch.testing.assert_close(fused, eager, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("lengths", [(11, 11), (3, 9), (9, 3), (4, 4)])
+def test_relative_values_for_each_clipping_case(lengths, monkeypatch):
+    """k = 3: keys clipped on both sides of most queries (11, 11: one more flex
+    call for j - i >= k); on one side only, where the other clipped bucket holds
+    one key per query, a diagonal (3, 9) and (9, 3); or nowhere (4, 4)."""
+    monkeypatch.setattr(flex, "_flex", lambda q: _dense_flex)
+    monkeypatch.setattr(DF.masking, "flex_applies", lambda *a, **kw: flex._mode != "never")
+    offsets = []
+    real = flex.flex_attend
+    monkeypatch.setattr(
+        DF.masking, "flex_attend", lambda *a, **kw: offsets.append(kw.get("min_offset")) or real(*a, **kw)
+    )
+    tgt_len, src_len = lengths
+    (q, _, _), (_, k, v) = _inputs(3, tgt_len, 8, torch.float64), _inputs(3, src_len, 8, torch.float64, seed=2)
+    op = _ops("cpu", torch.float64)["rpr"]
+    padding = torch.zeros(3, src_len, dtype=torch.bool)
+    padding[1, :2] = True
+    results = {}
+    for mode in ("never", "always"):
+        inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+        with flex.flex_mode(mode):
+            out, _ = op(*inputs, key_padding_mask=padding, need_weights=False)
+        results[mode] = (out, *torch.autograd.grad(out.square().sum(), inputs))
+    assert offsets == ([None, 3] if lengths == (11, 11) else [None])
+    for fused, eager in zip(results["always"], results["never"]):
+        torch.testing.assert_close(fused, eager, rtol=1e-10, atol=1e-10)
 
 
 def test_cross_attention_lengths_and_a_hidden_row():
@@ -205,7 +318,13 @@ def test_the_registry_declares_which_mechanisms_take_the_flex_path(mechanism, mo
 
     calls = []
     real = flex.flex_attend
-    monkeypatch.setattr(DF.masking, "flex_attend", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+
+    def spy(*args, **kwargs):
+        if kwargs.get("min_offset") is None:  # not rpr's extra call for the keys clipped to +k
+            calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(DF.masking, "flex_attend", spy)
     name, *options = mechanism.split()
     model, d = translation_model(extra=[*TINY, "--encoder-self-attention", name, *options])
     sentences = [random_tokens(d, 1, length, seed)[0] for seed, length in enumerate((6, 3))]
@@ -218,8 +337,8 @@ def test_the_registry_declares_which_mechanisms_take_the_flex_path(mechanism, mo
             fused, _ = model(src_tokens, src_lengths, prev_output_tokens)
     takes_flex = model.encoder.layers[0].self_attn.mechanism.hands_offset_table()
     assert not takes_flex or _flex_declared(name)
-    # every mechanism that declares flex takes it with its default options, rpr with keys only
-    assert takes_flex == (_flex_declared(name) and mechanism != "rpr")
+    # every mechanism that declares flex takes it with its default options
+    assert takes_flex == _flex_declared(name)
     assert len(calls) == (2 if takes_flex else 0)  # both encoder layers, or none
     torch.testing.assert_close(fused, eager, rtol=1e-9, atol=1e-9)
 
@@ -240,14 +359,18 @@ def test_layers_on_the_flex_path_are_not_recomputed(monkeypatch):
     and saves nothing: flex keeps no [B, H, Tq, Tk] tensor for backward."""
     from .model_helpers import TINY, translation_model
 
-    model, _ = translation_model(extra=[*TINY, "--encoder-self-attention", "da", "--decoder-self-attention", "rpr"])
+    model, _ = translation_model(
+        extra=[*TINY, "--encoder-self-attention", "da", "--decoder-self-attention", "rpr@0,window-mw@1"]
+    )
     da = model.encoder.layers[0].self_attn.mechanism
-    rpr = model.decoder.layers[0].self_attn.mechanism
+    rpr, window = (model.decoder.layers[layer].self_attn.mechanism for layer in (0, 1))
     query = torch.zeros(2, 2, 5, 8, requires_grad=True)
-    assert da.recompute_saves_memory(query, False, 0.0) and rpr.recompute_saves_memory(query, False, 0.0)
+    for mechanism in (da, rpr, window):
+        assert mechanism.recompute_saves_memory(query, False, 0.0)
     monkeypatch.setattr("fairseq_distattn.mechanisms.base.flex_applies", lambda *a, **kw: True)
     assert not da.recompute_saves_memory(query, False, 0.0)
-    assert rpr.recompute_saves_memory(query, False, 0.0)  # no offset table: unchanged
+    assert not rpr.recompute_saves_memory(query, False, 0.0)
+    assert window.recompute_saves_memory(query, False, 0.0)  # no offset table: unchanged
 
 
 def test_attention_flex_never_keeps_every_layer_off_flex(monkeypatch):

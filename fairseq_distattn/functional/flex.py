@@ -10,6 +10,14 @@ a score modification such as DA's eq. 6 ``ReLU(s) * f`` runs fused too (SDPA
 only takes an additive mask). Causal, key-padding and direction masks become
 one block mask, so fully hidden blocks are skipped.
 
+Shaw et al.'s value term (eq. 3) needs each query's probability mass per
+clipped distance, which flex does not return: it is rebuilt from flex's
+log-sum-exp (a :class:`LseValueTerm`): the 2k - 1 unclipped distances are one
+diagonal of keys each, whose scores are recomputed (``O(Tq k D)``) and
+normalised by ``exp(s - lse)``; the keys clipped to +k are one more flex call
+restricted to ``j - i >= k`` (``exp(lse_beyond - lse)``), and those clipped
+to -k are what is left of 1.
+
 When it runs (:func:`flex_applies`): full-sequence calls (``query_offset`` 0:
 training, scoring, the encoder; one-token decoding steps gain nothing and would
 recompile per step) without attention weights and without attention dropout
@@ -78,6 +86,19 @@ def offsets(tgt_len: int, src_len: int, query_offset: int, device, dtype=torch.l
     return torch.arange(-(tgt_len - 1) - query_offset, src_len - query_offset, device=device, dtype=dtype)
 
 
+@functools.lru_cache(maxsize=256)
+def _index_scalar(value: int, device: torch.device) -> Tensor:
+    """A cached 0-d long tensor: a score_mod reads its shifts from tensors (a
+    Python int would recompile the kernel for every length), and building one
+    per call would be a blocking host-to-device copy on CUDA in every layer."""
+    with torch.inference_mode(False):
+        return torch.tensor(value, device=device)
+
+
+def index_scalar(value: int, device) -> Tensor:
+    return _index_scalar(int(value), torch.device(device))
+
+
 class ScoreTable(Protocol):
     """What :func:`masking.attend` takes as ``offset_table``: a bias (``combine``
     "add") or DA's ``ReLU(score) * value`` ("relu-multiply") given as a table
@@ -120,8 +141,7 @@ class OffsetTable:
     def score_mod(self) -> Callable:
         values = self.values
         shared = values.size(0) == 1
-        # a tensor, not a Python int: a compiled kernel would recompile for every Tq
-        shift = torch.tensor(self.tgt_len - 1, device=values.device)
+        shift = index_scalar(self.tgt_len - 1, values.device)
 
         def lookup(h, q_idx, kv_idx):
             column = kv_idx - q_idx + shift
@@ -130,6 +150,24 @@ class OffsetTable:
         if self.combine == "add":
             return lambda score, b, h, q_idx, kv_idx: score + lookup(h, q_idx, kv_idx)
         return lambda score, b, h, q_idx, kv_idx: torch.relu(score) * lookup(h, q_idx, kv_idx)
+
+
+class LseValueTerm(Protocol):
+    """A term added to the attention output that depends on the probabilities
+    (``value_term`` of :func:`masking.attend`), which can also be rebuilt from
+    flex's log-sum-exp so that the mechanism stays on the flex path."""
+
+    def __call__(self, attended: Tensor) -> Tensor:
+        """The term from the (dropped) ``[B, H, Tq, Tk]`` probabilities: the eager path."""
+        ...
+
+    def from_log_normaliser(
+        self, lse: Tensor, lse_beyond: Callable[[int], Tensor], key_padding_mask: Optional[Tensor]
+    ) -> Tensor:
+        """The term from ``lse`` ``[B, H, Tq]`` (float32, -inf on rows with no
+        visible key) and ``lse_beyond(d)``, the log-sum-exp over the visible
+        keys with ``j - i >= d`` only."""
+        ...
 
 
 @functools.lru_cache(maxsize=None)
@@ -151,15 +189,20 @@ def flex_attend(
     allowed: Optional[Tensor] = None,
     key_padding_mask: Optional[Tensor] = None,
     causal: bool = False,
-) -> Tensor:
+    min_offset: Optional[int] = None,
+    return_lse: bool = False,
+):
     """``softmax(table applied to q k^T / sqrt(D)) v`` over the keys that
-    ``causal``, ``key_padding_mask`` and the bool ``[Tq, Tk]`` ``allowed`` leave
-    visible (``query_offset`` 0). A row with no visible key gives 0, as on the
-    eager path."""
+    ``causal``, ``key_padding_mask``, the bool ``[Tq, Tk]`` ``allowed`` and
+    ``j - i >= min_offset`` leave visible (``query_offset`` 0). A row with no
+    visible key gives 0, as on the eager path. ``return_lse``: ``(out, lse)``
+    with the float32 ``[B, H, Tq]`` log-sum-exp of each row's logits (-inf on
+    a row with no visible key)."""
     batch, _, tgt_len, _ = q.shape
     src_len = k.size(2)
     block_mask = None
-    if causal or key_padding_mask is not None or allowed is not None:
+    if causal or key_padding_mask is not None or allowed is not None or min_offset is not None:
+        nearest = None if min_offset is None else index_scalar(min_offset, q.device)
 
         def mask_mod(b, h, q_idx, kv_idx):
             keep = kv_idx >= 0
@@ -169,6 +212,8 @@ def flex_attend(
                 keep = keep & ~key_padding_mask[b, kv_idx]
             if allowed is not None:
                 keep = keep & allowed[q_idx, kv_idx]
+            if nearest is not None:
+                keep = keep & (kv_idx - q_idx >= nearest)
             return keep
 
         block_mask = _flex_module().create_block_mask(
@@ -179,7 +224,25 @@ def flex_attend(
             src_len,
             device=q.device,
         )
-    return _flex(q)(q, k, v, score_mod=table.score_mod(), block_mask=block_mask)
+    kernel = _flex(q)
+    if not return_lse:
+        return kernel(q, k, v, score_mod=table.score_mod(), block_mask=block_mask)
+    module = _flex_module()
+    if hasattr(module, "AuxRequest"):
+        out, aux = kernel(
+            q, k, v, score_mod=table.score_mod(), block_mask=block_mask, return_aux=module.AuxRequest(lse=True)
+        )
+        return out, aux.lse
+    return kernel(q, k, v, score_mod=table.score_mod(), block_mask=block_mask, return_lse=True)
 
 
-__all__ = ["OffsetTable", "ScoreTable", "flex_applies", "flex_attend", "flex_mode", "offsets"]
+__all__ = [
+    "LseValueTerm",
+    "OffsetTable",
+    "ScoreTable",
+    "flex_applies",
+    "flex_attend",
+    "flex_mode",
+    "index_scalar",
+    "offsets",
+]

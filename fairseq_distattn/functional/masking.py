@@ -316,8 +316,9 @@ def attend(
     ``j - i`` (:class:`flex.OffsetTable`: per head; rpr's
     ``RelativeKeyScores``: per query and clipped distance), given instead of
     ``bias`` or ``score_mod``: where :func:`flex.flex_applies` it runs in
-    flex_attention (its ``score_mod``), elsewhere its ``dense()`` becomes that
-    ``bias`` or ``score_mod``. A mechanism that is
+    flex_attention (its ``score_mod``), with a ``value_term`` only if that can
+    be rebuilt from flex's log-sum-exp (:class:`flex.LseValueTerm`);
+    elsewhere its ``dense()`` becomes that ``bias`` or ``score_mod``. A mechanism that is
     only an additive bias (and ``allowed``) otherwise runs fused
     (:func:`fused_attention`) when the weights are not needed. Unchecked: the
     public ops check their arguments first."""
@@ -325,11 +326,10 @@ def attend(
     if offset_table is not None:
         if (
             weight_mod is None
-            and value_term is None
+            and (value_term is None or hasattr(value_term, "from_log_normaliser"))
             and flex_applies(q, need_weights=need_weights, dropout_p=dropout_p, query_offset=query_offset)
         ):
-            out = flex_attend(q, k, v, offset_table, allowed=allowed, key_padding_mask=key_padding_mask, causal=causal)
-            return out, None
+            return _flex_attend(q, k, v, offset_table, value_term, allowed, key_padding_mask, causal), None
         dense = offset_table.dense()
         if offset_table.combine == "add":
             bias = dense
@@ -366,6 +366,19 @@ def attend(
     if value_term is not None:
         out = out + value_term(attended)
     return out, probs if need_weights else None
+
+
+def _flex_attend(q, k, v, offset_table, value_term, allowed, key_padding_mask, causal) -> Tensor:
+    """:func:`flex.flex_attend`, plus the value term rebuilt from its log-sum-exp."""
+    masks = dict(allowed=allowed, key_padding_mask=key_padding_mask, causal=causal)
+    if value_term is None:
+        return flex_attend(q, k, v, offset_table, **masks)
+    out, lse = flex_attend(q, k, v, offset_table, return_lse=True, **masks)
+
+    def lse_beyond(min_offset: int) -> Tensor:
+        return flex_attend(q, k, v, offset_table, min_offset=min_offset, return_lse=True, **masks)[1]
+
+    return out + value_term.from_log_normaliser(lse, lse_beyond, key_padding_mask).to(out.dtype)
 
 
 def _relu_multiply(scores: Tensor, coefficients: Tensor) -> Tensor:

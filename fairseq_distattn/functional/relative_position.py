@@ -9,7 +9,9 @@ Efficient form (sec. 3.3): the relative term of eq. (4) is computed as
 q @ (w^K)^T over the 2k+1 buckets, then gathered per (i, j); the relative term
 of eq. (3) sums alpha per bucket (each unclipped bucket is one diagonal of
 alpha) and multiplies by w^V. Nothing of size
-[Tq, Tk, D] is ever built.
+[Tq, Tk, D] is ever built. On the flex path (CUDA) neither is anything of size
+[Tq, Tk]: the key term is read inside flex's score_mod and the per-bucket sums
+of alpha are rebuilt from its log-sum-exp (:class:`RelativeValues`).
 """
 
 import functools
@@ -19,7 +21,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .masking import attend, check_attention_arguments, position_tensor, relative_distance, scaled
+from .flex import index_scalar
+from .masking import attend, check_attention_arguments, logit_dtype, position_tensor, relative_distance, scaled
 
 
 @position_tensor
@@ -30,19 +33,25 @@ def relative_position_buckets(tgt_len: int, src_len: int, max_distance: int, que
 
 
 @functools.lru_cache(maxsize=256)
-def _band_diagonals(tgt_len: int, src_len: int, max_distance: int, query_offset: int, causal: bool):
-    """``(bucket, diagonal, first_row, rows)`` of every unclipped bucket
-    ``|j - i| < k``: its keys are the diagonal ``j = query_offset + i + d``.
-    Under ``causal`` the buckets after the query are left out."""
-    last = 0 if causal else max_distance - 1
+def _diagonals(tgt_len: int, src_len: int, max_distance: int, query_offset: int, first: int, last: int):
+    """``(bucket, diagonal, first_row, rows)`` of every distance ``first..last``
+    (within ``-k..k``) that some query has: its keys are the diagonal
+    ``j = query_offset + i + d``, its bucket ``d + k``."""
     diagonals = []
-    for distance in range(-(max_distance - 1), last + 1):
+    for distance in range(first, last + 1):
         diagonal = query_offset + distance
         first_row = max(0, -diagonal)
         rows = min(tgt_len, src_len - diagonal) - first_row
         if rows > 0:
             diagonals.append((distance + max_distance, diagonal, first_row, rows))
     return tuple(diagonals)
+
+
+def _band_diagonals(tgt_len: int, src_len: int, max_distance: int, query_offset: int, causal: bool):
+    """:func:`_diagonals` of every unclipped bucket ``|j - i| < k``; under
+    ``causal`` the buckets after the query are left out."""
+    last = 0 if causal else max_distance - 1
+    return _diagonals(tgt_len, src_len, max_distance, query_offset, -(max_distance - 1), last)
 
 
 @position_tensor
@@ -178,14 +187,120 @@ class RelativeKeyScores:
 
     def score_mod(self):
         per_bucket, max_distance = self.per_bucket, self.max_distance
-        # a tensor, not a Python int: a compiled kernel would recompile for every offset
-        offset = torch.tensor(self.query_offset, device=per_bucket.device)
+        offset = index_scalar(self.query_offset, per_bucket.device)
 
         def add_relative_key_score(score, b, h, q_idx, kv_idx):
             bucket = (kv_idx - q_idx - offset).clamp(-max_distance, max_distance) + max_distance
             return score + per_bucket[b, h, q_idx, bucket]
 
         return add_relative_key_score
+
+
+@position_tensor
+def _band_keys(tgt_len: int, src_len: int, max_distance: int, first: int, last: int, device) -> Tuple[Tensor, Tensor]:
+    """``(keys, on_band)``, both ``[Tq, 2k+1]``: the key ``j = i + b - k`` of query
+    ``i`` at bucket ``b`` (clamped into the sequence), and whether that key exists
+    and its distance is within ``first..last``."""
+    distance = torch.arange(-max_distance, max_distance + 1, device=device)
+    keys = torch.arange(tgt_len, device=device)[:, None] + distance
+    on_band = (keys >= 0) & (keys < src_len) & (distance >= first) & (distance <= last)
+    return keys.clamp(0, src_len - 1), on_band
+
+
+def _rowwise_dot(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
+    return (a.to(dtype) * b.to(dtype)).sum(dim=-1)
+
+
+class _BandDotProducts(torch.autograd.Function):
+    """``q_i . k_{i+d}`` for the unclipped distances ``|d| < k`` as ``[B, H, Tq, 2k+1]``
+    (column ``d + k``; 0 where there is no such key) in :func:`masking.logit_dtype`:
+    one diagonal of ``q k^T`` per distance, ``O(Tq k D)``, and its gradient
+    without autograd keeping a float32 copy of every diagonal's slices."""
+
+    @staticmethod
+    def forward(ctx, q, k, diagonals, width):
+        ctx.save_for_backward(q, k)
+        ctx.diagonals = diagonals
+        dtype = logit_dtype(q.dtype)
+        products = q.new_zeros(q.shape[:-1] + (width,), dtype=dtype)
+        for column, diagonal, first_row, rows in diagonals:
+            queries = q[..., first_row : first_row + rows, :]
+            keys = k[..., first_row + diagonal : first_row + diagonal + rows, :]
+            products[..., first_row : first_row + rows, column] = _rowwise_dot(queries, keys, dtype)
+        return products
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        q, k = ctx.saved_tensors
+        grad_q = torch.zeros(q.shape, dtype=grad.dtype, device=q.device)
+        grad_k = torch.zeros(k.shape, dtype=grad.dtype, device=k.device)
+        for column, diagonal, first_row, rows in ctx.diagonals:
+            query_rows, key_rows = (
+                slice(first_row, first_row + rows),
+                slice(first_row + diagonal, first_row + diagonal + rows),
+            )
+            weight = grad[..., query_rows, column, None]
+            grad_q[..., query_rows, :].addcmul_(weight, k[..., key_rows, :].to(grad.dtype))
+            grad_k[..., key_rows, :].addcmul_(weight, q[..., query_rows, :].to(grad.dtype))
+        return grad_q.to(q.dtype), grad_k.to(k.dtype), None, None
+
+
+@dataclass
+class RelativeValues:
+    """The second term of eq. 3, ``sum_j alpha_ij a^V_ij``, as a ``value_term`` of
+    :func:`masking.attend` (a :class:`flex.LseValueTerm`). Eagerly it sums the
+    probabilities per bucket. On the flex path, where the probabilities are never
+    formed, each unclipped bucket's one key is rescored (eq. 4 from ``q``,
+    ``k`` and the key table's ``key_scores``) and normalised by flex's log-sum-exp;
+    of the clipped buckets, +k is ``exp(lse_beyond(k) - lse)`` and -k what is
+    left of 1."""
+
+    key_scores: RelativeKeyScores
+    scaled_q: Tensor
+    k: Tensor
+    rel_values: Tensor
+
+    def __call__(self, attended: Tensor) -> Tensor:
+        scores = self.key_scores
+        return relative_position_values(
+            attended, self.rel_values, scores.buckets, scores.max_distance, scores.query_offset, scores.causal
+        )
+
+    def from_log_normaliser(self, lse, lse_beyond, key_padding_mask) -> Tensor:
+        causal, max_distance = self.key_scores.causal, self.key_scores.max_distance
+        tgt_len, src_len = self.scaled_q.size(2), self.k.size(2)
+        dtype = logit_dtype(self.scaled_q.dtype)
+        # A clipped bucket holds one key per query, a diagonal like the others, when
+        # no key lies beyond its distance (always the case once rows_within_reach cut
+        # k to the longest distance): then it needs no log-sum-exp of its own.
+        left_is_diagonal = tgt_len - 1 <= max_distance
+        right_is_diagonal = causal or src_len - 1 <= max_distance
+        first = -max_distance if left_is_diagonal else -(max_distance - 1)
+        last = 0 if causal else (max_distance if right_is_diagonal else max_distance - 1)
+        diagonals = _diagonals(tgt_len, src_len, max_distance, 0, first, last)
+        products = _BandDotProducts.apply(self.scaled_q, self.k, diagonals, 2 * max_distance + 1)
+        scores = products + self.key_scores.per_bucket.to(dtype)
+        keys, on_band = _band_keys(tgt_len, src_len, max_distance, first, last, self.k.device)
+        if key_padding_mask is not None:
+            on_band = on_band & ~key_padding_mask[:, None, keys]
+        lse = lse.to(dtype)
+        visible_row = torch.isfinite(lse)
+        # a row with no visible key has lse -inf: normalising by +inf gives it no mass
+        normaliser = lse.masked_fill(~visible_row, float("inf"))
+        masses = torch.where(on_band, scores - normaliser[..., None], float("-inf")).exp()
+        if left_is_diagonal and right_is_diagonal:
+            return torch.matmul(masses.to(self.rel_values.dtype), self.rel_values)
+        rest = torch.where(visible_row, 1.0 - masses.sum(dim=-1), 0.0)
+        if left_is_diagonal:
+            left, right = masses[..., 0], rest
+        elif right_is_diagonal:
+            left, right = rest, masses[..., -1]
+        else:
+            right = torch.exp(lse_beyond(max_distance).to(dtype) - normaliser)
+            left = rest - right
+        masses = torch.cat([left[..., None], masses[..., 1:-1], right[..., None]], dim=-1)
+        return torch.matmul(masses.to(self.rel_values.dtype), self.rel_values)
 
 
 def relative_position_values(
@@ -268,14 +383,10 @@ def relative_position_attention(
         values = v if rel_values is None else v + rel_values[buckets[0]]
         return attend(q, keys, values, **shared)
     # the second term of eq. 4 is an additive bias on the logits; eq. 3's is a value term
-    key_scores = RelativeKeyScores.of(scaled(q), rel_keys, buckets, max_distance, query_offset, causal)
-    if rel_values is None:
-        return attend(q, k, v, offset_table=key_scores, **shared)
-
-    def value_term(attended: Tensor) -> Tensor:
-        return relative_position_values(attended, rel_values, buckets, max_distance, query_offset, causal)
-
-    return attend(q, k, v, bias=key_scores.dense(), value_term=value_term, **shared)
+    scaled_q = scaled(q)
+    key_scores = RelativeKeyScores.of(scaled_q, rel_keys, buckets, max_distance, query_offset, causal)
+    value_term = None if rel_values is None else RelativeValues(key_scores, scaled_q, k, rel_values)
+    return attend(q, k, v, offset_table=key_scores, value_term=value_term, **shared)
 
 
 __all__ = ["relative_position_attention"]

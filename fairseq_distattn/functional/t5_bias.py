@@ -65,6 +65,15 @@ def relative_position_bucket_table(num_buckets: int, max_distance: int, bidirect
     return tuple(table)
 
 
+@lru_cache(maxsize=64)
+def _bucket_lookup(num_buckets: int, max_distance: int, bidirectional: bool, device: torch.device) -> Tensor:
+    """:func:`relative_position_bucket_table` as a long tensor on ``device``, built
+    once: every layer asks for it in every step, and on CUDA each build would be a
+    blocking host-to-device copy."""
+    with torch.inference_mode(False):
+        return torch.tensor(relative_position_bucket_table(num_buckets, max_distance, bidirectional), device=device)
+
+
 def check_bucket_arguments(num_buckets, max_distance, bidirectional: bool) -> None:
     smallest = 4 if bidirectional else 2
     if isinstance(num_buckets, bool) or not isinstance(num_buckets, int) or num_buckets < smallest:
@@ -88,9 +97,7 @@ def t5_relative_table(
 ) -> OffsetTable:
     """``b_h(bucket(j - i))`` per head and key offset (:class:`OffsetTable`) from
     the ``[buckets, H]`` ``table`` (unchecked)."""
-    lookup = torch.tensor(
-        relative_position_bucket_table(table.size(0), max_distance, bidirectional), device=table.device
-    )
+    lookup = _bucket_lookup(table.size(0), max_distance, bidirectional, table.device)
     relative = offsets(tgt_len, src_len, query_offset, table.device)
     buckets = lookup[relative.clamp(-max_distance, max_distance) + max_distance]
     return OffsetTable(table.to(dtype or table.dtype).t()[:, buckets], tgt_len)

@@ -59,7 +59,7 @@ class RelativePositionOptions:
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     fused="keys only (`--no-relative-values`), without weights",
-    flex="keys only (`--no-relative-values`), without weights",
+    flex="without weights (eq. 3's value term from flex's log-sum-exp)",
     description="relative position representations (clipped at `--max-relative-position`)",
     paper="Shaw, Uszkoreit and Vaswani 2018, *Self-Attention with Relative Position Representations*",
 )
@@ -76,9 +76,6 @@ class RelativePosition(Mechanism):
             nn.init.xavier_uniform_(self.relative_values)
         else:
             self.register_parameter("relative_values", None)
-
-    def hands_offset_table(self) -> bool:
-        return self.relative_values is None
 
     def extra_repr(self) -> str:
         options = self.config.options
