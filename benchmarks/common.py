@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import platform
+import re
 import statistics
 import subprocess
 import time
@@ -30,8 +31,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 def without_machine_paths(text: str) -> str:
     """``text`` with this checkout's directories written relative to the repository
     (``work/...``, ``.venv/bin/...``; ``../shared/...`` beside it): committed results
-    must read the same on every machine."""
-    return text.replace(str(REPO_ROOT) + "/", "").replace(str(REPO_ROOT.parent) + "/", "../")
+    must read the same on every machine. Only whole paths are rewritten: a
+    directory of the same name deeper in a path (``/x/repo/work/`` with the
+    checkout in ``/x``) stays as it is."""
+    for directory, written in ((REPO_ROOT, ""), (REPO_ROOT.parent, "../")):
+        text = re.sub(r"(?<![\w./-])" + re.escape(f"{directory}/"), written, text)
+    return text
 
 
 def synchronize(device) -> None:

@@ -680,3 +680,17 @@ def test_attention_flex_never_runs_the_whole_harness_off_flex(monkeypatch):
     assert modes == ["never", "auto"] and flex._mode == "auto"
     with pytest.raises(SystemExit):
         run.parse_args(["--attention-flex", "always"])
+
+
+def test_machine_paths_are_rewritten_only_where_a_path_starts(monkeypatch):
+    """A directory named like the checkout's parent deeper in a path (here the
+    checkout's parent is /x and a path goes through /x/main/x/) is left alone."""
+    from pathlib import Path
+
+    from benchmarks import common
+
+    monkeypatch.setattr(common, "REPO_ROOT", Path("/x/repo"))
+    text = "fairseq-eval-lm /x/main/x/lm/data-bin --path=/x/repo/work/a.pt --user-dir /x/repo/fairseq_distattn"
+    assert common.without_machine_paths(text) == (
+        "fairseq-eval-lm ../main/x/lm/data-bin --path=work/a.pt --user-dir fairseq_distattn"
+    )
