@@ -108,15 +108,21 @@ def _dense_flex(q, k, v, score_mod=None, block_mask=None, return_lse=False, retu
     return (out, lse) if return_lse else out
 
 
+@pytest.fixture
+def dense_flex_kernel(monkeypatch):
+    """The flex path with :func:`_dense_flex` as its kernel, taken under
+    ``flex_mode("always")`` with gradients on CPU too."""
+    monkeypatch.setattr(flex, "_flex", lambda q: _dense_flex)
+    monkeypatch.setattr(DF.masking, "flex_applies", lambda *a, **kw: flex._mode != "never")
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", OP_NAMES)
-def test_flex_path_gradients_equal_the_eager_path(name, causal, monkeypatch):
+def test_flex_path_gradients_equal_the_eager_path(name, causal, monkeypatch, dense_flex_kernel):
     """The backward of everything around the kernel (tables, score_mod, block
     mask, rpr's value term rebuilt from the log-sum-exp) against the eager path,
     on CPU: flex's kernel replaced by its dense definition, since flex has no
     CPU backward (the compiled kernel's own backward is tested on CUDA)."""
-    monkeypatch.setattr(flex, "_flex", lambda q: _dense_flex)
-    monkeypatch.setattr(DF.masking, "flex_applies", lambda *a, **kw: flex._mode != "never")
     calls = []
     real = flex.flex_attend
     monkeypatch.setattr(DF.masking, "flex_attend", lambda *a, **kw: calls.append(1) or real(*a, **kw))
@@ -134,12 +140,10 @@ def test_flex_path_gradients_equal_the_eager_path(name, causal, monkeypatch):
         torch.testing.assert_close(fused, eager, rtol=1e-10, atol=1e-10)
 
 
-def test_relative_values_from_the_log_sum_exp_take_every_parameter_gradient(monkeypatch):
+def test_relative_values_from_the_log_sum_exp_take_every_parameter_gradient(dense_flex_kernel):
     """rpr's key and value tables get the eager path's gradients through the
     rebuilt value term, including both clipped buckets (k = 3 < length 11) and
     a padded row (a hidden causal row gives 0 either way)."""
-    monkeypatch.setattr(flex, "_flex", lambda q: _dense_flex)
-    monkeypatch.setattr(DF.masking, "flex_applies", lambda *a, **kw: flex._mode != "never")
     generator = torch.Generator().manual_seed(3)
     tables = [torch.randn(7, 8, generator=generator, dtype=torch.float64) for _ in range(2)]
     inputs = _inputs(3, 11, 8, torch.float64)
@@ -164,12 +168,10 @@ def test_relative_values_from_the_log_sum_exp_take_every_parameter_gradient(monk
 
 
 @pytest.mark.parametrize("lengths", [(11, 11), (3, 9), (9, 3), (4, 4)])
-def test_relative_values_for_each_clipping_case(lengths, monkeypatch):
+def test_relative_values_for_each_clipping_case(lengths, monkeypatch, dense_flex_kernel):
     """k = 3: keys clipped on both sides of most queries (11, 11: one more flex
     call for j - i >= k); on one side only, where the other clipped bucket holds
     one key per query, a diagonal (3, 9) and (9, 3); or nowhere (4, 4)."""
-    monkeypatch.setattr(flex, "_flex", lambda q: _dense_flex)
-    monkeypatch.setattr(DF.masking, "flex_applies", lambda *a, **kw: flex._mode != "never")
     offsets = []
     real = flex.flex_attend
     monkeypatch.setattr(
