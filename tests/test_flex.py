@@ -235,6 +235,31 @@ def test_routing(monkeypatch):
             pass
 
 
+def test_a_kernel_that_cannot_be_compiled_names_the_way_off_the_flex_path(monkeypatch):
+    import torch._dynamo.exc as dynamo_errors
+
+    def compile_fails(*args, **kwargs):
+        raise dynamo_errors.BackendCompilerFailed(
+            "inductor",
+            RuntimeError("Found NVIDIA Tesla K80 which is too old to be supported by the triton GPU compiler"),
+            None,
+        )
+
+    monkeypatch.setattr(flex, "_compiled_flex", lambda: compile_fails)
+    q, k, v = _inputs(1, 4, 16, torch.float32)
+    with pytest.raises(
+        RuntimeError, match=r"could not be compiled for cpu \(BackendCompilerFailed: .*--attention-flex never"
+    ):
+        flex._compiled_kernel(q, k, v)
+
+    def runtime_error(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(flex, "_compiled_flex", lambda: runtime_error)
+    with pytest.raises(torch.OutOfMemoryError):  # not a compile failure: left as it is
+        flex._compiled_kernel(q, k, v)
+
+
 def test_offset_table_dense_is_the_toeplitz_matrix():
     values = torch.arange(2 * 7, dtype=torch.float64).reshape(2, 7)  # Tq = 3, Tk = 5
     table = flex.OffsetTable(values, 3)

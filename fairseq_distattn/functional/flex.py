@@ -175,9 +175,28 @@ def _compiled_flex() -> Callable:
     return torch.compile(_flex_module().flex_attention)
 
 
+def _compiled_kernel(q: Tensor, *args, **kwargs):
+    """The compiled kernel; a failure to compile it (no Triton, a GPU it does not
+    support) becomes an error that names the way off this path, instead of an
+    inductor traceback in the middle of a training step."""
+    try:
+        return _compiled_flex()(q, *args, **kwargs)
+    except Exception as error:
+        import torch._dynamo.exc as dynamo_errors
+
+        if not isinstance(error, dynamo_errors.TorchDynamoException):
+            raise
+        raise RuntimeError(
+            f"flex_attention could not be compiled for {q.device} ({type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else 'no message'}); train or generate with "
+            "--attention-flex never (functional API: fairseq_distattn.functional.flex.flex_mode('never')) "
+            "to take the eager path"
+        ) from error
+
+
 def _flex(q: Tensor) -> Callable:
     """Compiled flex_attention on CUDA (compiled once per process); its eager form elsewhere."""
-    return _compiled_flex() if q.is_cuda else _flex_module().flex_attention
+    return _compiled_kernel if q.is_cuda else _flex_module().flex_attention
 
 
 def flex_attend(
