@@ -299,9 +299,10 @@ def mechanism_table() -> str:
         "",
         "*Fused path*: with `need_weights=False` (training, generation) the mechanism runs as one "
         "`F.scaled_dot_product_attention` with an additive bias. *flex_attention*: on CUDA, for full sequences "
-        "without weights and without attention dropout, the mechanism's bias or score modification, a function "
-        "of the head and j - i, runs inside compiled `torch.nn.attention.flex_attention` (nothing of size "
-        "`[B, H, Tq, Tk]` is kept; it takes precedence over the fused path). *Recomputed in row blocks*: from "
+        "without weights and without attention dropout, the mechanism's bias or score modification, a table "
+        "read inside `score_mod`, runs in compiled `torch.nn.attention.flex_attention` (no attention matrix "
+        "is kept, only what the mechanism itself builds, such as MW's window M; it takes precedence over the "
+        "fused path). *Recomputed in row blocks*: from "
         "`--attention-recompute-length` on, a training step recomputes the mechanism in blocks of query rows "
         "instead of keeping `[B, H, Tq, Tk]` tensors for backward: row-wise mechanisms only, and not where the "
         "fused path keeps only a bias without a batch dimension (so only when the weights are needed) nor where "

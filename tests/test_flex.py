@@ -37,7 +37,19 @@ def _ops(device, dtype, head_size=8):
     far_keys, far_values = (
         torch.randn(2 * 40 + 1, head_size, generator=generator, dtype=dtype).to(device) for _ in range(2)
     )
+
+    def window(segment_size):
+        def op(q, k, v, **kw):
+            # pointer projections of their own: scaled copies of q and k
+            positions = {name: kw[name] for name in ("key_padding_mask", "causal", "query_offset") if name in kw}
+            mask = DF.window_mask(q * 0.5, k * 0.3, q * -0.4, k * 0.7, segment_size, **positions)
+            return DF.multiplicative_window_attention(q, k, v, mask, **kw)
+
+        return op
+
     return {
+        "window-mw": window(0),
+        "window-mw-seg": window(3),
         "rpr-keys-only": lambda q, k, v, **kw: DF.relative_position_attention(q, k, v, relative_keys, None, 3, **kw),
         "rpr": lambda q, k, v, **kw: DF.relative_position_attention(q, k, v, relative_keys, relative_values, 3, **kw),
         "rpr-k-beyond-the-sequence": lambda q, k, v, **kw: DF.relative_position_attention(
@@ -64,6 +76,24 @@ def _ops(device, dtype, head_size=8):
 
 
 OP_NAMES = list(_ops("cpu", torch.float64))
+
+
+@pytest.fixture
+def flex_calls(monkeypatch):
+    """The ``min_offset`` of every call of :func:`flex.flex_attend` that applies a
+    mechanism's table, made by the core or by MW (rpr's extra call for the keys
+    clipped to +k is recorded as k; MW's plain call, which has no table, not at all)."""
+    calls = []
+    real = flex.flex_attend
+
+    def spy(q, k, v, table, **kwargs):
+        if table is not None:
+            calls.append(kwargs.get("min_offset"))
+        return real(q, k, v, table, **kwargs)
+
+    for module in (DF.masking, DF.differentiable_window):
+        monkeypatch.setattr(module, "flex_attend", spy)
+    return calls
 
 
 def _padding(batch, length, device="cpu"):
@@ -113,19 +143,18 @@ def dense_flex_kernel(monkeypatch):
     """The flex path with :func:`_dense_flex` as its kernel, taken under
     ``flex_mode("always")`` with gradients on CPU too."""
     monkeypatch.setattr(flex, "_flex", lambda q: _dense_flex)
-    monkeypatch.setattr(DF.masking, "flex_applies", lambda *a, **kw: flex._mode != "never")
+    for module in (DF.masking, DF.differentiable_window):
+        monkeypatch.setattr(module, "flex_applies", lambda *a, **kw: flex._mode != "never")
 
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", OP_NAMES)
-def test_flex_path_gradients_equal_the_eager_path(name, causal, monkeypatch, dense_flex_kernel):
+def test_flex_path_gradients_equal_the_eager_path(name, causal, dense_flex_kernel, flex_calls):
     """The backward of everything around the kernel (tables, score_mod, block
     mask, rpr's value term rebuilt from the log-sum-exp) against the eager path,
     on CPU: flex's kernel replaced by its dense definition, since flex has no
     CPU backward (the compiled kernel's own backward is tested on CUDA)."""
-    calls = []
-    real = flex.flex_attend
-    monkeypatch.setattr(DF.masking, "flex_attend", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    calls = flex_calls
     inputs = _inputs(3, 11, 8, torch.float64)
     op = _ops("cpu", torch.float64)[name]
     shared = dict(causal=causal, key_padding_mask=_padding(3, 11), need_weights=False)
@@ -168,15 +197,11 @@ def test_relative_values_from_the_log_sum_exp_take_every_parameter_gradient(dens
 
 
 @pytest.mark.parametrize("lengths", [(11, 11), (3, 9), (9, 3), (4, 4)])
-def test_relative_values_for_each_clipping_case(lengths, monkeypatch, dense_flex_kernel):
+def test_relative_values_for_each_clipping_case(lengths, dense_flex_kernel, flex_calls):
     """k = 3: keys clipped on both sides of most queries (11, 11: one more flex
     call for j - i >= k); on one side only, where the other clipped bucket holds
     one key per query, a diagonal (3, 9) and (9, 3); or nowhere (4, 4)."""
-    offsets = []
-    real = flex.flex_attend
-    monkeypatch.setattr(
-        DF.masking, "flex_attend", lambda *a, **kw: offsets.append(kw.get("min_offset")) or real(*a, **kw)
-    )
+    offsets = flex_calls
     tgt_len, src_len = lengths
     (q, _, _), (_, k, v) = _inputs(3, tgt_len, 8, torch.float64), _inputs(3, src_len, 8, torch.float64, seed=2)
     op = _ops("cpu", torch.float64)["rpr"]
@@ -191,6 +216,28 @@ def test_relative_values_for_each_clipping_case(lengths, monkeypatch, dense_flex
     assert offsets == ([None, 3] if lengths == (11, 11) else [None])
     for fused, eager in zip(results["always"], results["never"]):
         torch.testing.assert_close(fused, eager, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_window_that_underflows_to_zero_keeps_its_gradient(dtype, dense_flex_kernel):
+    """MW through flex reads log M: where M is 0 (a sharp pointer) or below the
+    floor, the weights and the gradient of M (the pull that widens the window,
+    nonzero here) are eq. 13's, not 0 from a clamp nor NaN from log 0."""
+    generator = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(2, 2, 6, 8, generator=generator, dtype=dtype) for _ in range(3)]
+    window = torch.rand(2, 2, 6, 6, generator=generator, dtype=dtype)
+    window[0, 0, 2, :4] = 0.0
+    window[1, 1, 3, 3] = 1e-30
+    results = {}
+    for mode in ("never", "always"):
+        q, k, v, mask = (t.clone().requires_grad_() for t in (*inputs, window))
+        with flex.flex_mode(mode):
+            out, _ = DF.multiplicative_window_attention(q, k, v, mask, need_weights=False)
+        results[mode] = (out, *torch.autograd.grad(out.square().sum(), (q, k, v, mask)))
+    assert float(results["never"][-1][0, 0, 2, :4].abs().min()) > 1e-3
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-5
+    for fused, eager in zip(results["always"], results["never"]):
+        torch.testing.assert_close(fused, eager, rtol=tolerance, atol=tolerance)
 
 
 def test_cross_attention_lengths_and_a_hidden_row():
@@ -211,10 +258,8 @@ def test_cross_attention_lengths_and_a_hidden_row():
     assert float(fused[0, :, 0].abs().max()) == 0.0
 
 
-def test_routing(monkeypatch):
-    calls = []
-    real = flex.flex_attend
-    monkeypatch.setattr(DF.masking, "flex_attend", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+def test_routing(flex_calls):
+    calls = flex_calls
     q, k, v = _inputs(2, 6, 8, torch.float32)
     op = _ops("cpu", torch.float32)["alibi"]
     with torch.no_grad():
@@ -292,14 +337,12 @@ def test_compiled_flex_matches_the_eager_path_on_cuda(name):
             torch.testing.assert_close(fused, eager, rtol=2e-4, atol=2e-4)
 
 
-def test_a_translation_model_gives_the_same_logits_through_flex(monkeypatch):
+def test_a_translation_model_gives_the_same_logits_through_flex(flex_calls):
     """Every layer's self-attention through flex (forced, inference) against the
     eager path, in a model that puts a different mechanism in each layer."""
     from .model_helpers import TINY, left_pad, random_tokens, translation_model
 
-    calls = []
-    real = flex.flex_attend
-    monkeypatch.setattr(DF.masking, "flex_attend", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    calls = flex_calls
     model, d = translation_model(
         extra=[
             *TINY,
@@ -338,20 +381,11 @@ def _registered_self_attention():
 
 
 @pytest.mark.parametrize("mechanism", [*_registered_self_attention(), "rpr --no-relative-values"])
-def test_the_registry_declares_which_mechanisms_take_the_flex_path(mechanism, monkeypatch):
+def test_the_registry_declares_which_mechanisms_take_the_flex_path(mechanism, flex_calls):
     """A mechanism runs through flex exactly when it declares ``flex`` (forced
     flex, inference), with the same logits as the eager path either way."""
     from .model_helpers import TINY, left_pad, random_tokens, translation_model
 
-    calls = []
-    real = flex.flex_attend
-
-    def spy(*args, **kwargs):
-        if kwargs.get("min_offset") is None:  # not rpr's extra call for the keys clipped to +k
-            calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(DF.masking, "flex_attend", spy)
     name, *options = mechanism.split()
     model, d = translation_model(extra=[*TINY, "--encoder-self-attention", name, *options])
     sentences = [random_tokens(d, 1, length, seed)[0] for seed, length in enumerate((6, 3))]
@@ -362,11 +396,12 @@ def test_the_registry_declares_which_mechanisms_take_the_flex_path(mechanism, mo
             eager, _ = model(src_tokens, src_lengths, prev_output_tokens)
         with flex.flex_mode("always"):
             fused, _ = model(src_tokens, src_lengths, prev_output_tokens)
-    takes_flex = model.encoder.layers[0].self_attn.mechanism.hands_offset_table()
+    takes_flex = model.encoder.layers[0].self_attn.mechanism.may_take_flex_path()
     assert not takes_flex or _flex_declared(name)
     # every mechanism that declares flex takes it with its default options
     assert takes_flex == _flex_declared(name)
-    assert len(calls) == (2 if takes_flex else 0)  # both encoder layers, or none
+    # one call per encoder layer (rpr's extra call for the keys clipped to +k not counted), or none
+    assert flex_calls.count(None) == (2 if takes_flex else 0)
     torch.testing.assert_close(fused, eager, rtol=1e-9, atol=1e-9)
 
 
@@ -378,7 +413,7 @@ def test_da_late_adjustments_stay_eager():
             extra=[*TINY, "--encoder-self-attention", "da", "--da-adjusting", adjusting], perturb=False
         )
         mechanism = model.encoder.layers[0].self_attn.mechanism
-        assert mechanism.hands_offset_table() is offset_table
+        assert mechanism.may_take_flex_path() is offset_table
 
 
 def test_layers_on_the_flex_path_are_not_recomputed(monkeypatch):
@@ -397,15 +432,13 @@ def test_layers_on_the_flex_path_are_not_recomputed(monkeypatch):
     monkeypatch.setattr("fairseq_distattn.mechanisms.base.flex_applies", lambda *a, **kw: True)
     assert not da.recompute_saves_memory(query, False, 0.0)
     assert not rpr.recompute_saves_memory(query, False, 0.0)
-    assert window.recompute_saves_memory(query, False, 0.0)  # no offset table: unchanged
+    assert window.recompute_saves_memory(query, False, 0.0)  # its M is [B, H, Tq, Tk] on either path
 
 
-def test_attention_flex_never_keeps_every_layer_off_flex(monkeypatch):
+def test_attention_flex_never_keeps_every_layer_off_flex(flex_calls):
     from .model_helpers import TINY, random_tokens, translation_model
 
-    calls = []
-    real = flex.flex_attend
-    monkeypatch.setattr(DF.masking, "flex_attend", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    calls = flex_calls
     for setting, expected in (("auto", 4), ("never", 0)):
         model, d = translation_model(
             extra=[

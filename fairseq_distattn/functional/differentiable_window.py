@@ -34,11 +34,13 @@ The pointer softmaxes run over the keys the query may see (non-padding, and
 not in the future when causal), so padding never receives window mass.
 """
 
+from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
+from .flex import flex_applies, flex_attend
 from .masking import attend, check_attention_arguments, logit_dtype, logit_mask, masked_scores, masked_softmax, scaled
 
 
@@ -201,9 +203,13 @@ def multiplicative_window_attention(
     dropout_p: float = 0.0,
     need_weights: bool = True,
 ) -> Tuple[Tensor, Optional[Tensor]]:
-    """MW, eqs. 12-13. Returns ``(out, weights)``; weights = softmax * M (rows need not sum to 1)."""
+    """MW, eqs. 12-13. Returns ``(out, weights)``; weights = softmax * M (rows need
+    not sum to 1). Where :func:`flex.flex_applies` (CUDA, no weights, no
+    dropout, full sequences) it runs as :func:`flex_multiplicative_window`."""
     check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
     _check_window(mask, q, k)
+    if flex_applies(q, need_weights=need_weights, dropout_p=dropout_p, query_offset=query_offset):
+        return flex_multiplicative_window(q, k, v, mask, key_padding_mask=key_padding_mask, causal=causal), None
     return attend(
         q,
         k,
@@ -215,6 +221,65 @@ def multiplicative_window_attention(
         dropout_p=dropout_p,
         need_weights=need_weights,
     )
+
+
+class _FlooredLog(torch.autograd.Function):
+    """``log(max(M, eps))`` whose gradient is ``grad / max(M, eps)`` below the
+    floor too. ``eps = sqrt(smallest normal)`` (1e-19 in float32): a weight
+    ``softmax(s) * M`` moves by at most ``eps``, and a key whose M underflows
+    to 0 keeps the gradient eq. 13 gives it (``softmax(s) * dL/dout . v``, the
+    pull that widens a window), where a plain clamp would give 0 and an
+    unfloored log ``0 / 0``."""
+
+    @staticmethod
+    def forward(ctx, mask):
+        floored = mask.clamp_min(torch.finfo(mask.dtype).tiny ** 0.5)
+        ctx.save_for_backward(floored)
+        return floored.log()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (floored,) = ctx.saved_tensors
+        return grad / floored
+
+
+@dataclass
+class LogWindow:
+    """``score + log M`` inside flex's ``score_mod``, M the ``[B, H, Tq, Tk]`` soft
+    window (floored: :class:`_FlooredLog`)."""
+
+    mask: Tensor
+    combine: str = "add"
+
+    def score_mod(self):
+        log_mask = _FlooredLog.apply(self.mask)
+
+        def add_log_window(score, b, h, q_idx, kv_idx):
+            return score + log_mask[b, h, q_idx, kv_idx]
+
+        return add_log_window
+
+
+def flex_multiplicative_window(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor,
+    *,
+    key_padding_mask: Optional[Tensor] = None,
+    causal: bool = False,
+) -> Tensor:
+    """MW's ``(softmax(s) * M) v`` (eq. 13) through flex_attention, ``query_offset``
+    0: ``softmax(s + log M) v`` scaled per row by the window's mass under the
+    weights, ``sum_j softmax(s)_j M_j = exp(lse(s + log M) - lse(s))``. Neither
+    the weights nor their product with M is formed (M itself is)."""
+    masks = dict(key_padding_mask=key_padding_mask, causal=causal)
+    windowed, windowed_lse = flex_attend(q, k, v, LogWindow(mask), return_lse=True, **masks)
+    _, plain_lse = flex_attend(q, k, v, None, return_lse=True, **masks)
+    visible_row = torch.isfinite(plain_lse)
+    # a row with no visible key gives 0, as on the eager path (both lse are -inf there)
+    mass = torch.where(visible_row, torch.exp(windowed_lse - plain_lse.masked_fill(~visible_row, 0.0)), 0.0)
+    return windowed * mass[..., None].to(windowed.dtype)
 
 
 def additive_window_attention(

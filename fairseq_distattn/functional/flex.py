@@ -16,7 +16,10 @@ log-sum-exp (a :class:`LseValueTerm`): the 2k - 1 unclipped distances are one
 diagonal of keys each, whose scores are recomputed (``O(Tq k D)``) and
 normalised by ``exp(s - lse)``; the keys clipped to +k are one more flex call
 restricted to ``j - i >= k`` (``exp(lse_beyond - lse)``), and those clipped
-to -k are what is left of 1.
+to -k are what is left of 1. MW's ``(softmax(s) * M) v`` (Nguyen et al.
+eq. 13) is ``softmax(s + log M) v`` times each row's window mass
+``sum_j softmax(s)_j M_j = exp(lse(s + log M) - lse(s))``: two flex calls, with
+M read inside the first one's ``score_mod``.
 
 When it runs (:func:`flex_applies`): full-sequence calls (``query_offset`` 0:
 training, scoring, the encoder; one-token decoding steps gain nothing and would
@@ -203,7 +206,7 @@ def flex_attend(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    table: ScoreTable,
+    table: Optional[ScoreTable],
     *,
     allowed: Optional[Tensor] = None,
     key_padding_mask: Optional[Tensor] = None,
@@ -211,7 +214,8 @@ def flex_attend(
     min_offset: Optional[int] = None,
     return_lse: bool = False,
 ):
-    """``softmax(table applied to q k^T / sqrt(D)) v`` over the keys that
+    """``softmax(table applied to q k^T / sqrt(D)) v`` (``table`` None: plain
+    scores) over the keys that
     ``causal``, ``key_padding_mask``, the bool ``[Tq, Tk]`` ``allowed`` and
     ``j - i >= min_offset`` leave visible (``query_offset`` 0). A row with no
     visible key gives 0, as on the eager path. ``return_lse``: ``(out, lse)``
@@ -244,15 +248,14 @@ def flex_attend(
             device=q.device,
         )
     kernel = _flex(q)
+    score_mod = None if table is None else table.score_mod()
     if not return_lse:
-        return kernel(q, k, v, score_mod=table.score_mod(), block_mask=block_mask)
+        return kernel(q, k, v, score_mod=score_mod, block_mask=block_mask)
     module = _flex_module()
     if hasattr(module, "AuxRequest"):
-        out, aux = kernel(
-            q, k, v, score_mod=table.score_mod(), block_mask=block_mask, return_aux=module.AuxRequest(lse=True)
-        )
+        out, aux = kernel(q, k, v, score_mod=score_mod, block_mask=block_mask, return_aux=module.AuxRequest(lse=True))
         return out, aux.lse
-    return kernel(q, k, v, score_mod=table.score_mod(), block_mask=block_mask, return_lse=True)
+    return kernel(q, k, v, score_mod=score_mod, block_mask=block_mask, return_lse=True)
 
 
 __all__ = [

@@ -64,9 +64,12 @@ class Mechanism(nn.Module):
         """Raise SpecError where ``options`` cannot work in attention ``kind``
         (a :class:`fairseq_distattn.spec.AttentionKind` whose ``layers`` use this mechanism)."""
 
-    def hands_offset_table(self) -> bool:
-        """Whether this layer's op gives the core an OffsetTable, which may run in
-        flex_attention (declared ``flex``; a mechanism whose options decide overrides this)."""
+    # whether the flex path still keeps [B, H, Tq, Tk] tensors of its own for backward
+    flex_keeps_attention_tensors = False
+
+    def may_take_flex_path(self) -> bool:
+        """Whether this layer's op runs in flex_attention where that applies
+        (declared ``flex``; a mechanism whose options decide overrides this)."""
         return bool(self.info.flex)
 
     def recompute_saves_memory(self, query: Tensor, need_weights: bool, dropout_p: float) -> bool:
@@ -74,9 +77,12 @@ class Mechanism(nn.Module):
         module may instead recompute in blocks of query rows; only for
         mechanisms whose every query row depends on that row's queries alone
         (declared ``row_wise``). A fused path whose bias has no batch dimension
-        (``small_fused_bias``) keeps nothing of that size, nor does the flex path."""
-        if self.hands_offset_table() and flex_applies(
-            query, need_weights=need_weights, dropout_p=dropout_p, query_offset=0
+        (``small_fused_bias``) keeps nothing of that size, nor does the flex path
+        (unless ``flex_keeps_attention_tensors``)."""
+        if (
+            self.may_take_flex_path()
+            and not self.flex_keeps_attention_tensors
+            and flex_applies(query, need_weights=need_weights, dropout_p=dropout_p, query_offset=0)
         ):
             return False
         return self.info.row_wise and (need_weights or not self.info.small_fused_bias)

@@ -44,6 +44,8 @@ def _window(name, order, additive, segments, description):
         kinds=ALL_KINDS - set(UNFINISHED_SEGMENTS) if segments else ALL_KINDS,
         unsupported=UNFINISHED_SEGMENTS if segments else {},
         fused="without weights" if additive else "",
+        # MW: the weights' product with M through flex (log M in score_mod, the row mass from two log-sum-exps)
+        flex="" if additive else "without weights (M as log M in score_mod, times each row's window mass)",
         extra_queries=tuple(f"{side}_query" for side in sides),
         extra_keys=tuple(f"{side}_key" for side in sides),
         description=description,
@@ -59,6 +61,10 @@ class DifferentiableWindow(Mechanism):
     """Nguyen et al. 2020: left/right boundary pointers (eqs. 7-8) give the soft
     mask (eq. 9, or eq. 11 with segments); MW multiplies it into the attention
     weights, AW adds masked local scores from their own projections."""
+
+    # the soft window M and its pointers are [B, H, Tq, Tk] on either path: long
+    # sequences keep their recomputation in row blocks
+    flex_keeps_attention_tensors = True
 
     def __init__(self, config: MechanismConfig):
         super().__init__(config)

@@ -109,7 +109,7 @@ class DistanceAware(Mechanism):
             self.distance_weight, self.sharpness, tgt_len, src_len, query_offset, **self._mapping_arguments()
         )
 
-    def hands_offset_table(self) -> bool:
+    def may_take_flex_path(self) -> bool:
         return self.adjusting in ("early-multiply", "early-add")
 
     def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
