@@ -214,13 +214,12 @@ def flex_attend(
     min_offset: Optional[int] = None,
     return_lse: bool = False,
 ):
-    """``softmax(table applied to q k^T / sqrt(D)) v`` (``table`` None: plain
-    scores) over the keys that
-    ``causal``, ``key_padding_mask``, the bool ``[Tq, Tk]`` ``allowed`` and
-    ``j - i >= min_offset`` leave visible (``query_offset`` 0). A row with no
-    visible key gives 0, as on the eager path. ``return_lse``: ``(out, lse)``
-    with the float32 ``[B, H, Tq]`` log-sum-exp of each row's logits (-inf on
-    a row with no visible key)."""
+    """``softmax(table applied to q k^T / sqrt(D)) v`` (``table`` None: the plain
+    scores) over the keys that ``causal``, ``key_padding_mask``, the bool
+    ``[Tq, Tk]`` ``allowed`` and ``j - i >= min_offset`` leave visible
+    (``query_offset`` 0). A row with no visible key gives 0, as on the eager
+    path. ``return_lse``: ``(out, lse)`` with the float32 ``[B, H, Tq]``
+    log-sum-exp of each row's logits (-inf on a row with no visible key)."""
     batch, _, tgt_len, _ = q.shape
     src_len = k.size(2)
     block_mask = None
