@@ -205,11 +205,11 @@ def multiplicative_window_attention(
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """MW, eqs. 12-13. Returns ``(out, weights)``; weights = softmax * M (rows need
     not sum to 1). Where :func:`flex.flex_applies` (CUDA, no weights, no
-    dropout, full sequences) it runs as :func:`flex_multiplicative_window`."""
+    dropout, full sequences) it runs as :func:`_flex_multiplicative_window`."""
     check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
     _check_window(mask, q, k)
     if flex_applies(q, need_weights=need_weights, dropout_p=dropout_p, query_offset=query_offset):
-        return flex_multiplicative_window(q, k, v, mask, key_padding_mask=key_padding_mask, causal=causal), None
+        return _flex_multiplicative_window(q, k, v, mask, key_padding_mask, causal), None
     return attend(
         q,
         k,
@@ -260,15 +260,7 @@ class LogWindow:
         return add_log_window
 
 
-def flex_multiplicative_window(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor,
-    *,
-    key_padding_mask: Optional[Tensor] = None,
-    causal: bool = False,
-) -> Tensor:
+def _flex_multiplicative_window(q, k, v, mask, key_padding_mask: Optional[Tensor], causal: bool) -> Tensor:
     """MW's ``(softmax(s) * M) v`` (eq. 13) through flex_attention, ``query_offset``
     0: ``softmax(s + log M) v`` scaled per row by the window's mass under the
     weights, ``sum_j softmax(s)_j M_j = exp(lse(s + log M) - lse(s))``. Neither
