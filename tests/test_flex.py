@@ -96,6 +96,24 @@ def flex_calls(monkeypatch):
     return calls
 
 
+@pytest.fixture
+def block_mask_builds(monkeypatch):
+    """The ``(Tq, Tk)`` of every block mask flex's ``create_block_mask`` builds,
+    from an empty block-mask cache."""
+    builds = []
+    module = flex._flex_module()
+    real = module.create_block_mask
+
+    def spy(mask_mod, batch, heads, tgt_len, src_len, **kwargs):
+        builds.append((tgt_len, src_len))
+        return real(mask_mod, batch, heads, tgt_len, src_len, **kwargs)
+
+    monkeypatch.setattr(module, "create_block_mask", spy)
+    flex._BLOCK_MASKS.clear()
+    yield builds
+    flex._BLOCK_MASKS.clear()
+
+
 def _padding(batch, length, device="cpu"):
     padding = torch.zeros(batch, length, dtype=torch.bool, device=device)
     padding[1, :3] = True  # left padding, as fairseq's source side
@@ -116,6 +134,42 @@ def test_flex_forward_equals_the_eager_path_on_cpu(name, causal, padded):
         with flex.flex_mode("always"):
             fused, _ = op(q, k, v, **shared)
     torch.testing.assert_close(fused, eager, rtol=1e-10, atol=1e-10)
+
+
+def test_a_block_mask_is_built_once_per_mask_tensor_and_again_after_it_changes(block_mask_builds):
+    builds = block_mask_builds
+    q, k, v = _inputs(3, 11, 8, torch.float64)
+    padding = _padding(3, 11)
+
+    def attend(**masks):
+        with torch.no_grad():
+            return flex.flex_attend(q, k, v, None, **masks)
+
+    def eager(padding):
+        with torch.no_grad(), flex.flex_mode("never"):
+            return DF.masking.attend(q, k, v, key_padding_mask=padding, need_weights=False)[0]
+
+    first = attend(key_padding_mask=padding)
+    again = attend(key_padding_mask=padding)
+    assert len(builds) == 1
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+    padding[0, -4:] = True  # in place: the cached block mask no longer describes it
+    changed = attend(key_padding_mask=padding)
+    assert len(builds) == 2
+    torch.testing.assert_close(changed, eager(padding), rtol=1e-10, atol=1e-10)
+    assert not torch.allclose(changed, first)
+    attend(key_padding_mask=padding.clone())  # equal contents, another tensor
+    attend(key_padding_mask=padding, min_offset=2)
+    attend(key_padding_mask=padding, causal=True)
+    assert len(builds) == 5
+    with torch.inference_mode():  # no version counter: never cached
+        unversioned = _padding(3, 11)
+        for _ in range(2):
+            flex.flex_attend(q, k, v, None, key_padding_mask=unversioned)
+    assert len(builds) == 7
+    for _ in range(2 * flex.BLOCK_MASK_CACHE_ENTRIES):
+        attend(key_padding_mask=_padding(3, 11))
+    assert len(flex._BLOCK_MASKS) == flex.BLOCK_MASK_CACHE_ENTRIES
 
 
 def _dense_flex(q, k, v, score_mod=None, block_mask=None, return_lse=False, return_aux=None):
@@ -337,9 +391,10 @@ def test_compiled_flex_matches_the_eager_path_on_cuda(name):
             torch.testing.assert_close(fused, eager, rtol=2e-4, atol=2e-4)
 
 
-def test_a_translation_model_gives_the_same_logits_through_flex(flex_calls):
+def test_a_translation_model_gives_the_same_logits_through_flex(flex_calls, block_mask_builds):
     """Every layer's self-attention through flex (forced, inference) against the
-    eager path, in a model that puts a different mechanism in each layer."""
+    eager path, in a model that puts a different mechanism in each layer; the
+    layers of one stack share one block mask."""
     from .model_helpers import TINY, left_pad, random_tokens, translation_model
 
     calls = flex_calls
@@ -363,6 +418,7 @@ def test_a_translation_model_gives_the_same_logits_through_flex(flex_calls):
         with flex.flex_mode("always"):
             fused, _ = model(src_tokens, src_lengths, prev_output_tokens)
     assert len(calls) == 4  # the four self-attention layers; cross-attention is vanilla
+    assert block_mask_builds == [(7, 7), (5, 5)]  # the encoder's padding; the decoder's causal mask
     torch.testing.assert_close(fused, eager, rtol=1e-9, atol=1e-9)
 
 

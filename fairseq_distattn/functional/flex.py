@@ -8,7 +8,10 @@ holds them and its ``score_mod`` reads entry ``j - i + Tq - 1`` inside the
 kernel, so neither the bias nor the attention matrix is ever materialised, and
 a score modification such as DA's eq. 6 ``ReLU(s) * f`` runs fused too (SDPA
 only takes an additive mask). Causal, key-padding and direction masks become
-one block mask, so fully hidden blocks are skipped.
+one block mask, so fully hidden blocks are skipped; the last few block masks
+are kept, keyed on the mask tensors' identity and version counter, so the
+layers that share one padding tensor (and MW's and rpr's extra calls) build it
+once.
 
 Shaw et al.'s value term (eq. 3) needs each query's probability mass per
 clipped distance, which flex does not return: it is rebuilt from flex's
@@ -34,6 +37,7 @@ outputs for lengths that are not a multiple of 128 (measured: max error 0.7 at
 L = 40 for plain attention), so it is never used.
 """
 
+import collections
 import contextlib
 import functools
 import importlib.util
@@ -202,6 +206,65 @@ def _flex(q: Tensor) -> Callable:
     return _compiled_kernel if q.is_cuda else _flex_module().flex_attention
 
 
+# Block masks recently built, newest last: every layer that shares one key-padding
+# tensor, MW's two calls and rpr's main call all need the same block mask, and
+# create_block_mask evaluates the mask over every (batch, query, key) each time.
+_BLOCK_MASKS: "collections.OrderedDict[tuple, tuple]" = collections.OrderedDict()
+BLOCK_MASK_CACHE_ENTRIES = 8  # a decoder layer alternates self and cross masks; rpr adds its j - i >= k mask
+
+
+def _tensor_identity(tensor: Optional[Tensor]):
+    """What identifies a mask tensor's contents without reading them: the object
+    (kept alive by the cache entry, so its id is not reused) and its version
+    counter, which every in-place change bumps. None for an inference tensor,
+    which has no version counter and so is never cached."""
+    if tensor is None:
+        return ()
+    if tensor.is_inference():
+        return None
+    return (id(tensor), tensor._version)
+
+
+def _block_mask(q: Tensor, k: Tensor, allowed, key_padding_mask, causal: bool, min_offset: Optional[int]):
+    batch, _, tgt_len, _ = q.shape
+    src_len = k.size(2)
+    padding_identity, allowed_identity = _tensor_identity(key_padding_mask), _tensor_identity(allowed)
+    key = None
+    if padding_identity is not None and allowed_identity is not None:
+        key = (padding_identity, allowed_identity, causal, min_offset, batch, tgt_len, src_len, q.device)
+        cached = _BLOCK_MASKS.get(key)
+        if cached is not None and cached[0] is key_padding_mask and cached[1] is allowed:
+            _BLOCK_MASKS.move_to_end(key)
+            return cached[2]
+    nearest = None if min_offset is None else index_scalar(min_offset, q.device)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        keep = kv_idx >= 0
+        if causal:
+            keep = keep & (kv_idx <= q_idx)
+        if key_padding_mask is not None:
+            keep = keep & ~key_padding_mask[b, kv_idx]
+        if allowed is not None:
+            keep = keep & allowed[q_idx, kv_idx]
+        if nearest is not None:
+            keep = keep & (kv_idx - q_idx >= nearest)
+        return keep
+
+    block_mask = _flex_module().create_block_mask(
+        mask_mod,
+        batch if key_padding_mask is not None else None,
+        None,
+        tgt_len,
+        src_len,
+        device=q.device,
+    )
+    if key is not None:
+        _BLOCK_MASKS[key] = (key_padding_mask, allowed, block_mask)
+        while len(_BLOCK_MASKS) > BLOCK_MASK_CACHE_ENTRIES:
+            _BLOCK_MASKS.popitem(last=False)
+    return block_mask
+
+
 def flex_attend(
     q: Tensor,
     k: Tensor,
@@ -220,32 +283,9 @@ def flex_attend(
     (``query_offset`` 0). A row with no visible key gives 0, as on the eager
     path. ``return_lse``: ``(out, lse)`` with the float32 ``[B, H, Tq]``
     log-sum-exp of each row's logits (-inf on a row with no visible key)."""
-    batch, _, tgt_len, _ = q.shape
-    src_len = k.size(2)
     block_mask = None
     if causal or key_padding_mask is not None or allowed is not None or min_offset is not None:
-        nearest = None if min_offset is None else index_scalar(min_offset, q.device)
-
-        def mask_mod(b, h, q_idx, kv_idx):
-            keep = kv_idx >= 0
-            if causal:
-                keep = keep & (kv_idx <= q_idx)
-            if key_padding_mask is not None:
-                keep = keep & ~key_padding_mask[b, kv_idx]
-            if allowed is not None:
-                keep = keep & allowed[q_idx, kv_idx]
-            if nearest is not None:
-                keep = keep & (kv_idx - q_idx >= nearest)
-            return keep
-
-        block_mask = _flex_module().create_block_mask(
-            mask_mod,
-            batch if key_padding_mask is not None else None,
-            None,
-            tgt_len,
-            src_len,
-            device=q.device,
-        )
+        block_mask = _block_mask(q, k, allowed, key_padding_mask, causal, min_offset)
     kernel = _flex(q)
     score_mod = None if table is None else table.score_mod()
     if not return_lse:
