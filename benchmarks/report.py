@@ -531,94 +531,77 @@ def render_markdown(results: dict, targets: List[TargetRow], plot_name: Optional
             floors_section(comparisons),
             "",
         ]
-    train = results.get("train", {})
-    if train.get("translation"):
-        out += [
-            "## Training throughput: translation",
-            "",
+    train, generate = results.get("train", {}), results.get("generate", {})
+    memory_time_note = (
+        f"The same forward + backward passes without the profiler (median of {TIMED_PASSES}): what the "
+        "memory costs in time. From key length `--attention-recompute-length` (default 256) on, the "
+        "plugin recomputes each layer's attention in backward instead of keeping its [B, H, Tq, Tk] "
+        "tensors."
+    )
+    profiles_note = "operators by self CPU time (full profiler tables in profiles.md)."
+    # (measured, title, note, body): a section appears when its measurements do
+    sections = [
+        (
+            train.get("translation"),
+            "Training throughput: translation",
             f"Forward + backward + Adam step, target tokens/s. {meta.get('train_note', '')}",
-            "",
-            train_section(train["translation"]),
-            "",
-        ]
-    if train.get("lm"):
-        out += [
-            "## Training throughput: language model",
-            "",
+            lambda: train_section(train["translation"]),
+        ),
+        (
+            train.get("lm"),
+            "Training throughput: language model",
             "Forward + backward + Adam step, tokens/s.",
-            "",
-            train_section(train["lm"]),
-            "",
-        ]
-    generate = results.get("generate", {})
-    if generate.get("translation"):
-        out += [
-            "## Generation: translation, beam 5",
-            "",
+            lambda: train_section(train["lm"]),
+        ),
+        (
+            generate.get("translation"),
+            "Generation: translation, beam 5",
             meta.get("generate_note", ""),
-            "",
-            generation_section(generate["translation"]),
-            "",
-        ]
-    if generate.get("lm"):
-        out += [
-            "## Generation: language model, beam 5",
-            "",
+            lambda: generation_section(generate["translation"]),
+        ),
+        (
+            generate.get("lm"),
+            "Generation: language model, beam 5",
             meta.get("generate_lm_note", ""),
-            "",
-            generation_section(generate["lm"]),
-            "",
-        ]
-    if results.get("memory"):
-        out += [
-            "## Peak memory, forward + backward",
-            "",
+            lambda: generation_section(generate["lm"]),
+        ),
+        (
+            results.get("memory"),
+            "Peak memory, forward + backward",
             meta.get("memory_note", ""),
-            "",
-            memory_section(results["memory"]),
-            "",
-        ]
-        out += [
-            "## Time of the memory pass",
-            "",
-            f"The same forward + backward passes without the profiler (median of {TIMED_PASSES}): what the "
-            "memory costs in time. From key length `--attention-recompute-length` (default 256) on, the "
-            "plugin recomputes each layer's attention in backward instead of keeping its [B, H, Tq, Tk] "
-            "tensors.",
-            "",
-            memory_time_section(results["memory"]),
-            "",
-        ]
-    if results.get("ops"):
-        out += [
-            "## Attention ops vs scaled_dot_product_attention",
-            "",
+            lambda: memory_section(results["memory"]),
+        ),
+        (
+            results.get("memory"),
+            "Time of the memory pass",
+            memory_time_note,
+            lambda: memory_time_section(results["memory"]),
+        ),
+        (
+            results.get("ops"),
+            "Attention ops vs scaled_dot_product_attention",
             meta.get("ops_note", ""),
-            "",
-            ops_section(results["ops"]),
-            "",
-        ]
-    if results.get("profiles"):
-        out += [
-            "## Where the time goes: training targets missed",
-            "",
+            lambda: ops_section(results["ops"]),
+        ),
+        (
+            results.get("profiles"),
+            "Where the time goes: training targets missed",
             "torch.profiler over one training step of vanilla and of the candidate on the same batch "
-            "(2 runs each); operators by self CPU time (full profiler tables in profiles.md).",
-            "",
-            profiles_section(results["profiles"]),
-            "",
-        ]
-    if results.get("generation_profiles"):
-        out += [
-            "## Where the time goes: generation targets missed",
-            "",
+            f"(2 runs each); {profiles_note}",
+            lambda: profiles_section(results["profiles"]),
+        ),
+        (
+            results.get("generation_profiles"),
+            "Where the time goes: generation targets missed",
             "torch.profiler over one beam-5 search of vanilla and of the candidate on the same sentences "
-            "(one run each: the profiler's per-operator overhead inflates small operators); operators by self "
-            "CPU time (full profiler tables in profiles.md).",
-            "",
-            profiles_section(results["generation_profiles"], "one beam-5 search"),
-            "",
-        ]
+            "(one run each: the profiler's per-operator overhead inflates small operators); "
+            f"{profiles_note}",
+            lambda: profiles_section(results["generation_profiles"], "one beam-5 search"),
+        ),
+    ]
+    for measured, title, note, body in sections:
+        if measured:
+            out += [f"## {title}", "", note, "", body(), ""]
     if plot_name:
         out += ["## Plot", "", f"![benchmark plot]({plot_name})", ""]
     return "\n".join(out).rstrip() + "\n"
