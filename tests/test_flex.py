@@ -294,6 +294,21 @@ def test_a_window_that_underflows_to_zero_keeps_its_gradient(dtype, dense_flex_k
         torch.testing.assert_close(fused, eager, rtol=tolerance, atol=tolerance)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_the_log_window_of_half_inputs_is_formed_in_float32(dtype):
+    """Flex scores half inputs in float32; log M must be floored at float32's
+    limit too, not at float16's sqrt(tiny) = 0.0078, which would lift every
+    window tail below it; its gradient comes back in M's dtype."""
+    mask = torch.tensor([1.0, 0.5, 1e-3, 1e-5, 0.0], dtype=dtype, requires_grad=True)
+    log_mask = DF.differentiable_window._FlooredLog.apply(mask)
+    floor = torch.finfo(torch.float32).tiny ** 0.5
+    assert log_mask.dtype == torch.float32
+    torch.testing.assert_close(log_mask, mask.detach().float().clamp_min(floor).log(), rtol=0, atol=0)
+    (grad,) = torch.autograd.grad(log_mask, mask, grad_outputs=mask.detach().float().clamp_min(floor))
+    assert grad.dtype == dtype
+    torch.testing.assert_close(grad, torch.ones_like(grad), rtol=1e-6, atol=0)
+
+
 def test_cross_attention_lengths_and_a_hidden_row():
     """Tq != Tk, and a causal row whose keys are all padding gives 0, as eagerly."""
     q, _, _ = _inputs(3, 5, 8, torch.float64)

@@ -225,22 +225,28 @@ def multiplicative_window_attention(
 
 class _FlooredLog(torch.autograd.Function):
     """``log(max(M, eps))`` whose gradient is ``grad / max(M, eps)`` below the
-    floor too. ``eps = sqrt(smallest normal)`` (1e-19 in float32): a weight
-    ``softmax(s) * M`` moves by at most ``eps``, and a key whose M underflows
-    to 0 keeps the gradient eq. 13 gives it (``softmax(s) * dL/dout . v``, the
-    pull that widens a window), where a plain clamp would give 0 and an
-    unfloored log ``0 / 0``."""
+    floor too. ``eps = sqrt(smallest normal)`` of the logits' dtype (1e-19 in
+    float32, which half M is widened to, as flex scores half inputs in float32:
+    float16's own would be 0.0078 and lift every window tail below it): a
+    weight ``softmax(s) * M`` moves by at most ``eps``, and a key whose M
+    underflows to 0 keeps the gradient eq. 13 gives it (``softmax(s) * dL/dout
+    . v``, the pull that widens a window), where a plain clamp would give 0 and
+    an unfloored log ``0 / 0``."""
 
     @staticmethod
     def forward(ctx, mask):
-        floored = mask.clamp_min(torch.finfo(mask.dtype).tiny ** 0.5)
-        ctx.save_for_backward(floored)
-        return floored.log()
+        ctx.save_for_backward(mask)  # the floor is redone in backward: no second [B, H, Tq, Tk] copy kept
+        return _floored(mask).log()
 
     @staticmethod
     def backward(ctx, grad):
-        (floored,) = ctx.saved_tensors
-        return grad / floored
+        (mask,) = ctx.saved_tensors
+        return (grad / _floored(mask)).to(mask.dtype)
+
+
+def _floored(mask: Tensor) -> Tensor:
+    dtype = logit_dtype(mask.dtype)
+    return mask.to(dtype).clamp_min(torch.finfo(dtype).tiny ** 0.5)
 
 
 @dataclass
