@@ -23,7 +23,10 @@ Each run writes one JSON file, ``<out>/runs/<config>-seed<seed>.json``; a run
 whose file exists is skipped, and an interrupted run resumes from its
 ``checkpoint_last.pt`` under ``--work``. ``--report`` (and the end of every
 invocation) rebuilds ``<out>/lm_quality.md`` (mean +- std per config, delta vs
-the fairseq baseline) and ``<out>/valid_loss.png`` from whatever JSON files exist.
+the fairseq baseline, and how far each mechanism's parameters moved from the
+initial model: ``benchmarks.parameter_movement``, measured on the best
+checkpoint, and added to run files written before it was) and
+``<out>/valid_loss.png`` from whatever JSON files exist.
 """
 
 from __future__ import annotations
@@ -49,9 +52,12 @@ if __package__ in (None, ""):  # `python benchmarks/lm_quality.py`
 
 from benchmarks.common import REPO_ROOT, cpu_model, git_revision, without_machine_paths  # noqa: E402
 from benchmarks.quality import (  # noqa: E402
+    backfill_mechanism_parameters,
     load_runs,
     log,
     mean_std,
+    mechanism_parameters,
+    movement_table,
     optimizer_args,
     plot_curves,
     run,
@@ -364,6 +370,7 @@ def train_run(
     log_text = train_log.read_text(encoding="utf-8")
     curve = validation_curve(log_text)
     test = eval_lm(best, data_bin, scale["tokens_per_sample"], 0, run_dir / "eval.log", env)
+    moved = mechanism_parameters(best, data_bin, run_dir / "eval.log", env)
     best_point = min(curve, key=lambda p: p["loss"]) if curve else None
     return {
         "config": config.name,
@@ -383,6 +390,7 @@ def train_run(
         "test_tokens": test["tokens"],
         "eval_command": test["command"],
         "train_command": shlex.join(str(c) for c in train_args(config, scale, seed, data_bin, save_dir)),
+        "mechanism_parameters": moved,
     }
 
 
@@ -461,7 +469,7 @@ def report(out: Path) -> str:
         "WikiText-2 results comparable with published ones.",
         "",
     ]
-    markdown = "\n".join(header + lines) + "\n"
+    markdown = "\n".join(header + lines + movement_table(by_config, order)) + "\n"
     out.mkdir(parents=True, exist_ok=True)
     (out / "lm_quality.md").write_text(markdown, encoding="utf-8")
     if runs:
@@ -572,6 +580,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(without_machine_paths(json.dumps(record, indent=1)) + "\n", encoding="utf-8")
             log(f"done {config.name} seed {seed}: test ppl {record['test_ppl']}, {record['wall_s']:.0f}s")
+
+        def model_of(record: Dict[str, object], path: Path) -> Tuple[Path, Path, Path]:
+            run_dir = args.work / str(record.get("scale", args.scale)) / path.stem
+            return run_dir / "checkpoint_best.pt", data_bin, run_dir / "eval.log"
+
+        backfill_mechanism_parameters(args.out, model_of)
     print(report(args.out))
     return 0
 

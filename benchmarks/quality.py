@@ -458,12 +458,12 @@ def train_run(
     }
 
 
-def mechanism_parameters(averaged: Path, data_bin: Path, log_path: Path, env: Dict[str, str]) -> Dict[str, Dict]:
-    """How far each mechanism parameter group moved from fairseq-train's initial
-    model (``benchmarks.parameter_movement``; {} for vanilla)."""
+def mechanism_parameters(checkpoint: Path, data_bin: Path, log_path: Path, env: Dict[str, str]) -> Dict[str, Dict]:
+    """How far each mechanism parameter group of ``checkpoint`` moved from
+    fairseq-train's initial model (``benchmarks.parameter_movement``; {} for vanilla)."""
     output = log_path.with_name("mechanism_parameters.json")
     run(
-        [sys.executable, "-m", "benchmarks.parameter_movement", averaged, "--data", data_bin, "--json"],
+        [sys.executable, "-m", "benchmarks.parameter_movement", checkpoint, "--data", data_bin, "--json"],
         log_path,
         env,
         stdout_path=output,
@@ -471,19 +471,19 @@ def mechanism_parameters(averaged: Path, data_bin: Path, log_path: Path, env: Di
     return json.loads(output.read_text(encoding="utf-8"))
 
 
-def backfill_mechanism_parameters(out: Path, work: Path) -> None:
-    """Add ``mechanism_parameters`` to run files written before it was measured,
-    from the averaged model the run kept under ``work``."""
+def backfill_mechanism_parameters(
+    out: Path, model_of: Callable[[Dict[str, object], Path], Optional[Tuple[Path, Path, Path]]]
+) -> None:
+    """Add ``mechanism_parameters`` to run files written before it was measured.
+    ``model_of(record, run_file)``: the run's kept ``(checkpoint, data-bin, log)``,
+    or None where the run's files are gone."""
     for path in sorted((out / "runs").glob("*.json")):
         record = json.loads(path.read_text(encoding="utf-8"))
-        run_dir = work / record.get("scale", "small") / path.stem
-        data_bin = work / f"data-{record.get('bpe_merges')}" / "data-bin"
-        if "mechanism_parameters" in record or not (run_dir / "averaged.pt").is_file() or not data_bin.is_dir():
+        found = None if "mechanism_parameters" in record else model_of(record, path)
+        if found is None or not found[0].is_file() or not found[1].is_dir():
             continue
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        record["mechanism_parameters"] = mechanism_parameters(
-            run_dir / "averaged.pt", data_bin, run_dir / "eval.log", env
-        )
+        record["mechanism_parameters"] = mechanism_parameters(*found, env)
         path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
         log(f"measured the mechanism parameters of {path.stem}")
 
@@ -735,7 +735,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
             for future in [pool.submit(one, job) for job in todo]:
                 future.result()
-    backfill_mechanism_parameters(args.out, args.work)
+
+    def model_of(record: Dict[str, object], path: Path) -> Tuple[Path, Path, Path]:
+        run_dir = args.work / str(record.get("scale", "small")) / path.stem
+        data_bin = args.work / f"data-{record.get('bpe_merges')}" / "data-bin"
+        return run_dir / "averaged.pt", data_bin, run_dir / "eval.log"
+
+    backfill_mechanism_parameters(args.out, model_of)
     print(report(args.out))
     return 0
 

@@ -63,6 +63,7 @@ def test_lm_harnesses_write_one_json_per_run_skip_done_runs_and_report(tmp_path)
         assert record["git_revision"] and record["machine"] and record["train_wall_s"] > 0
         assert record["wall_s"] >= record["train_wall_s"]
         assert (work / "tiny" / name / "checkpoint_best.pt").is_file()
+        assert record["mechanism_parameters"] == {}  # neither fairseq's LM nor alibi learns a mechanism parameter
         assert not (work / "tiny" / name / "checkpoints").exists()
     # training and dev sets are valid.txt cut in two
     prepared = next(work.glob("data-*"))
@@ -80,6 +81,11 @@ def test_lm_harnesses_write_one_json_per_run_skip_done_runs_and_report(tmp_path)
     before = {path: path.stat().st_mtime_ns for path in (out / "runs").glob("*.json")}
     assert lm_quality.main(argv) == 0
     assert {path: path.stat().st_mtime_ns for path in (out / "runs").glob("*.json")} == before
+    # a run file written before the parameters were measured gets them from its kept checkpoint
+    older = out / "runs" / "distattn_lm_alibi_gbw-seed3.json"
+    older.write_text(json.dumps({k: v for k, v in records[older.stem].items() if k != "mechanism_parameters"}))
+    assert lm_quality.main(argv) == 0
+    assert json.loads(older.read_text())["mechanism_parameters"] == {}
 
     # length extrapolation of one of the models: one JSON per (run, length), both modes
     extra = tmp_path / "extrapolation"

@@ -108,3 +108,60 @@ def test_initial_model_is_rebuilt_exactly_and_training_moves_every_mechanism_par
         assert {key: change for key, change in changes.items() if change <= 1e-4} == {}
         assert result["decoder self mechanism.sharpness"]["value_max"] != 0
     assert "decoder self mechanism.sharpness" in parameter_movement.summary(result)
+
+
+LM_ARCH = [
+    "--task",
+    "language_modeling",
+    "--arch",
+    "distattn_lm",
+    "--decoder-self-attention",
+    "rpr@0,window-mw@1",
+    "--max-relative-position",
+    "4",
+    "--tokens-per-sample",
+    "32",
+    "--sample-break-mode",
+    "none",
+    "--decoder-layers",
+    "2",
+    "--decoder-embed-dim",
+    "32",
+    "--decoder-ffn-embed-dim",
+    "32",
+    "--decoder-attention-heads",
+    "2",
+]
+
+
+@pytest.mark.parametrize("lr", ["0", "1e-2"])
+def test_a_language_models_initial_model_is_rebuilt_exactly(lm_data, tmp_path, lr):
+    """The same for ``--task language_modeling`` (benchmarks.lm_quality records it
+    for every LM run): the LM task builds its model from its dictionary alone."""
+    save_dir = tmp_path / "checkpoints"
+    run_cli(
+        [
+            "fairseq-train",
+            lm_data["bin"],
+            "--user-dir",
+            "fairseq_distattn",
+            *LM_ARCH,
+            *TINY[TINY.index("--optimizer") :],
+            "--lr",
+            lr,
+            "--save-dir",
+            save_dir,
+        ]
+    )
+    result = parameter_movement.movement(save_dir / "checkpoint_last.pt")
+    assert {
+        "decoder self mechanism.relative_keys",
+        "decoder self mechanism.relative_values",
+        "decoder self extra_query_proj.left_query.weight",
+        "decoder self extra_key_proj.right_key.weight",
+    } <= set(result)
+    changes = {key: entry["relative_change"] for key, entry in result.items()}
+    if lr == "0":
+        assert changes == {key: 0.0 for key in changes}
+    else:
+        assert {key: change for key, change in changes.items() if change <= 1e-4} == {}
