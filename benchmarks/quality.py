@@ -472,15 +472,17 @@ def mechanism_parameters(checkpoint: Path, data_bin: Path, log_path: Path, env: 
 
 
 def backfill_mechanism_parameters(
-    out: Path, model_of: Callable[[Dict[str, object], Path], Optional[Tuple[Path, Path, Path]]]
+    out: Path, model_of: Callable[[Dict[str, object], Path], Tuple[Path, Path, Path]]
 ) -> None:
     """Add ``mechanism_parameters`` to run files written before it was measured.
-    ``model_of(record, run_file)``: the run's kept ``(checkpoint, data-bin, log)``,
-    or None where the run's files are gone."""
+    ``model_of(record, run_file)``: where the run kept ``(checkpoint, data-bin, log)``;
+    a run whose checkpoint or data is gone is left as it is."""
     for path in sorted((out / "runs").glob("*.json")):
         record = json.loads(path.read_text(encoding="utf-8"))
-        found = None if "mechanism_parameters" in record else model_of(record, path)
-        if found is None or not found[0].is_file() or not found[1].is_dir():
+        if "mechanism_parameters" in record:
+            continue
+        found = model_of(record, path)
+        if not found[0].is_file() or not found[1].is_dir():
             continue
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         record["mechanism_parameters"] = mechanism_parameters(*found, env)

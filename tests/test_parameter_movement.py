@@ -77,35 +77,35 @@ GROUPS = {
 }
 
 
-@pytest.mark.parametrize("lr", ["0", "1e-2"])
-def test_initial_model_is_rebuilt_exactly_and_training_moves_every_mechanism_parameter(mt_data, tmp_path, lr):
+def _movement_after_training(data_bin, arguments, lr, tmp_path):
+    """``parameter_movement.movement`` of a model fairseq-train trained with ``lr``."""
     save_dir = tmp_path / "checkpoints"
     run_cli(
-        [
-            "fairseq-train",
-            mt_data["bin"],
-            "--user-dir",
-            "fairseq_distattn",
-            *ARCH,
-            *TINY,
-            "--lr",
-            lr,
-            "--save-dir",
-            save_dir,
-        ]
+        ["fairseq-train", data_bin, "--user-dir", "fairseq_distattn", *arguments, "--lr", lr, "--save-dir", save_dir]
     )
-    result = parameter_movement.movement(save_dir / "checkpoint_last.pt")
+    return parameter_movement.movement(save_dir / "checkpoint_last.pt")
+
+
+def _assert_moved_exactly_when_trained(result, lr):
+    """lr 0: every group where it started, exactly; otherwise every group moved."""
+    changes = {key: entry["relative_change"] for key, entry in result.items()}
+    if lr == "0":
+        assert changes == {key: 0.0 for key in changes}
+    else:
+        assert {key: change for key, change in changes.items() if change <= 1e-4} == {}
+
+
+@pytest.mark.parametrize("lr", ["0", "1e-2"])
+def test_initial_model_is_rebuilt_exactly_and_training_moves_every_mechanism_parameter(mt_data, tmp_path, lr):
+    result = _movement_after_training(mt_data["bin"], [*ARCH, *TINY], lr, tmp_path)
     assert GROUPS <= set(result)
     assert not any(
         "q_proj" in key or "fc1" in key or key.endswith(("left_key.bias", "right_key.bias")) for key in result
     )
     assert result["decoder self mechanism.distance_weight"]["measure"] == "absolute"  # w starts at 0
     assert result["encoder self mechanism.relative_keys"]["measure"] == "relative"
-    changes = {key: entry["relative_change"] for key, entry in result.items()}
-    if lr == "0":
-        assert changes == {key: 0.0 for key in changes}
-    else:
-        assert {key: change for key, change in changes.items() if change <= 1e-4} == {}
+    _assert_moved_exactly_when_trained(result, lr)
+    if lr != "0":
         assert result["decoder self mechanism.sharpness"]["value_max"] != 0
     assert "decoder self mechanism.sharpness" in parameter_movement.summary(result)
 
@@ -138,30 +138,11 @@ LM_ARCH = [
 def test_a_language_models_initial_model_is_rebuilt_exactly(lm_data, tmp_path, lr):
     """The same for ``--task language_modeling`` (benchmarks.lm_quality records it
     for every LM run): the LM task builds its model from its dictionary alone."""
-    save_dir = tmp_path / "checkpoints"
-    run_cli(
-        [
-            "fairseq-train",
-            lm_data["bin"],
-            "--user-dir",
-            "fairseq_distattn",
-            *LM_ARCH,
-            *TINY[TINY.index("--optimizer") :],
-            "--lr",
-            lr,
-            "--save-dir",
-            save_dir,
-        ]
-    )
-    result = parameter_movement.movement(save_dir / "checkpoint_last.pt")
+    result = _movement_after_training(lm_data["bin"], [*LM_ARCH, *TINY[TINY.index("--optimizer") :]], lr, tmp_path)
     assert {
         "decoder self mechanism.relative_keys",
         "decoder self mechanism.relative_values",
         "decoder self extra_query_proj.left_query.weight",
         "decoder self extra_key_proj.right_key.weight",
     } <= set(result)
-    changes = {key: entry["relative_change"] for key, entry in result.items()}
-    if lr == "0":
-        assert changes == {key: 0.0 for key in changes}
-    else:
-        assert {key: change for key, change in changes.items() if change <= 1e-4} == {}
+    _assert_moved_exactly_when_trained(result, lr)
