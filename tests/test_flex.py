@@ -196,7 +196,7 @@ def _dense_flex(q, k, v, score_mod=None, block_mask=None, return_lse=False, retu
 def dense_flex_kernel(monkeypatch):
     """The flex path with :func:`_dense_flex` as its kernel, taken under
     ``flex_mode("always")`` with gradients on CPU too."""
-    monkeypatch.setattr(flex, "_flex", lambda q: _dense_flex)
+    monkeypatch.setattr(flex, "_flex", lambda q, variant: _dense_flex)
     for module in (DF.masking, DF.differentiable_window):
         monkeypatch.setattr(module, "flex_applies", lambda *a, **kw: flex._mode != "never")
 
@@ -359,19 +359,19 @@ def test_a_kernel_that_cannot_be_compiled_names_the_way_off_the_flex_path(monkey
             None,
         )
 
-    monkeypatch.setattr(flex, "_compiled_flex", lambda: compile_fails)
+    monkeypatch.setattr(flex, "_compiled_flex", lambda variant, backend: compile_fails)
     q, k, v = _inputs(1, 4, 16, torch.float32)
     with pytest.raises(
         RuntimeError, match=r"could not be compiled for cpu \(BackendCompilerFailed: .*--attention-flex never"
     ):
-        flex._compiled_kernel(q, k, v)
+        flex._compiled_kernel((), q, k, v)
 
     def runtime_error(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory")
 
-    monkeypatch.setattr(flex, "_compiled_flex", lambda: runtime_error)
+    monkeypatch.setattr(flex, "_compiled_flex", lambda variant, backend: runtime_error)
     with pytest.raises(torch.OutOfMemoryError):  # not a compile failure: left as it is
-        flex._compiled_kernel(q, k, v)
+        flex._compiled_kernel((), q, k, v)
 
 
 def test_offset_table_dense_is_the_toeplitz_matrix():
@@ -435,6 +435,86 @@ def test_a_translation_model_gives_the_same_logits_through_flex(flex_calls, bloc
     assert len(calls) == 4  # the four self-attention layers; cross-attention is vanilla
     assert block_mask_builds == [(7, 7), (5, 5)]  # the encoder's padding; the decoder's causal mask
     torch.testing.assert_close(fused, eager, rtol=1e-9, atol=1e-9)
+
+
+def test_the_compiled_kernel_is_not_recompiled_per_batch_and_never_falls_back(monkeypatch):
+    """torch.compile keeps at most 8 compiled entries per function and runs flex
+    uncompiled beyond them (on CUDA: every score materialised). Through a model
+    with many kinds of flex call (padding and causal masks, rpr's extra call,
+    MW's two calls, additive and multiplicative tables) and batches of varying
+    shape, every kernel call runs a compiled graph, and once the first batch has
+    compiled its variants no later batch compiles again, under a limit of 2
+    entries per function. On CPU, with a backend that counts instead of
+    inductor (dynamo's guards, which decide recompiles, are the same), and
+    without gradients (flex has no CPU backward)."""
+    import functools
+    import random
+
+    import torch._dynamo
+
+    from .model_helpers import TINY, left_pad, random_tokens, translation_model
+
+    compiles, compiled_runs, kernel_calls = [], [], []
+
+    def counting_backend(graph_module, example_inputs):
+        compiles.append(graph_module)
+
+        def run(*args):
+            compiled_runs.append(1)
+            return graph_module.forward(*args)
+
+        return run
+
+    def compiled_kernel_on_any_device(q, variant):
+        kernel_calls.append(variant)
+        return functools.partial(flex._compiled_kernel, variant)
+
+    torch._dynamo.reset()
+    flex._compiled_flex.cache_clear()
+    monkeypatch.setattr(flex, "COMPILE_BACKEND", counting_backend)
+    monkeypatch.setattr(flex, "_flex", compiled_kernel_on_any_device)
+    model, d = translation_model(
+        extra=[
+            *TINY,
+            "--encoder-layers",
+            "3",
+            "--decoder-layers",
+            "3",
+            "--encoder-self-attention",
+            "window-aw@0,rpr@1,t5-bias@2",
+            "--decoder-self-attention",
+            "window-mw@0,da@1,alibi@2",
+            "--cross-attention",
+            "window-aw-seg@0",
+        ]
+    )
+    model.eval()
+    lengths = random.Random(0)
+    compiles_after = []
+    # this model's variants would fit one function's default 8 entries; a model with
+    # more of them, or training and validation (grad mode is a guard), would not
+    limit_of_two = torch._dynamo.config.patch(recompile_limit=2)
+    try:
+        with limit_of_two, torch.no_grad(), flex.flex_mode("always"):
+            for batch in range(5):
+                batch_size = lengths.randint(2, 5)
+                source_lengths = [lengths.randint(3, 20) for _ in range(batch_size)]
+                sentences = [random_tokens(d, 1, n, 10 * batch + i)[0] for i, n in enumerate(source_lengths)]
+                prev_output_tokens = random_tokens(d, batch_size, lengths.randint(3, 20), seed=99 + batch)
+                batch_inputs = (left_pad(sentences, d.pad()), torch.tensor(source_lengths), prev_output_tokens)
+                compiled_logits, _ = model(*batch_inputs)
+                compiles_after.append(len(compiles))
+            with flex.flex_mode("never"):
+                eager_logits, _ = model(*batch_inputs)
+    finally:
+        torch._dynamo.reset()
+        flex._compiled_flex.cache_clear()
+    variants = set(kernel_calls)
+    assert len(variants) == 7  # rpr's two calls, MW's two, da, t5-bias, alibi
+    assert len(compiled_runs) == len(kernel_calls)  # no call ran uncompiled
+    assert compiles_after[1:] == [compiles_after[1]] * 4  # shapes vary; nothing compiles after batch 2
+    assert compiles_after[-1] <= 2 * len(variants)
+    torch.testing.assert_close(compiled_logits, eager_logits)  # the per-variant wrapper passes every argument on
 
 
 def _flex_declared(name):

@@ -41,6 +41,7 @@ import collections
 import contextlib
 import functools
 import importlib.util
+import types
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Protocol
 
@@ -177,17 +178,41 @@ class LseValueTerm(Protocol):
         ...
 
 
+COMPILE_BACKEND = "inductor"  # torch.compile's backend for the kernel (tests count compilations with their own)
+
+
 @functools.lru_cache(maxsize=None)
-def _compiled_flex() -> Callable:
-    return torch.compile(_flex_module().flex_attention)
+def _compiled_flex(variant: tuple, backend) -> Callable:
+    """flex_attention compiled for one ``variant`` of the call (see :func:`flex_attend`).
+
+    torch.compile keeps its compiled entries per code object, at most 8 of them
+    (``torch._dynamo.config.recompile_limit``), and past that runs flex
+    uncompiled, which on CUDA materialises every score (slower and larger than
+    the eager path). Every mask combination (causal, padding, ``allowed``,
+    ``min_offset``), score_mod and lse request fails the others' guards, and a
+    static compile adds entries as lengths vary: compiled as one function, rpr in
+    the encoder and decoder filled the 8 entries within 2 batches and ran
+    uncompiled from then on (measured with a counting backend). A code object per
+    variant gives each its own entries without touching torch's global
+    configuration, and compiling with dynamic shapes from the start keeps varying
+    lengths from adding more (that model: 3 variants, 6 entries, none after its
+    first batch)."""
+    module = _flex_module()
+
+    def flex_attention(*args, **kwargs):
+        return module.flex_attention(*args, **kwargs)
+
+    code = flex_attention.__code__.replace(co_name=f"flex_attention_variant_{_compiled_flex.cache_info().currsize}")
+    own = types.FunctionType(code, flex_attention.__globals__, code.co_name, None, flex_attention.__closure__)
+    return torch.compile(own, backend=backend, dynamic=True)
 
 
-def _compiled_kernel(q: Tensor, *args, **kwargs):
+def _compiled_kernel(variant: tuple, q: Tensor, *args, **kwargs):
     """The compiled kernel; a failure to compile it (no Triton, a GPU it does not
     support) becomes an error that names the way off this path, instead of an
     inductor traceback in the middle of a training step."""
     try:
-        return _compiled_flex()(q, *args, **kwargs)
+        return _compiled_flex(variant, COMPILE_BACKEND)(q, *args, **kwargs)
     except Exception as error:
         import torch._dynamo.exc as dynamo_errors
 
@@ -201,9 +226,9 @@ def _compiled_kernel(q: Tensor, *args, **kwargs):
         ) from error
 
 
-def _flex(q: Tensor) -> Callable:
-    """Compiled flex_attention on CUDA (compiled once per process); its eager form elsewhere."""
-    return _compiled_kernel if q.is_cuda else _flex_module().flex_attention
+def _flex(q: Tensor, variant: tuple) -> Callable:
+    """Compiled flex_attention on CUDA (once per process and variant); its eager form elsewhere."""
+    return functools.partial(_compiled_kernel, variant) if q.is_cuda else _flex_module().flex_attention
 
 
 # Block masks recently built, newest last: every layer that shares one key-padding
@@ -286,8 +311,17 @@ def flex_attend(
     block_mask = None
     if causal or key_padding_mask is not None or allowed is not None or min_offset is not None:
         block_mask = _block_mask(q, k, allowed, key_padding_mask, causal, min_offset)
-    kernel = _flex(q)
     score_mod = None if table is None else table.score_mod()
+    # what the compiled kernel's guards tell apart, other than shapes (see _compiled_flex)
+    variant = (
+        causal,
+        key_padding_mask is not None,
+        allowed is not None,
+        min_offset is not None,
+        None if score_mod is None else score_mod.__code__,
+        return_lse,
+    )
+    kernel = _flex(q, variant)
     if not return_lse:
         return kernel(q, k, v, score_mod=score_mod, block_mask=block_mask)
     module = _flex_module()
