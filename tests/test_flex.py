@@ -442,9 +442,8 @@ def test_the_compiled_kernel_is_not_recompiled_per_batch_and_never_falls_back(mo
     uncompiled beyond them (on CUDA: every score materialised). Through a model
     with many kinds of flex call (padding and causal masks, rpr's extra call,
     MW's two calls, additive and multiplicative tables) and batches of varying
-    shape, every kernel call runs a compiled graph, and once the first batch has
-    compiled its variants no later batch compiles again, under a limit of 2
-    entries per function. On CPU, with a backend that counts instead of
+    shape, every kernel call runs a compiled graph, and after the second batch
+    nothing compiles again, under a limit of 2 entries per function. On CPU, with a backend that counts instead of
     inductor (dynamo's guards, which decide recompiles, are the same), and
     without gradients (flex has no CPU backward)."""
     import functools
