@@ -77,6 +77,59 @@ def _ordered(names) -> str:
     return ", ".join(m for m in MECHANISMS if m in names)
 
 
+SPEC_GRAMMAR = "docs/spec-grammar.md"  # relative to the repository; copied into README.md
+
+
+def spec_grammar(width: int = 80) -> str:
+    """The README's SPEC grammar and the mechanisms each attention flag accepts,
+    from the registry (Markdown, with a title), so that a new mechanism appears
+    in both without an edit."""
+    lead = "    MECH   := "
+    lines, line = [], lead + MECHANISMS[0]
+    for name in MECHANISMS[1:]:
+        if len(line) + len(" | " + name) > width:
+            lines.append(line)
+            line = " " * (len(lead) - 2) + "| " + name
+        else:
+            line += " | " + name
+    lines.append(line)
+    table = ["| flag | accepts | refuses |", "|---|---|---|"]
+    for kind in KINDS:
+        refused = {}
+        for name in MECHANISMS:
+            if name not in kind.allowed:
+                refused.setdefault(kind.disallowed_reason(name), []).append(f"`{name}`")
+        accepts = ", ".join(f"`{name}`" for name in MECHANISMS if name in kind.allowed)
+        refuses = "; ".join(f"{', '.join(names)}: {reason}" for reason, names in refused.items()) or "-"
+        table.append(f"| `{kind.flag}` | {accepts} | {refuses} |")
+    return (
+        "\n".join(
+            [
+                "# SPEC grammar",
+                "",
+                '    SPEC   := ITEM ( "," ITEM )*',
+                '    ITEM   := MECH [ "@" LAYERS ]',
+                "    LAYERS := i | i-j            0-based layer indices, inclusive",
+                *lines,
+                "",
+                "What each attention flag accepts (`distattn_lm` has only `--decoder-self-attention`):",
+                "",
+                *table,
+            ]
+        )
+        + "\n"
+    )
+
+
+def accepted_by(kinds) -> List[str]:
+    """The mechanisms, in listing order, that every one of ``kinds`` (registry kind names) accepts."""
+    by_key = {kind.key: kind for kind in KINDS}
+    unknown = [key for key in kinds if key not in by_key]
+    if unknown:
+        raise ValueError(f"unknown attention kind(s) {', '.join(unknown)}; kinds: {', '.join(by_key)}")
+    return [name for name in MECHANISMS if all(name in by_key[key].allowed for key in kinds)]
+
+
 # Only ASCII digits: int() would also take "+1", "1_0" and other scripts' digits.
 LAYERS_PATTERN = re.compile(r"([0-9]+)(?:-([0-9]+))?", re.ASCII)
 
@@ -157,10 +210,12 @@ class AttentionModuleOptions:
         256,
         "--attention-recompute-length",
         "from this key length on, training keeps no [B, H, Tq, Tk] attention tensor for backward: "
-        "it recomputes the mechanism in query chunks instead (less memory, one more attention "
-        "forward per layer); 0 = never (default: {default}). With "
-        "--attention-dropout > 0 the recomputed blocks draw their own dropout masks, so one --seed "
-        "gives a different (equally valid) run for each value of this flag",
+        "it recomputes the mechanism in blocks of query rows instead (activation checkpointing: less memory, "
+        "one more attention forward per layer; the mechanism table says which mechanisms and paths are "
+        "recomputed); 0 = never (default: {default}). With --attention-dropout > 0 the recomputed blocks "
+        "draw their own dropout masks (a block and its recomputation share one, so the gradients are "
+        "exact), so one --seed gives a different, equally valid run for each value of this flag; 0 draws "
+        "one mask per layer, as fairseq does",
         convert=_recompute_length,
         type=int,
         metavar="N",
@@ -170,7 +225,8 @@ class AttentionModuleOptions:
         "--attention-flex",
         "auto: on CUDA, mechanisms that declare a flex_attention path (the mechanism table) run their "
         "full-sequence calls without weights or attention dropout through compiled "
-        "torch.nn.attention.flex_attention; never: always the eager/SDPA path (default: {default})",
+        "torch.nn.attention.flex_attention; never: always the eager/SDPA path, to compare or where "
+        "torch.compile cannot build the kernel (default: {default}); CPU is never affected",
         convert=one_of("--attention-flex", ("auto", "never")),
         metavar="auto|never",
     )
@@ -178,6 +234,38 @@ class AttentionModuleOptions:
 
 # the options classes whose fields make up MechanismOptions, in listing order
 OPTION_CLASSES = (*option_classes(), AttentionModuleOptions)
+
+
+FLAG_TABLE = "docs/flags.md"  # relative to the repository; copied into README.md
+# which models take each attention flag (the LM is a decoder only)
+_KIND_MODELS = {
+    ENCODER_SELF_KIND: "`distattn_transformer` only",
+    DECODER_SELF_KIND: "both models; the LM's only attention",
+    CROSS_KIND: "`distattn_transformer` only",
+}
+_DEFAULT_IN_HELP = re.compile(r" \(default: [^)]*\)|; default: [^)]*(?=\))")
+
+
+def flag_table() -> str:
+    """The README's table of the plugin's flags, from the registry and the
+    flags' own help (Markdown, with a title): what ``--help`` says, with the
+    default in a column of its own."""
+    rows = ["# Flags", "", "| flag | default | meaning |", "|---|---|---|"]
+    for kind in KINDS:
+        rows.append(
+            f"| `{kind.flag} SPEC` | `vanilla` | mechanism per layer of {kind.description} "
+            f"({_KIND_MODELS[kind.key]}; the SPEC grammar below) |"
+        )
+    for options_class in OPTION_CLASSES:
+        for field in dataclasses.fields(options_class):
+            flag = option_flag(field)
+            switch = flag.argparse.get("action") == "store_true"
+            metavar = flag.argparse.get("metavar") or ("" if switch else field.name.split("_")[-1].upper())
+            usage = f"{flag.flag} {metavar}".strip()
+            default = "off" if switch else f"`{flag.arg_default}`"
+            meaning = _DEFAULT_IN_HELP.sub("", flag.help)
+            rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in (f"`{usage}`", default, meaning)) + " |")
+    return "\n".join(rows) + "\n"
 
 
 def _from_args(cls, args, max_positions: Optional[int] = None) -> "MechanismOptions":

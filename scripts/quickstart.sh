@@ -10,12 +10,10 @@
 #   MECH     window (default): --encoder-self-attention window-aw@0-2
 #                              --decoder-self-attention window-mw@0-2
 #                              --cross-attention window-aw-seg@0-2
-#            rpr:      --encoder-self-attention rpr --decoder-self-attention rpr
-#            da:       --encoder-self-attention da --decoder-self-attention da
-#            qvi:      --encoder-self-attention qvi --decoder-self-attention qvi
-#            distance-mask: --encoder-self-attention distance-mask
-#                           --decoder-self-attention distance-mask
 #            vanilla:  no distance-aware attention (the baseline)
+#            any other mechanism that both self-attentions accept (rpr, da, alibi, ...;
+#            `python -m fairseq_distattn.mechanisms --accepted-by encoder-self decoder-self`
+#            lists them): --encoder-self-attention MECH --decoder-self-attention MECH
 #   ATTN_ARGS  attention flags to use instead of the MECH preset (a string); give
 #            MECH a new name with it, e.g. MECH=mine ATTN_ARGS='--encoder-self-attention
 #            rpr@0,da@1-2': MECH names the output directory <WORK>/<MECH>
@@ -67,20 +65,23 @@ source .venv/bin/activate
 # fairseq picks the device itself: no GPU here, so it trains on CPU.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc 2>/dev/null || echo 2)}"
 
+# The mechanisms MECH may name come from the registry, so a new one is offered without an edit here.
+SELF_MECHANISMS="$(python -m fairseq_distattn.mechanisms --accepted-by encoder-self decoder-self | grep -vx vanilla)"
 case "$MECH" in
     window)
         ATTN_DEFAULT="--encoder-self-attention window-aw@0-2 --decoder-self-attention window-mw@0-2 --cross-attention window-aw-seg@0-2" ;;
-    rpr|da|qvi|distance-mask)
-        ATTN_DEFAULT="--encoder-self-attention $MECH --decoder-self-attention $MECH" ;;
     vanilla)
         ATTN_DEFAULT="" ;;
     *)
-        if [ -z "${ATTN_ARGS:-}" ]; then
-            echo "quickstart: unknown MECH=$MECH (use window, rpr, da, qvi, distance-mask," \
-                 "vanilla, or set ATTN_ARGS)" >&2
+        if grep -qxF -e "$MECH" <<< "$SELF_MECHANISMS"; then
+            ATTN_DEFAULT="--encoder-self-attention $MECH --decoder-self-attention $MECH"
+        elif [ -n "${ATTN_ARGS:-}" ]; then
+            ATTN_DEFAULT=""
+        else
+            echo "quickstart: unknown MECH=$MECH (use window, vanilla, one of" \
+                 "$(echo $SELF_MECHANISMS | sed 's/ /, /g'), or set ATTN_ARGS)" >&2
             exit 2
-        fi
-        ATTN_DEFAULT="" ;;
+        fi ;;
 esac
 ATTN="${ATTN_ARGS-$ATTN_DEFAULT}"
 

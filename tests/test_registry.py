@@ -26,7 +26,19 @@ from fairseq_distattn.registry import (
     option_flag,
     registered,
 )
-from fairseq_distattn.spec import CROSS, DECODER_SELF, ENCODER_SELF, MECHANISMS, MechanismOptions
+from fairseq_distattn.spec import (
+    CROSS,
+    DECODER_SELF,
+    ENCODER_SELF,
+    FLAG_TABLE,
+    MECHANISMS,
+    OPTION_CLASSES,
+    SPEC_GRAMMAR,
+    MechanismOptions,
+    accepted_by,
+    flag_table,
+    spec_grammar,
+)
 
 from .conftest import REPO_ROOT
 
@@ -103,14 +115,53 @@ def test_every_declared_option_is_a_flag_in_help_and_has_its_default():
         assert flag in help_text
 
 
-def test_the_readme_table_is_the_registrys():
-    assert (REPO_ROOT / MECHANISM_TABLE).read_text(encoding="utf-8") == mechanism_table(), (
-        f"{MECHANISM_TABLE} is stale: run python -m fairseq_distattn.mechanisms --write"
+@pytest.mark.parametrize(
+    "path, generate", [(MECHANISM_TABLE, mechanism_table), (FLAG_TABLE, flag_table), (SPEC_GRAMMAR, spec_grammar)]
+)
+def test_the_readme_tables_are_the_registrys(path, generate):
+    """(tests/test_readme.py checks that each README block equals its file.)"""
+    assert (REPO_ROOT / path).read_text(encoding="utf-8") == generate(), (
+        f"{path} is stale: run python -m fairseq_distattn.mechanisms --write"
     )
     readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    assert f"<!-- generated from {MECHANISM_TABLE} by " in readme
+    assert f"<!-- generated from {path} by " in readme
+
+
+def test_the_readme_names_every_mechanism_and_flag_where_a_user_looks_for_it():
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    grammar = readme.split("### SPEC grammar", 1)[1]
+    mech_rule = grammar[grammar.index("MECH   :=") : grammar.index("What each attention flag accepts")]
     for info in registered():
         assert f"| `{info.name}` |" in readme
+        assert f"| {info.name}\n" in mech_rule + "\n" or f"| {info.name} " in mech_rule, info.name
+    flags = readme.split("### Flags", 1)[1].split("### SPEC grammar", 1)[0]
+    for options_class in OPTION_CLASSES:
+        for field in dataclasses.fields(options_class):
+            assert f"| `{option_flag(field).flag}" in flags, option_flag(field).flag
+
+
+def test_the_generated_docs_say_what_each_flag_accepts_and_why_it_refuses():
+    grammar = spec_grammar()
+    rows = {
+        line.split(" | ")[0][3:-1]: line[2:-2].split(" | ") for line in grammar.splitlines() if line.startswith("| `--")
+    }
+    assert set(rows) == {kind.flag for kind in (ENCODER_SELF, DECODER_SELF, CROSS)}
+    for kind in (ENCODER_SELF, DECODER_SELF, CROSS):
+        _, accepts, refuses = rows[kind.flag]
+        assert accepts == ", ".join(f"`{name}`" for name in MECHANISMS if name in kind.allowed)
+        for name in set(MECHANISMS) - kind.allowed:
+            assert f"`{name}`" in refuses and kind.disallowed_reason(name) in refuses
+    assert "`rpr`" in rows[CROSS.flag][2] and "`window-aw-seg`" in rows[DECODER_SELF.flag][2]
+    assert accepted_by(["encoder-self", "decoder-self"]) == [
+        name for name in MECHANISMS if name in ENCODER_SELF.allowed and name in DECODER_SELF.allowed
+    ]
+    with pytest.raises(ValueError, match="unknown attention kind"):
+        accepted_by(["decoder"])
+    table = flag_table()
+    assert "| `--no-relative-values` | off |" in table and "| `--max-relative-position K` | `16` |" in table
+    assert "(default:" not in table, "the default has a column of its own"
+    for line in table.splitlines()[4:]:
+        assert line.replace("\\|", "").count("|") == 4, f"an unescaped | splits the row: {line}"
 
 
 def test_a_mechanism_registered_from_outside_appears_everywhere():
@@ -145,6 +196,9 @@ def test_a_mechanism_registered_from_outside_appears_everywhere():
         except SpecError as error:
             assert str(error).startswith("argument --toy-width: invalid value '0'")
         assert "| `toy` | a toy |" in mechanism_table()
+        from fairseq_distattn.spec import accepted_by, flag_table, spec_grammar
+        assert "| toy\\n" in spec_grammar() and "| `--toy-width W` | `3` | toy: width |" in flag_table()
+        assert accepted_by(["decoder-self"])[-1] == "toy" and "toy" not in accepted_by(["cross"])
         from fairseq_distattn.models.arguments import OPTION_DEFAULTS
         assert OPTION_DEFAULTS["toy_width"] == 3
         from tests.model_helpers import TINY_LM, language_model
@@ -215,3 +269,26 @@ def test_need_weights_false_returns_no_probabilities_and_the_same_output(name, c
 
 def test_kinds_are_the_registrys():
     assert [kind.key for kind in (ENCODER_SELF, DECODER_SELF, CROSS)] == list(KINDS)
+
+
+@pytest.mark.skipif(
+    not (REPO_ROOT / ".venv" / ".installed").exists(), reason="quickstart.sh runs in the repository's .venv"
+)
+def test_the_quickstart_offers_every_mechanism_both_self_attentions_accept(tmp_path):
+    """MECH comes from the registry: a new mechanism is offered without an edit
+    to the script, and the refusal lists what is on offer."""
+
+    def quickstart(mech):
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "MECH": mech, "WORK": str(tmp_path / "work")}
+        env["DATA"] = str(tmp_path / "no-data")  # a MECH it takes stops at the data, before any real work
+        return subprocess.run(
+            ["bash", str(REPO_ROOT / "scripts" / "quickstart.sh")], env=env, capture_output=True, text=True, timeout=300
+        )
+
+    offered = [name for name in accepted_by(["encoder-self", "decoder-self"]) if name != "vanilla"]
+    refused = quickstart("not-a-mechanism")
+    assert refused.returncode == 2, refused.stderr
+    assert f"one of {', '.join(offered)}, or set ATTN_ARGS" in refused.stderr
+    assert quickstart("window-aw-seg").returncode == 2  # not a decoder self-attention mechanism
+    taken = quickstart(offered[-1])
+    assert taken.returncode == 1 and "quickstart: missing" in taken.stderr, taken.stderr

@@ -34,7 +34,7 @@ class DistanceMaskOptions:
     distance_mask_alpha: float = option(
         1.0,
         "--distance-mask-alpha",
-        "distance-mask: weight of -|i-j| on the logits (default: {default})",
+        "distance-mask: weight alpha of the -alpha |i-j| added to the attention logits (default: {default})",
         convert=finite_number("--distance-mask-alpha", "ALPHA", positive=False),
         type=float,
         metavar="ALPHA",

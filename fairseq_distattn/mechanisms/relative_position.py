@@ -37,7 +37,7 @@ class RelativePositionOptions:
     max_relative_position: int = option(
         16,
         "--max-relative-position",
-        "rpr clipping distance k (default: {default})",
+        "rpr: relative distances are clipped to [-K, K] (Shaw et al.'s clipping distance k; default: {default})",
         convert=_clipping_distance,
         type=int,
         metavar="K",
