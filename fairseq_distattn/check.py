@@ -86,17 +86,26 @@ def describe(path: Path) -> str:
 
 
 def failure_reason(error: Exception) -> str:
-    """One line: torch's weights-only refusal names the global it met in a later
-    line (its first line advises weights_only=False, which we must not repeat)."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    refusal = [line for line in lines if line.startswith("WeightsUnpickler error:")]
-    if refusal:
-        # keep torch's finding, not its advice to allow-list whatever the file names
-        finding = refusal[0][len("WeightsUnpickler error:") :].split(". Please")[0].strip()
-        return (
-            f"it holds an object outside the allow-list of fairseq's config classes ({finding}); "
-            "do not load it with weights_only=False unless you trust its source"
-        )
+    """One line. torch's weights-only refusal opens with advice to load with
+    weights_only=False, which we must not repeat; what it found is on the line
+    that names the WeightsUnpickler (or the next one): a global outside the
+    allow-list (a checkpoint holding code or foreign classes), or bytes that
+    are no pickle at all (not a checkpoint, or a damaged one)."""
+    text = str(error)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        after = [line.strip() for line in text.split(marker, 1)[1].splitlines()]
+        finding = next((line for line in after if line), "").split(". Please")[0].strip()
+        if finding.startswith("Unsupported global"):
+            # keep torch's finding, not its advice to allow-list whatever the file names
+            return (
+                f"it holds an object outside the allow-list of fairseq's config classes ({finding}); "
+                "do not load it with weights_only=False unless you trust its source"
+            )
+        return f"it is not a PyTorch checkpoint, or it is damaged (torch's unpickler: {finding or 'no detail'})"
+    if isinstance(error, EOFError):
+        return "it ends before a checkpoint does: empty or cut short (EOFError)"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
