@@ -437,6 +437,70 @@ def test_a_translation_model_gives_the_same_logits_through_flex(flex_calls, bloc
     torch.testing.assert_close(fused, eager, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled flex kernel runs on CUDA"),
+        ),
+    ],
+)
+def test_a_training_step_through_flex_gives_every_parameter_the_eager_paths_gradient(device, request, flex_calls):
+    """What training on CUDA relies on: the mechanisms' own parameters (rpr's
+    tables, DA's w and v, T5's bucket table, MW's pointer projections) are read
+    inside score_mod or rebuilt from the log-sum-exp, and must receive the
+    eager path's gradients, not none (a table captured without its autograd
+    history would train nothing and still give the right forward). On CPU,
+    flex's kernel is its dense definition (no CPU backward) in float64; on
+    CUDA, the compiled kernel in float32, heads of 32 (a size flex compiles for)."""
+    from .model_helpers import TINY, left_pad, random_tokens, translation_model
+
+    calls = flex_calls
+    if device == "cpu":
+        request.getfixturevalue("dense_flex_kernel")
+    dtype, mode, tolerance = (torch.float64, "always", 1e-9) if device == "cpu" else (torch.float32, "auto", 2e-4)
+    model, d = translation_model(
+        extra=[
+            *TINY,
+            *("--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed-dim", "64"),
+            *("--decoder-embed-dim", "64", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"),
+            *("--encoder-self-attention", "rpr@0,da@1,alibi@2"),
+            *("--decoder-self-attention", "t5-bias@0,window-mw@1,distance-mask@2"),
+            *("--cross-attention", "window-mw@0-1"),
+        ]
+    )
+    model = model.to(device=device, dtype=dtype).train()
+    sentences = [random_tokens(d, 1, length, seed)[0] for seed, length in enumerate((9, 5, 7))]
+    src_tokens = left_pad(sentences, d.pad()).to(device)
+    src_lengths = torch.tensor([len(s) for s in sentences], device=device)
+    prev_output_tokens = random_tokens(d, 3, 6, seed=9).to(device)
+    target = random_tokens(d, 3, 6, seed=10).to(device)
+    gradients = {}
+    for run_mode in ("never", mode):
+        model.zero_grad()
+        with flex.flex_mode(run_mode):
+            logits, _ = model(src_tokens, src_lengths, prev_output_tokens)
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten()).backward()
+        gradients[run_mode] = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    assert len(calls) >= 6, "the flex path did not run in every mechanism layer"
+    assert gradients[mode].keys() == gradients["never"].keys()
+    for needle in (
+        "mechanism.relative_keys",
+        "mechanism.relative_values",
+        "mechanism.distance_weight",
+        "mechanism.sharpness",
+        "mechanism.relative_attention_bias",
+        "self_attn.extra_query_proj.left_query",
+        "encoder_attn.extra_key_proj.right_key",
+    ):
+        assert any(needle in name for name in gradients["never"]), f"no {needle} parameter in the model"
+    for name, eager in gradients["never"].items():
+        assert gradients[mode][name].abs().sum() > 0 or eager.abs().sum() == 0, f"{name} got no gradient"
+        torch.testing.assert_close(gradients[mode][name], eager, rtol=tolerance, atol=tolerance, msg=name)
+
+
 def test_the_compiled_kernel_is_not_recompiled_per_batch_and_never_falls_back(monkeypatch):
     """torch.compile keeps at most 8 compiled entries per function and runs flex
     uncompiled beyond them (on CUDA: every score materialised). Through a model
