@@ -226,7 +226,8 @@ class AttentionModuleOptions:
         "auto: on CUDA, mechanisms that declare a flex_attention path (the mechanism table) run their "
         "full-sequence calls without weights or attention dropout through compiled "
         "torch.nn.attention.flex_attention; never: always the eager/SDPA path, to compare or where "
-        "torch.compile cannot build the kernel (default: {default}); CPU is never affected",
+        "torch.compile cannot build the kernel (default: {default}); CPU is never affected. A trained model "
+        "takes it at generation time as --model-overrides \"{{'attention_flex': 'never'}}\"",
         convert=one_of("--attention-flex", ("auto", "never")),
         metavar="auto|never",
     )

@@ -235,6 +235,46 @@ def test_translation_train_generate_interactive(arch_args, mt_data, workdir):
     assert sorted(hypothesis_ids(inter.stdout)) == [0, 1], inter.stdout[-2000:]
 
 
+def test_generation_takes_attention_flex_as_a_checked_model_override(mt_data, workdir):
+    """fairseq-generate has no model flags: a trained model leaves the flex path
+    with --model-overrides, which reaches every layer (fairseq-generate loads
+    through load_model_ensemble with these overrides) and is checked like the flag."""
+    from fairseq import checkpoint_utils
+
+    save_dir = workdir / "checkpoints"
+    train_mt(mt_data["bin"], save_dir, ["--arch", "distattn_rpr_wmt_en_de", *MT_LAYERS_2], max_update=1)
+    checkpoint = save_dir / "checkpoint_last.pt"
+    models, _ = checkpoint_utils.load_model_ensemble([str(checkpoint)], arg_overrides={"attention_flex": "never"})
+    attentions = [m for m in models[0].modules() if hasattr(m, "mechanism")]
+    assert attentions and {m.mechanism.config.options.attention_flex for m in attentions} == {"never"}
+
+    generate = [
+        "fairseq-generate",
+        mt_data["bin"],
+        *USER_DIR,
+        *MT_TASK,
+        "--path",
+        checkpoint,
+        "--gen-subset",
+        "test",
+        "--beam",
+        "2",
+        "--max-len-b",
+        "5",
+        "--required-batch-size-multiple",
+        "1",
+        "--num-workers",
+        "0",
+    ]
+    run_cli([*generate, "--model-overrides", "{'attention_flex': 'never'}"])
+    refused = run_cli([*generate, "--model-overrides", "{'attention_flex': 'always'}"], check=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "fairseq-generate: error: argument --attention-flex: invalid value 'always': unknown choice; "
+        "allowed: auto, never"
+    )
+
+
 # -------------------------------------------------------------------- language models
 
 

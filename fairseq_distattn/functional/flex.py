@@ -220,9 +220,10 @@ def _compiled_kernel(variant: tuple, q: Tensor, *args, **kwargs):
             raise
         raise RuntimeError(
             f"flex_attention could not be compiled for {q.device} ({type(error).__name__}: "
-            f"{str(error).splitlines()[0] if str(error) else 'no message'}); train or generate with "
-            "--attention-flex never (functional API: fairseq_distattn.functional.flex.flex_mode('never')) "
-            "to take the eager path"
+            f"{str(error).splitlines()[0] if str(error) else 'no message'}); take the eager path: train with "
+            "--attention-flex never, generate from a trained model with --model-overrides "
+            "\"{'attention_flex': 'never'}\" (fairseq-generate has no model flags), or in the functional API "
+            "use fairseq_distattn.functional.flex.flex_mode('never')"
         ) from error
 
 
