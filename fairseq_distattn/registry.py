@@ -72,6 +72,8 @@ class OptionFlag:
     arg_default: Any  # the parsed attribute's value when the flag is absent
     convert: Callable[[Any, OptionContext], Any]  # parsed value -> field value; raises SpecError
     argparse: Mapping[str, Any]
+    # which of the mechanisms that declare the options class this option configures (None: all of them)
+    applies_to: Optional[Callable[[str], bool]] = None
 
     @property
     def attr(self) -> str:
@@ -88,13 +90,17 @@ def option(
     *,
     convert: Optional[Callable[[Any, OptionContext], Any]] = None,
     arg_default=dataclasses.MISSING,
+    applies_to: Optional[Callable[[str], bool]] = None,
     **argparse_kwargs,
 ) -> Any:
     """A field of a mechanism's options dataclass with its flag: ``help`` may name
     ``{default}`` (the flag's default); ``convert(value, context)`` validates the
     parsed value (raising :class:`SpecError`) and returns the field's value;
     ``arg_default`` is what fairseq's namespace holds when the flag is absent
-    (default: ``default``); the rest goes to ``argparse.add_argument``."""
+    (default: ``default``); ``applies_to(name)`` narrows the mechanisms that
+    declare the options class to those the option configures (fairseq-train
+    warns when a flag is given and no layer uses one of them); the rest goes
+    to ``argparse.add_argument``."""
     arg_default = default if arg_default is dataclasses.MISSING else arg_default
     flag_info = OptionFlag(
         flag,
@@ -102,6 +108,7 @@ def option(
         arg_default,
         convert or (lambda value, context: value),
         dict(argparse_kwargs),
+        applies_to,
     )
     return dataclasses.field(default=default, metadata={OPTION_METADATA: flag_info})
 

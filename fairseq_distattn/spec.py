@@ -13,7 +13,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass
-from typing import FrozenSet, List, Optional
+from typing import Any, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
 # registers every mechanism module; the ablations' names live with their math (pure torch, no fairseq imports)
 from . import mechanisms as _mechanisms  # noqa: F401
@@ -128,6 +128,39 @@ def accepted_by(kinds) -> List[str]:
     if unknown:
         raise ValueError(f"unknown attention kind(s) {', '.join(unknown)}; kinds: {', '.join(by_key)}")
     return [name for name in MECHANISMS if all(name in by_key[key].allowed for key in kinds)]
+
+
+def option_users(field: dataclasses.Field) -> Tuple[str, ...]:
+    """The mechanisms an option configures, in listing order: those registered
+    with its options class, narrowed by the option's ``applies_to``; none for
+    the attention module's own options, which every layer has."""
+    flag = option_flag(field)
+    return tuple(
+        info.name
+        for info in registered()
+        if field in info.option_fields() and (flag.applies_to is None or flag.applies_to(info.name))
+    )
+
+
+def specs_name(specs: Iterable[Optional[str]]) -> FrozenSet[str]:
+    """The mechanisms some item of these SPECs names (validated SPECs: every item covers a layer)."""
+    return frozenset(item.partition("@")[0].strip() for spec in specs if spec for item in spec.split(","))
+
+
+def unused_options(values: Mapping[str, Any], used: Iterable[str]) -> List[Tuple[str, Any, Tuple[str, ...]]]:
+    """``(flag, value, mechanisms it configures)`` for each mechanism option in
+    ``values`` (attribute -> parsed value; an absent one is at its default)
+    that differs from its default while none of the mechanisms it configures
+    is ``used``: a value that changes nothing, most likely a mistake."""
+    used = set(used)
+    found = []
+    for options_class in option_classes():
+        for field in dataclasses.fields(options_class):
+            flag, users = option_flag(field), option_users(field)
+            value = values.get(flag.attr, flag.arg_default)
+            if value != flag.arg_default and users and not used & set(users):
+                found.append((flag.flag, value, users))
+    return found
 
 
 # Only ASCII digits: int() would also take "+1", "1_0" and other scripts' digits.

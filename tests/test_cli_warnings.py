@@ -98,3 +98,29 @@ def test_the_same_message_from_other_code_still_shows():
         ]
     )
     assert proc.stderr.count("UserWarning") == 2, proc.stderr
+
+
+def test_a_flag_no_layer_uses_is_named_in_one_warning_line(mt_data, workdir):
+    """fairseq-train says when a mechanism option changes nothing (the run goes on)."""
+    proc = train(
+        mt_data["bin"],
+        workdir / "unused",
+        "--user-dir",
+        "fairseq_distattn",
+        "--arch",
+        "distattn_transformer",
+        "--decoder-self-attention",
+        "da",
+        "--max-relative-position",
+        "8",
+        "--da-mapping",
+        "sigmoid",
+    )
+    # fairseq-train logs to stdout
+    warnings = [line for line in proc.stdout.splitlines() if "has no effect" in line]
+    assert len(warnings) == 1, proc.stdout[-3000:]
+    assert warnings[0].endswith(
+        "--max-relative-position 8 has no effect: it configures rpr, which no layer uses "
+        "(--encoder-self-attention vanilla, --decoder-self-attention da, --cross-attention vanilla)"
+    )
+    assert "done training" in proc.stdout + proc.stderr

@@ -292,3 +292,45 @@ def test_the_quickstart_offers_every_mechanism_both_self_attentions_accept(tmp_p
     assert quickstart("window-aw-seg").returncode == 2  # not a decoder self-attention mechanism
     taken = quickstart(offered[-1])
     assert taken.returncode == 1 and "quickstart: missing" in taken.stderr, taken.stderr
+
+
+MECHANISM_OPTION_FIELDS = [field for info in registered() for field in info.option_fields()]
+
+
+def _another_value(field: dataclasses.Field):
+    """A value of the option's flag other than its default."""
+    flag = option_flag(field)
+    default, choices = flag.arg_default, flag.argparse.get("choices")
+    if isinstance(default, bool):
+        return not default
+    if choices:
+        return next(choice for choice in choices if choice != default)
+    return default + 1 if isinstance(default, (int, float)) else f"{default}-other"
+
+
+@pytest.mark.parametrize(
+    "field", list(dict.fromkeys(MECHANISM_OPTION_FIELDS)), ids=lambda field: option_flag(field).flag
+)
+def test_an_option_no_layer_uses_is_reported_and_one_in_use_is_not(field):
+    from fairseq_distattn.spec import option_users, specs_name, unused_options
+
+    flag = option_flag(field)
+    users = option_users(field)
+    assert users, f"{flag.flag} configures no mechanism"
+    values = {flag.attr: _another_value(field)}
+    others = [name for name in MECHANISMS if name not in users]
+    assert unused_options(values, specs_name(["vanilla", ",".join(f"{name}@0" for name in others)])) == [
+        (flag.flag, values[flag.attr], users)
+    ]
+    for user in users:
+        assert unused_options(values, specs_name(["vanilla", f"{user}@1-2,vanilla@0"])) == []
+    assert unused_options({flag.attr: flag.arg_default}, specs_name(["vanilla"])) == []  # at its default: nothing
+
+
+def test_option_users_follow_the_options_class_and_its_narrowing():
+    from fairseq_distattn.spec import option_users
+
+    by_flag = {option_flag(field).flag: option_users(field) for field in MECHANISM_OPTION_FIELDS}
+    assert by_flag["--max-relative-position"] == ("rpr",)
+    assert by_flag["--window-segment-size"] == ("window-mw-seg", "window-aw-seg")
+    assert by_flag["--window-expected-mask"] == ("window-mw", "window-aw", "window-mw-seg", "window-aw-seg")

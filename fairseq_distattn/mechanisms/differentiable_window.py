@@ -15,6 +15,7 @@ class WindowOptions:
         "--window-segment-size",
         "window-*-seg: segment size b (default: {default})",
         convert=positive_integer("--window-segment-size"),
+        applies_to=lambda name: name.endswith("-seg"),
         type=int,
         metavar="B",
     )

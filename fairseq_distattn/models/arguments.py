@@ -2,12 +2,26 @@
 
 import argparse
 import dataclasses
+import logging
 
 from fairseq import options
 from fairseq.models import register_model_architecture
 
 from ..registry import option_flag
-from ..spec import CROSS, DECODER_SELF, ENCODER_SELF, KINDS, MECHANISMS, MechanismOptions, SpecError, exit_on_spec_error
+from ..spec import (
+    CROSS,
+    DECODER_SELF,
+    ENCODER_SELF,
+    KINDS,
+    MECHANISMS,
+    MechanismOptions,
+    SpecError,
+    exit_on_spec_error,
+    specs_name,
+    unused_options,
+)
+
+logger = logging.getLogger(__name__)
 
 
 def spec_help(kind):
@@ -161,6 +175,7 @@ def check_parsed_args(args):
         return
     if hasattr(model, "check_attention_args"):
         build_or_exit(lambda: model.check_attention_args(args), args)
+        warn_about_unused_options(args)
         return
     for flag, value in plugin_flags_given(args):
         exit_on_spec_error(
@@ -171,6 +186,18 @@ def check_parsed_args(args):
                 f"this flag with {plugin_architecture_for(arch)}",
             )
         )
+
+
+def warn_about_unused_options(args):
+    """A mechanism option given a value while no layer uses a mechanism it
+    configures changes nothing (``--max-relative-position 8`` with ``da``
+    layers only): say so once per flag when fairseq-train starts. A warning,
+    not an error: scripts that sweep one set of flags over several
+    mechanisms stay valid, and a checkpoint's saved flags are not rechecked."""
+    specs = {attr: getattr(args, attr, None) for attr in SPEC_ATTRIBUTES}
+    for flag, value, users in unused_options(vars(args), specs_name(specs.values())):
+        named = ", ".join(f"{SPEC_ATTRIBUTES[attr].flag} {spec}" for attr, spec in specs.items() if spec)
+        logger.warning(f"{flag} {value} has no effect: it configures {', '.join(users)}, which no layer uses ({named})")
 
 
 def check_flags_after_parsing():
