@@ -28,10 +28,10 @@ def main(argv=None) -> int:
         help=f"print the mechanisms every KIND accepts ({', '.join(KINDS)})",
     )
     args = parser.parse_args(argv)
-    generated = {MECHANISM_TABLE: mechanism_table(), FLAG_TABLE: flag_table(), SPEC_GRAMMAR: spec_grammar()}
     if args.accepted_by:
         sys.stdout.write("".join(f"{name}\n" for name in accepted_by(args.accepted_by)))
         return 0
+    generated = {MECHANISM_TABLE: mechanism_table(), FLAG_TABLE: flag_table(), SPEC_GRAMMAR: spec_grammar()}
     if not args.write:
         sys.stdout.write("\n".join(generated.values()))
         return 0
