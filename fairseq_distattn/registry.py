@@ -74,6 +74,8 @@ class OptionFlag:
     argparse: Mapping[str, Any]
     # which of the mechanisms that declare the options class this option configures (None: all of them)
     applies_to: Optional[Callable[[str], bool]] = None
+    # (attribute, value) of another option without which this one configures nothing (None: no such option)
+    only_with: Optional[Tuple[str, Any]] = None
 
     @property
     def attr(self) -> str:
@@ -91,6 +93,7 @@ def option(
     convert: Optional[Callable[[Any, OptionContext], Any]] = None,
     arg_default=dataclasses.MISSING,
     applies_to: Optional[Callable[[str], bool]] = None,
+    only_with: Optional[Tuple[str, Any]] = None,
     **argparse_kwargs,
 ) -> Any:
     """A field of a mechanism's options dataclass with its flag: ``help`` may name
@@ -98,9 +101,11 @@ def option(
     parsed value (raising :class:`SpecError`) and returns the field's value;
     ``arg_default`` is what fairseq's namespace holds when the flag is absent
     (default: ``default``); ``applies_to(name)`` narrows the mechanisms that
-    declare the options class to those the option configures (fairseq-train
-    warns when a flag is given and no layer uses one of them); the rest goes
-    to ``argparse.add_argument``."""
+    declare the options class to those the option configures, and
+    ``only_with=(attribute, value)`` names another option's value without which
+    it configures nothing (fairseq-train warns when a flag is given and no layer
+    uses one of those mechanisms, or the other option has another value); the
+    rest goes to ``argparse.add_argument``."""
     arg_default = default if arg_default is dataclasses.MISSING else arg_default
     flag_info = OptionFlag(
         flag,
@@ -109,6 +114,7 @@ def option(
         convert or (lambda value, context: value),
         dict(argparse_kwargs),
         applies_to,
+        only_with,
     )
     return dataclasses.field(default=default, metadata={OPTION_METADATA: flag_info})
 

@@ -147,20 +147,40 @@ def specs_name(specs: Iterable[Optional[str]]) -> FrozenSet[str]:
     return frozenset(item.partition("@")[0].strip() for spec in specs if spec for item in spec.split(","))
 
 
-def unused_options(values: Mapping[str, Any], used: Iterable[str]) -> List[Tuple[str, Any, Tuple[str, ...]]]:
-    """``(flag, value, mechanisms it configures)`` for each mechanism option in
+def unused_options(values: Mapping[str, Any], specs: Mapping[str, Optional[str]]) -> List[Tuple[str, Any, str]]:
+    """``(flag, value, why it changes nothing)`` for each mechanism option in
     ``values`` (attribute -> parsed value; an absent one is at its default)
     that differs from its default while none of the mechanisms it configures
-    is ``used``: a value that changes nothing, most likely a mistake."""
-    used = set(used)
+    is named by ``specs`` (flag -> SPEC), or while the option it needs
+    (``only_with``) has another value: most likely a mistake."""
+    used = specs_name(specs.values())
+    named = ", ".join(f"{flag} {spec}" for flag, spec in specs.items() if spec)
+    defaults = {option_flag(field).attr: option_flag(field).arg_default for field in _option_fields()}
     found = []
-    for options_class in option_classes():
-        for field in dataclasses.fields(options_class):
-            flag, users = option_flag(field), option_users(field)
-            value = values.get(flag.attr, flag.arg_default)
-            if value != flag.arg_default and users and not used & set(users):
-                found.append((flag.flag, value, users))
+    for field in _option_fields():
+        flag, users = option_flag(field), option_users(field)
+        value = values.get(flag.attr, flag.arg_default)
+        if value == flag.arg_default or not users:
+            continue
+        if not used & set(users):
+            found.append((flag.flag, value, f"it configures {', '.join(users)}, which no layer uses ({named})"))
+        elif flag.only_with is not None:
+            attr, needed = flag.only_with
+            if values.get(attr, defaults[attr]) != needed:
+                other = "--" + attr.replace("_", "-")
+                found.append(
+                    (
+                        flag.flag,
+                        value,
+                        f"it is used only with {other} {needed}, not {other} {values.get(attr, defaults[attr])}",
+                    )
+                )
     return found
+
+
+def _option_fields() -> Tuple[dataclasses.Field, ...]:
+    """Every mechanism option field, in listing order."""
+    return tuple(field for options_class in option_classes() for field in dataclasses.fields(options_class))
 
 
 # Only ASCII digits: int() would also take "+1", "1_0" and other scripts' digits.

@@ -312,19 +312,37 @@ def _another_value(field: dataclasses.Field):
     "field", list(dict.fromkeys(MECHANISM_OPTION_FIELDS)), ids=lambda field: option_flag(field).flag
 )
 def test_an_option_no_layer_uses_is_reported_and_one_in_use_is_not(field):
-    from fairseq_distattn.spec import option_users, specs_name, unused_options
+    from fairseq_distattn.spec import option_users, unused_options
 
     flag = option_flag(field)
     users = option_users(field)
     assert users, f"{flag.flag} configures no mechanism"
     values = {flag.attr: _another_value(field)}
-    others = [name for name in MECHANISMS if name not in users]
-    assert unused_options(values, specs_name(["vanilla", ",".join(f"{name}@0" for name in others)])) == [
-        (flag.flag, values[flag.attr], users)
+    if flag.only_with is not None:
+        values[flag.only_with[0]] = flag.only_with[1]
+    others = ",".join(f"{name}@0" for name in MECHANISMS if name not in users)
+    specs = {"--encoder-self-attention": "vanilla", "--decoder-self-attention": others}
+    assert [found for found in unused_options(values, specs) if found[0] == flag.flag] == [
+        (
+            flag.flag,
+            values[flag.attr],
+            f"it configures {', '.join(users)}, which no layer uses "
+            f"(--encoder-self-attention vanilla, --decoder-self-attention {others})",
+        )
     ]
-    for user in users:
-        assert unused_options(values, specs_name(["vanilla", f"{user}@1-2,vanilla@0"])) == []
-    assert unused_options({flag.attr: flag.arg_default}, specs_name(["vanilla"])) == []  # at its default: nothing
+    for user in users:  # (values also holds the option it needs, if any: at the value it needs)
+        assert unused_options(values, {"--decoder-self-attention": f"{user}@1-2,vanilla@0"}) == []
+    assert unused_options({flag.attr: flag.arg_default}, {"--decoder-self-attention": "vanilla"}) == []
+
+
+def test_an_option_that_needs_another_options_value_is_reported_without_it():
+    from fairseq_distattn.spec import unused_options
+
+    specs = {"--encoder-self-attention": "da"}
+    assert unused_options({"da_clip_threshold": 4.0, "da_mapping": "clip"}, specs) == []
+    assert unused_options({"da_clip_threshold": 4.0}, specs) == [
+        ("--da-clip-threshold", 4.0, "it is used only with --da-mapping clip, not --da-mapping learnable-sigmoid")
+    ]
 
 
 def test_option_users_follow_the_options_class_and_its_narrowing():

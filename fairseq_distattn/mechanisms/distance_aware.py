@@ -49,6 +49,7 @@ class DistanceAwareOptions:
         "--da-clip-threshold",
         "da with --da-mapping clip: the threshold T of min(x, T) (default: {default:g})",
         convert=finite_number("--da-clip-threshold", "T", positive=True),
+        only_with=("da_mapping", "clip"),
         type=float,
         metavar="T",
     )

@@ -17,7 +17,6 @@ from ..spec import (
     MechanismOptions,
     SpecError,
     exit_on_spec_error,
-    specs_name,
     unused_options,
 )
 
@@ -190,14 +189,15 @@ def check_parsed_args(args):
 
 def warn_about_unused_options(args):
     """A mechanism option given a value while no layer uses a mechanism it
-    configures changes nothing (``--max-relative-position 8`` with ``da``
-    layers only): say so once per flag when fairseq-train starts. A warning,
-    not an error: scripts that sweep one set of flags over several
-    mechanisms stay valid, and a checkpoint's saved flags are not rechecked."""
-    specs = {attr: getattr(args, attr, None) for attr in SPEC_ATTRIBUTES}
-    for flag, value, users in unused_options(vars(args), specs_name(specs.values())):
-        named = ", ".join(f"{SPEC_ATTRIBUTES[attr].flag} {spec}" for attr, spec in specs.items() if spec)
-        logger.warning(f"{flag} {value} has no effect: it configures {', '.join(users)}, which no layer uses ({named})")
+    configures, or while the option it needs has another value, changes
+    nothing (``--max-relative-position 8`` with ``da`` layers only,
+    ``--da-clip-threshold`` without ``--da-mapping clip``): say so once per
+    flag when fairseq-train starts. A warning, not an error: scripts that
+    sweep one set of flags over several mechanisms stay valid, and a
+    checkpoint's saved flags are not rechecked."""
+    specs = {kind.flag: getattr(args, attr, None) for attr, kind in SPEC_ATTRIBUTES.items()}
+    for flag, value, reason in unused_options(vars(args), specs):
+        logger.warning(f"{flag} {value} has no effect: {reason}")
 
 
 def check_flags_after_parsing():
