@@ -154,7 +154,8 @@ def unused_options(values: Mapping[str, Any], specs: Mapping[str, Optional[str]]
     is named by ``specs`` (flag -> SPEC), or while the option it needs
     (``only_with``) has another value: most likely a mistake."""
     used = specs_name(specs.values())
-    named = ", ".join(f"{flag} {spec}" for flag, spec in specs.items() if spec)
+    named = ", ".join(f"{flag} {spec}" for flag, spec in specs.items() if spec and spec != "vanilla")
+    named = named or "every layer is vanilla"
     defaults = {option_flag(field).attr: option_flag(field).arg_default for field in _option_fields()}
     found = []
     for field in _option_fields():

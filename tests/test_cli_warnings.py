@@ -122,8 +122,7 @@ def test_a_flag_no_layer_uses_is_named_in_one_warning_line(mt_data, workdir):
     warnings = [line for line in proc.stdout.splitlines() if "has no effect" in line]
     assert len(warnings) == 2, proc.stdout[-3000:]
     assert warnings[0].endswith(
-        "--max-relative-position 8 has no effect: it configures rpr, which no layer uses "
-        "(--encoder-self-attention vanilla, --decoder-self-attention da, --cross-attention vanilla)"
+        "--max-relative-position 8 has no effect: it configures rpr, which no layer uses (--decoder-self-attention da)"
     )
     assert warnings[1].endswith(
         "--da-clip-threshold 4.0 has no effect: it is used only with --da-mapping clip, not --da-mapping sigmoid"

@@ -326,13 +326,13 @@ def test_an_option_no_layer_uses_is_reported_and_one_in_use_is_not(field):
         (
             flag.flag,
             values[flag.attr],
-            f"it configures {', '.join(users)}, which no layer uses "
-            f"(--encoder-self-attention vanilla, --decoder-self-attention {others})",
+            f"it configures {', '.join(users)}, which no layer uses (--decoder-self-attention {others})",
         )
     ]
     for user in users:  # (values also holds the option it needs, if any: at the value it needs)
         assert unused_options(values, {"--decoder-self-attention": f"{user}@1-2,vanilla@0"}) == []
     assert unused_options({flag.attr: flag.arg_default}, {"--decoder-self-attention": "vanilla"}) == []
+    assert unused_options(values, {"--decoder-self-attention": "vanilla"})[-1][2].endswith("(every layer is vanilla)")
 
 
 def test_an_option_that_needs_another_options_value_is_reported_without_it():
