@@ -167,15 +167,10 @@ def unused_options(values: Mapping[str, Any], specs: Mapping[str, Optional[str]]
             found.append((flag.flag, value, f"it configures {', '.join(users)}, which no layer uses ({named})"))
         elif flag.only_with is not None:
             attr, needed = flag.only_with
-            if values.get(attr, defaults[attr]) != needed:
+            given = values.get(attr, defaults[attr])
+            if given != needed:
                 other = "--" + attr.replace("_", "-")
-                found.append(
-                    (
-                        flag.flag,
-                        value,
-                        f"it is used only with {other} {needed}, not {other} {values.get(attr, defaults[attr])}",
-                    )
-                )
+                found.append((flag.flag, value, f"it is used only with {other} {needed}, not {other} {given}"))
     return found
 
 

@@ -65,14 +65,14 @@ source .venv/bin/activate
 # fairseq picks the device itself: no GPU here, so it trains on CPU.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc 2>/dev/null || echo 2)}"
 
-# The mechanisms MECH may name come from the registry, so a new one is offered without an edit here.
-SELF_MECHANISMS="$(python -m fairseq_distattn.mechanisms --accepted-by encoder-self decoder-self | grep -vx vanilla)"
 case "$MECH" in
     window)
         ATTN_DEFAULT="--encoder-self-attention window-aw@0-2 --decoder-self-attention window-mw@0-2 --cross-attention window-aw-seg@0-2" ;;
     vanilla)
         ATTN_DEFAULT="" ;;
     *)
+        # the mechanisms MECH may name come from the registry, so a new one is offered without an edit here
+        SELF_MECHANISMS="$(python -m fairseq_distattn.mechanisms --accepted-by encoder-self decoder-self | grep -vx vanilla)"
         if grep -qxF -e "$MECH" <<< "$SELF_MECHANISMS"; then
             ATTN_DEFAULT="--encoder-self-attention $MECH --decoder-self-attention $MECH"
         elif [ -n "${ATTN_ARGS:-}" ]; then
