@@ -59,6 +59,7 @@ from benchmarks.quality import (  # noqa: E402
     mechanism_parameters,
     movement_table,
     optimizer_args,
+    pending_lines,
     plot_curves,
     run,
     tool,
@@ -469,7 +470,8 @@ def report(out: Path) -> str:
         "WikiText-2 results comparable with published ones.",
         "",
     ]
-    markdown = "\n".join(header + lines + movement_table(by_config, order)) + "\n"
+    grid = {name: config.note for name, config in lm_configs().items()}
+    markdown = "\n".join(header + lines + pending_lines(by_config, grid) + movement_table(by_config, order)) + "\n"
     out.mkdir(parents=True, exist_ok=True)
     (out / "lm_quality.md").write_text(markdown, encoding="utf-8")
     if runs:

@@ -542,7 +542,8 @@ def report(out: Path) -> str:
         "(a single number: one seed so far).",
         "",
     ]
-    markdown = "\n".join(header + lines + movement_table(by_config, order)) + "\n"
+    grid = {name: config.note for name, config in CONFIGS.items()}
+    markdown = "\n".join(header + lines + pending_lines(by_config, grid) + movement_table(by_config, order)) + "\n"
     out.mkdir(parents=True, exist_ok=True)
     (out / "quality.md").write_text(markdown, encoding="utf-8")
     if runs:
@@ -550,6 +551,20 @@ def report(out: Path) -> str:
     if out.resolve() == DEFAULT_OUT.resolve():
         update_readme(out / "quality.md")
     return markdown
+
+
+def pending_lines(by_config: Dict[str, Sequence[Dict]], grid: Dict[str, str]) -> List[str]:
+    """What the table does not show yet: the configurations of ``grid`` (name: note)
+    without a run, and those short of the two seeds each needs for a spread."""
+    missing = [name for name in grid if name not in by_config]
+    single = [name for name in grid if len(by_config.get(name, ())) == 1]
+    lines = []
+    if missing:
+        lines.append("Not run yet: " + "; ".join(f"{name} ({grid[name]})" for name in missing) + ".")
+    if single:
+        lines.append(f"One seed so far (no spread yet): {', '.join(single)}.")
+    # each its own paragraph below the table
+    return [text for line in lines for text in ("", line)]
 
 
 def movement_table(by_config: Dict[str, List[Dict]], order: Sequence[str]) -> List[str]:

@@ -100,11 +100,10 @@ def test_quality_and_extrapolation_harnesses_write_one_json_per_run_skip_done_ru
     assert "## BLEU by source length" in (extra / "extrapolation.md").read_text()
 
 
-def test_a_note_with_a_pipe_stays_in_its_table_cell(tmp_path):
-    """The distance-mask notes say -|i-j|: unescaped, the row gains two columns."""
-    runs = tmp_path / "runs"
-    runs.mkdir()
-    for config, seed, bleu in (("vanilla", 1, 30.0), ("distance-mask", 1, 31.0), ("distance-mask", 2, 32.0)):
+def write_run_records(out, runs):
+    """Run files as the harness writes them, for (config, seed, BLEU) triples."""
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    for config, seed, bleu in runs:
         record = {
             "config": config,
             "seed": seed,
@@ -118,13 +117,35 @@ def test_a_note_with_a_pipe_stays_in_its_table_cell(tmp_path):
             "valid_ppl_averaged": 9.0,
             "valid_curve": [{"updates": 10, "loss": 3.0, "nll_loss": 2.0, "ppl": 4.0}],
         }
-        (runs / f"{config}-seed{seed}.json").write_text(json.dumps(record), encoding="utf-8")
+        (out / "runs" / f"{config}-seed{seed}.json").write_text(json.dumps(record), encoding="utf-8")
+
+
+def test_a_note_with_a_pipe_stays_in_its_table_cell(tmp_path):
+    """The distance-mask notes say -|i-j|: unescaped, the row gains two columns."""
+    write_run_records(tmp_path, (("vanilla", 1, 30.0), ("distance-mask", 1, 31.0), ("distance-mask", 2, 32.0)))
     assert "|i-j|" in quality.CONFIGS["distance-mask"].note
     rows = [line for line in quality.report(tmp_path).splitlines() if line.startswith("| distance-mask ")]
     assert len(rows) == 1
     cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", rows[0])[1:-1]]
     assert cells[:2] == ["distance-mask", "2 (1,2)"] and cells[2] == "31.50 +- 0.71" and cells[3] == "+1.50"
     assert len(cells) == 8 and cells[-1] == quality.CONFIGS["distance-mask"].note.replace("|", "\\|")
+
+
+def test_the_report_names_the_grid_configurations_without_a_run_or_with_one_seed(tmp_path):
+    """A reader must be able to tell a configuration not run yet from one left out of the grid."""
+    names = list(quality.CONFIGS)
+    write_run_records(tmp_path, [("vanilla", 1, 30.0), ("vanilla", 2, 31.0), ("rpr", 1, 32.0)])
+    lines = quality.report(tmp_path).splitlines()
+    not_run = [line for line in lines if line.startswith("Not run yet: ")]
+    assert len(not_run) == 1
+    listed = [item.split(" (", 1)[0] for item in not_run[0].split(": ", 1)[1].split("; ")]
+    assert listed == [name for name in names if name not in ("vanilla", "rpr")]
+    assert f"t5-bias ({quality.CONFIGS['t5-bias'].note})" in not_run[0]
+    assert "One seed so far (no spread yet): rpr." in lines
+
+    write_run_records(tmp_path, [(name, seed, 30.0) for name in names for seed in (1, 2)])
+    text = quality.report(tmp_path)
+    assert "Not run yet" not in text and "One seed so far" not in text
 
 
 def test_training_wall_time_sums_the_segments_of_a_resumed_run():
