@@ -841,6 +841,18 @@ def check_arguments(parser: argparse.ArgumentParser, args):
         parser.error("arguments --bpe and --bpe-codes go together")
     if args.subset is not None and args.data is None:
         parser.error("argument --subset: needs --data")
+    # found missing later, these end in a traceback from deep inside fairseq or subword-nmt
+    for flag, path in (
+        ("--source-dict", args.source_dict),
+        ("--target-dict", args.target_dict),
+        ("--dict", args.dict),
+        ("--bpe-codes", args.bpe_codes),
+        ("--input", None if args.input == "-" else args.input),
+    ):
+        if path is not None and not Path(path).is_file():
+            parser.error(f"argument {flag}: no such file: {path}")
+    if args.out.exists() and not args.out.is_dir():
+        parser.error(f"argument --out: {args.out} exists and is not a directory")
     for flag, value, least in (
         ("--beam", args.beam, 1),
         ("--max-distance", args.max_distance, 1),

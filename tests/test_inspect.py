@@ -690,3 +690,33 @@ def test_bad_command_lines_and_files_give_one_error_line(translation, language_m
         capsys, checkpoint, "--data", tmp_path / "missing", "--sentence", SOURCE, "--out", tmp_path
     )
     assert status == 1 and err.startswith("python -m fairseq_distattn.inspect: error: argument --data:")
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--data", "{data}", "--bpe", "subword_nmt", "--bpe-codes", "{missing}"],
+            "--bpe-codes: no such file: {missing}",
+        ),
+        (["--data", "{data}", "--input", "{missing}"], "--input: no such file: {missing}"),
+        (["--source-dict", "{missing}", "--target-dict", "{missing}"], "--source-dict: no such file: {missing}"),
+        (["--data", "{data}", "--out", "{file}"], "--out: {file} exists and is not a directory"),
+    ],
+)
+def test_a_missing_file_is_named_by_its_flag_before_any_work(translation, tmp_path, capsys, flags, message):
+    """Each of these failed late, with a traceback from fairseq or subword-nmt."""
+    afile = tmp_path / "afile"
+    afile.write_text("x\n")
+    names = {"data": translation["data"], "missing": tmp_path / "missing.txt", "file": afile}
+    argv = [str(translation["checkpoint"]), *(flag.format(**names) for flag in flags)]
+    if "--out" not in flags:
+        argv += ["--out", str(tmp_path / "out")]
+    if "--input" not in flags:
+        argv += ["--sentence", SOURCE]
+    with pytest.raises(SystemExit) as exit_info:
+        tool.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and err.startswith("usage: ") and "Traceback" not in err
+    assert err.splitlines()[-1] == "python -m fairseq_distattn.inspect: error: argument " + message.format(**names)
+    assert not (tmp_path / "out").exists()
