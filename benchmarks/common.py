@@ -1,4 +1,4 @@
-"""Timing, statistics and machine description shared by every section.
+"""Timing, statistics, machine description and command-line checks shared by the harnesses.
 
 Every comparison in the harness is *paired*: a candidate's measurement is
 taken right between two measurements of its baseline (``B C1 B C2 B ...``,
@@ -11,6 +11,7 @@ with their min and max.
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import platform
@@ -20,9 +21,51 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def at_least(least: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer >= ``least`` (argparse names the flag in the error)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < least:
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be an integer >= {least}")
+        return value
+
+    return parse
+
+
+def comma_separated_ints(parser, flag: str, text: str, least: int) -> List[int]:
+    """``--seeds 1,2``-style values, each an integer >= ``least``; at least one (an empty
+    list would run nothing and say nothing). Errors go through ``parser.error``."""
+    try:
+        values = [int(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        parser.error(f"argument {flag}: {text!r} is not a comma-separated list of integers")
+    if not values:
+        parser.error(f"argument {flag}: give at least one value")
+    if any(value < least for value in values):
+        parser.error(f"argument {flag}: invalid value {text!r}: each must be an integer >= {least}")
+    return values
+
+
+def comma_separated_names(parser, flag: str, text: str, known: Iterable[str]) -> List[str]:
+    """``--configs a,b``: names from ``known`` (all of them when ``text`` is empty)."""
+    known = list(known)
+    names = [item.strip() for item in text.split(",") if item.strip()] or known
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        parser.error(f"argument {flag}: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+    return names
 
 
 # --------------------------------------------------------------------------- device

@@ -38,7 +38,7 @@ if __package__ in (None, ""):  # `python benchmarks/lm_extrapolation.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     __package__ = "benchmarks"
 
-from benchmarks.common import REPO_ROOT, without_machine_paths  # noqa: E402
+from benchmarks.common import REPO_ROOT, at_least, comma_separated_ints, comma_separated_names, without_machine_paths  # noqa: E402
 from benchmarks.lm_quality import DEFAULT_WORK, eval_lm, lm_configs, run_env  # noqa: E402
 from benchmarks.quality import log, mean_std  # noqa: E402
 from benchmarks.readme_blocks import update_readme  # noqa: E402
@@ -216,15 +216,19 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help="tokens per sample at evaluation, even numbers (default: 64,128,256,512)",
     )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"result files (default: {DEFAULT_OUT})")
-    p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS (default: 1)")
+    p.add_argument("--threads", type=at_least(1), default=1, help="OMP_NUM_THREADS (default: 1)")
     p.add_argument("--report", action="store_true", help="only rebuild the table and plot")
     args = p.parse_args(argv)
-    try:
-        args.length_list = [int(n) for n in args.lengths.split(",") if n]
-    except ValueError:
-        p.error(f"argument --lengths: {args.lengths!r} is not a comma-separated list of integers")
-    if any(n < 2 or n % 2 for n in args.length_list):
+    args.length_list = comma_separated_ints(p, "--lengths", args.lengths, 2)
+    if any(n % 2 for n in args.length_list):
         p.error("argument --lengths: each length must be an even number >= 2 (the sliding mode scores half)")
+    if not args.report:
+        if not (args.quality_work / args.scale).is_dir():
+            p.error(
+                f"argument --quality-work: no {args.scale}-scale runs of benchmarks.lm_quality: "
+                f"{args.quality_work / args.scale} is not a directory"
+            )
+        args.configs = set(comma_separated_names(p, "--configs", args.configs, lm_configs()))
     return args
 
 
@@ -232,12 +236,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     if not args.report:
         env = run_env(args.threads)
-        configs = {c for c in args.configs.split(",") if c}
         runs = sorted(
             path.parent
             for path in (args.quality_work / args.scale).glob("*-seed*/checkpoint_best.pt")
-            if re.fullmatch(r".+-seed\d+", path.parent.name)
-            and (not configs or path.parent.name.rsplit("-seed", 1)[0] in configs)
+            if re.fullmatch(r".+-seed\d+", path.parent.name) and path.parent.name.rsplit("-seed", 1)[0] in args.configs
         )
         log(f"{len(runs)} trained models under {args.quality_work / args.scale}")
         for run_dir in runs:

@@ -50,7 +50,15 @@ if __package__ in (None, ""):  # `python benchmarks/lm_quality.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     __package__ = "benchmarks"
 
-from benchmarks.common import REPO_ROOT, cpu_model, git_revision, without_machine_paths  # noqa: E402
+from benchmarks.common import (
+    REPO_ROOT,
+    at_least,
+    comma_separated_ints,
+    comma_separated_names,
+    cpu_model,
+    git_revision,
+    without_machine_paths,
+)  # noqa: E402
 from benchmarks.quality import (  # noqa: E402
     backfill_mechanism_parameters,
     load_runs,
@@ -517,7 +525,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         default="small",
         help="model size and budget: small = 3 layers x 256, 4 heads (one CPU thread); base: a GPU",
     )
-    p.add_argument("--updates", type=int, default=None, help="training updates (default: the scale's)")
+    p.add_argument("--updates", type=at_least(1), default=None, help="training updates (default: the scale's)")
     p.add_argument("--tokens-per-sample", type=int, default=None, help="training sample length (default: 64)")
     p.add_argument(
         "--data",
@@ -528,20 +536,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     )
     p.add_argument("--work", type=Path, default=DEFAULT_WORK, help=f"checkpoints and logs (default: {DEFAULT_WORK})")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"result files (default: {DEFAULT_OUT})")
-    p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run (default: 1)")
+    p.add_argument("--threads", type=at_least(1), default=1, help="OMP_NUM_THREADS of each run (default: 1)")
     p.add_argument("--report", action="store_true", help="only rebuild the table and plot from the run files")
     args = p.parse_args(argv)
     if args.report:
         return args
     configs = lm_configs()
-    args.config_names = [c for c in args.configs.split(",") if c] or list(configs)
-    unknown = [c for c in args.config_names if c not in configs]
-    if unknown:
-        p.error(f"argument --configs: unknown {', '.join(unknown)}; choose from {', '.join(configs)}")
-    try:
-        args.seed_list = [int(s) for s in args.seeds.split(",") if s]
-    except ValueError:
-        p.error(f"argument --seeds: {args.seeds!r} is not a comma-separated list of integers")
+    args.config_names = comma_separated_names(p, "--configs", args.configs, configs)
+    args.seed_list = comma_separated_ints(p, "--seeds", args.seeds, 0)
     args.data = args.data or default_data()
     return args
 

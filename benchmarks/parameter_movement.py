@@ -39,6 +39,10 @@ KINDS = {
 }
 
 
+class MovementError(Exception):
+    """A checkpoint or data directory that cannot be used; its message is the whole error line."""
+
+
 def initial_state(cfg, data_dir: Optional[str] = None) -> Dict[str, object]:
     """The model's parameters as fairseq-train built them before the first update."""
     import numpy as np
@@ -49,7 +53,10 @@ def initial_state(cfg, data_dir: Optional[str] = None) -> Dict[str, object]:
     # fairseq_cli/train.py: seeds, then setup_task (reads dictionaries only), then build_model
     np.random.seed(cfg.common.seed)
     utils.set_torch_seed(cfg.common.seed)
-    task = tasks.setup_task(cfg.task)
+    try:
+        task = tasks.setup_task(cfg.task)
+    except FileNotFoundError as error:  # the dictionaries: moved with the data, or --data is not a data-bin
+        raise MovementError(f"cannot set up the checkpoint's task (--data {cfg.task.data}): {error}") from error
     model = task.build_model(cfg.model)
     return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
@@ -60,8 +67,12 @@ def movement(checkpoint: Path, data_dir: Optional[str] = None) -> Dict[str, Dict
     from fairseq import checkpoint_utils
 
     import fairseq_distattn.models  # noqa: F401  (registers the models, allow-lists checkpoint objects)
+    from fairseq_distattn.check import failure_reason
 
-    state = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint))
+    try:
+        state = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint))
+    except Exception as error:  # every reason a file cannot be read is reported alike
+        raise MovementError(f"cannot read {checkpoint}: {failure_reason(error)}") from error
     trained = state["model"]
     initial = initial_state(state["cfg"], data_dir)
     groups: Dict[str, List[float]] = {}
@@ -115,7 +126,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--data", default=None, help="data-bin directory with the dictionaries (default: the checkpoint's)")
     p.add_argument("--json", action="store_true", help="print JSON instead of one line per parameter group")
     args = p.parse_args(argv)
-    result = movement(args.checkpoint, args.data)
+    if not args.checkpoint.is_file():
+        p.error(f"argument checkpoint: no such file: {args.checkpoint}")
+    if args.data is not None and not Path(args.data).is_dir():
+        p.error(f"argument --data: no such directory: {args.data}")
+    try:
+        result = movement(args.checkpoint, args.data)
+    except MovementError as error:
+        p.exit(1, f"{p.prog}: error: {error}\n")
     print(json.dumps(result, indent=1) if args.json else summary(result))
     return 0
 

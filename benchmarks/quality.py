@@ -36,7 +36,7 @@ if __package__ in (None, ""):  # `python benchmarks/quality.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     __package__ = "benchmarks"
 
-from benchmarks.common import REPO_ROOT, cpu_model, git_revision  # noqa: E402
+from benchmarks.common import REPO_ROOT, at_least, comma_separated_ints, comma_separated_names, cpu_model, git_revision  # noqa: E402
 from benchmarks.readme_blocks import update_readme  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "quality"
@@ -672,7 +672,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         default="small",
         help="model size and budget: small = 3+3 layers x 256, 4 heads (CPU); base = IWSLT size (GPU)",
     )
-    p.add_argument("--updates", type=int, default=None, help="training updates (default: the scale's)")
+    p.add_argument("--updates", type=at_least(1), default=None, help="training updates (default: the scale's)")
     p.add_argument(
         "--data",
         type=Path,
@@ -683,22 +683,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--merges", type=int, default=None, help="joint BPE merges (default: the scale's)")
     p.add_argument("--work", type=Path, default=DEFAULT_WORK, help=f"checkpoints and logs (default: {DEFAULT_WORK})")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"result files (default: {DEFAULT_OUT})")
-    p.add_argument("--jobs", type=int, default=2, help="runs at a time (default: 2)")
-    p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run (default: 1)")
+    p.add_argument("--jobs", type=at_least(1), default=2, help="runs at a time (default: 2)")
+    p.add_argument("--threads", type=at_least(1), default=1, help="OMP_NUM_THREADS of each run (default: 1)")
     p.add_argument("--report", action="store_true", help="only rebuild the table and plot from the run files")
     args = p.parse_args(argv)
     args.grid_configs = grid_configs(args.grid, SCALES[args.scale]["layers"])
-    args.config_names = [c for c in args.configs.split(",") if c] or list(args.grid_configs)
-    unknown = [c for c in args.config_names if c not in args.grid_configs]
-    if unknown:
-        p.error(
-            f"argument --configs: unknown {', '.join(unknown)} in grid {args.grid}; "
-            f"choose from {', '.join(args.grid_configs)}"
-        )
-    try:
-        args.seed_list = [int(s) for s in args.seeds.split(",") if s]
-    except ValueError:
-        p.error(f"argument --seeds: {args.seeds!r} is not a comma-separated list of integers")
+    args.config_names = comma_separated_names(p, f"--configs (grid {args.grid})", args.configs, args.grid_configs)
+    args.seed_list = comma_separated_ints(p, "--seeds", args.seeds, 0)
     if args.data is None:
         shared = REPO_ROOT.parent / "shared" / "data" / "multi30k"
         args.data = shared if (shared / "train.en").is_file() else REPO_ROOT / "data" / "multi30k"

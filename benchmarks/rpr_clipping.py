@@ -25,7 +25,7 @@ if __package__ in (None, ""):  # `python benchmarks/rpr_clipping.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     __package__ = "benchmarks"
 
-from benchmarks.common import machine_description, now, run_paired  # noqa: E402
+from benchmarks.common import at_least, machine_description, now, run_paired  # noqa: E402
 from benchmarks.configs import MT, SCALES, Config, build  # noqa: E402
 from benchmarks.ops import _call  # noqa: E402
 from benchmarks.train import TrainStep  # noqa: E402
@@ -42,7 +42,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=7, help="interleaved rounds (default: 7)")
     p.add_argument("--min-time", type=float, default=0.2, help="seconds per measurement (default: 0.2)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=at_least(1), default=1)
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     return p.parse_args(argv)
 

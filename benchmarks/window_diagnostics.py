@@ -50,7 +50,7 @@ if __package__ in (None, ""):  # `python benchmarks/window_diagnostics.py`
 import torch  # noqa: E402
 from torch import Tensor  # noqa: E402
 
-from benchmarks.common import REPO_ROOT  # noqa: E402
+from benchmarks.common import REPO_ROOT, at_least  # noqa: E402
 from benchmarks.data import shown  # noqa: E402
 
 DEFAULT_WORK = REPO_ROOT / "work" / "quality"
@@ -1096,7 +1096,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help=f"output directory (default: {shown(DEFAULT_OUT)}; with --tiny a temporary directory)",
     )
     p.add_argument("--tiny", action="store_true", help="tiny random models and sentences: a smoke test in seconds")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
+    p.add_argument("--threads", type=at_least(1), default=1, help="torch threads (default: 1)")
     p.add_argument(
         "--report", action="store_true", help="only rebuild the markdown and PNGs from --out's window_diagnostics.json"
     )
