@@ -12,6 +12,7 @@ with their min and max.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import platform
@@ -42,6 +43,40 @@ def at_least(least: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def scale_results(default: Path, scale: str) -> Path:
+    """A harness's default ``--out`` for ``--scale``: ``default`` for "small" (the CPU
+    budget of the README's tables), ``<default>-<scale>`` otherwise, so that a GPU grid at
+    ``--scale base`` neither skips the CPU runs' files as done nor mixes with them."""
+    return default if scale == "small" else default.with_name(f"{default.name}-{scale}")
+
+
+def add_out_argument(parser, default: Path) -> None:
+    """``--out``, whose default depends on ``--scale`` (:func:`scale_results`): after
+    parsing, ``args.out = args.out or scale_results(default, args.scale)``."""
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"result files (default: {default} for --scale small, {default}-SCALE for the others)",
+    )
+
+
+def check_same_budget(parser, out: Path, expected: Dict[str, object]) -> None:
+    """The harnesses skip a run whose result file exists, and average the files of a
+    configuration: both are right only if every file under ``out/runs`` has the budget
+    asked for now (``expected``: record fields such as scale and updates)."""
+    for path in sorted((out / "runs").glob("*.json")):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        differs = [key for key, value in expected.items() if key in record and record[key] != value]
+        if differs:
+            found = ", ".join(f"{key} {record[key]}" for key in differs)
+            wanted = ", ".join(f"{key} {expected[key]}" for key in differs)
+            parser.error(
+                f"argument --out: {path} is a run with {found}, not {wanted}: one --out holds one budget "
+                "(give another --out)"
+            )
 
 
 def comma_separated_ints(parser, flag: str, text: str, least: int) -> List[int]:

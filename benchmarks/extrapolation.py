@@ -25,7 +25,14 @@ if __package__ in (None, ""):  # `python benchmarks/extrapolation.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     __package__ = "benchmarks"
 
-from benchmarks.common import REPO_ROOT, at_least, comma_separated_ints  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    REPO_ROOT,
+    add_out_argument,
+    at_least,
+    check_same_budget,
+    comma_separated_ints,
+    scale_results,
+)
 from benchmarks.quality import (  # noqa: E402
     CONFIGS,
     DEFAULT_WORK,
@@ -303,10 +310,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     )
     p.add_argument("--scale", default="small", help="the quality runs' scale (default: small)")
     p.add_argument("--factors", default=",".join(map(str, FACTORS)), help="concatenation factors (default: 1,2,4,8)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"result files (default: {DEFAULT_OUT})")
+    add_out_argument(p, DEFAULT_OUT)
     p.add_argument("--threads", type=at_least(1), default=1, help="OMP_NUM_THREADS (default: 1)")
     p.add_argument("--report", action="store_true", help="only rebuild the table and plot")
     args = p.parse_args(argv)
+    args.out = args.out or scale_results(DEFAULT_OUT, args.scale)
+    if not args.report:
+        check_same_budget(p, args.out, {"scale": args.scale})
     args.factor_list = comma_separated_ints(p, "--factors", args.factors, 1)
     if not args.report and not (args.quality_work / args.scale).is_dir():
         p.error(

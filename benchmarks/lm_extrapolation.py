@@ -38,7 +38,16 @@ if __package__ in (None, ""):  # `python benchmarks/lm_extrapolation.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     __package__ = "benchmarks"
 
-from benchmarks.common import REPO_ROOT, at_least, comma_separated_ints, comma_separated_names, without_machine_paths  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    REPO_ROOT,
+    add_out_argument,
+    at_least,
+    check_same_budget,
+    comma_separated_ints,
+    comma_separated_names,
+    scale_results,
+    without_machine_paths,
+)
 from benchmarks.lm_quality import DEFAULT_WORK, eval_lm, lm_configs, run_env  # noqa: E402
 from benchmarks.quality import log, mean_std  # noqa: E402
 from benchmarks.readme_blocks import update_readme  # noqa: E402
@@ -215,10 +224,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         default=",".join(map(str, LENGTHS)),
         help="tokens per sample at evaluation, even numbers (default: 64,128,256,512)",
     )
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"result files (default: {DEFAULT_OUT})")
+    add_out_argument(p, DEFAULT_OUT)
     p.add_argument("--threads", type=at_least(1), default=1, help="OMP_NUM_THREADS (default: 1)")
     p.add_argument("--report", action="store_true", help="only rebuild the table and plot")
     args = p.parse_args(argv)
+    args.out = args.out or scale_results(DEFAULT_OUT, args.scale)
+    if not args.report:
+        check_same_budget(p, args.out, {"scale": args.scale})
     args.length_list = comma_separated_ints(p, "--lengths", args.lengths, 2)
     if any(n % 2 for n in args.length_list):
         p.error("argument --lengths: each length must be an even number >= 2 (the sliding mode scores half)")

@@ -52,11 +52,14 @@ if __package__ in (None, ""):  # `python benchmarks/lm_quality.py`
 
 from benchmarks.common import (
     REPO_ROOT,
+    add_out_argument,
     at_least,
+    check_same_budget,
     comma_separated_ints,
     comma_separated_names,
     cpu_model,
     git_revision,
+    scale_results,
     without_machine_paths,
 )  # noqa: E402
 from benchmarks.quality import (  # noqa: E402
@@ -535,12 +538,23 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         f"when present, else the shipped sample {SHIPPED_DATA.relative_to(REPO_ROOT)})",
     )
     p.add_argument("--work", type=Path, default=DEFAULT_WORK, help=f"checkpoints and logs (default: {DEFAULT_WORK})")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"result files (default: {DEFAULT_OUT})")
+    add_out_argument(p, DEFAULT_OUT)
     p.add_argument("--threads", type=at_least(1), default=1, help="OMP_NUM_THREADS of each run (default: 1)")
     p.add_argument("--report", action="store_true", help="only rebuild the table and plot from the run files")
     args = p.parse_args(argv)
+    args.out = args.out or scale_results(DEFAULT_OUT, args.scale)
     if args.report:
         return args
+    scale = SCALES[args.scale]
+    check_same_budget(
+        p,
+        args.out,
+        {
+            "scale": args.scale,
+            "updates": args.updates or scale["updates"],
+            "tokens_per_sample": args.tokens_per_sample or scale["tokens_per_sample"],
+        },
+    )
     configs = lm_configs()
     args.config_names = comma_separated_names(p, "--configs", args.configs, configs)
     args.seed_list = comma_separated_ints(p, "--seeds", args.seeds, 0)

@@ -36,7 +36,17 @@ if __package__ in (None, ""):  # `python benchmarks/quality.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     __package__ = "benchmarks"
 
-from benchmarks.common import REPO_ROOT, at_least, comma_separated_ints, comma_separated_names, cpu_model, git_revision  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    REPO_ROOT,
+    add_out_argument,
+    at_least,
+    check_same_budget,
+    comma_separated_ints,
+    comma_separated_names,
+    cpu_model,
+    git_revision,
+    scale_results,
+)
 from benchmarks.readme_blocks import update_readme  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "quality"
@@ -682,11 +692,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     )
     p.add_argument("--merges", type=int, default=None, help="joint BPE merges (default: the scale's)")
     p.add_argument("--work", type=Path, default=DEFAULT_WORK, help=f"checkpoints and logs (default: {DEFAULT_WORK})")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"result files (default: {DEFAULT_OUT})")
+    add_out_argument(p, DEFAULT_OUT)
     p.add_argument("--jobs", type=at_least(1), default=2, help="runs at a time (default: 2)")
     p.add_argument("--threads", type=at_least(1), default=1, help="OMP_NUM_THREADS of each run (default: 1)")
     p.add_argument("--report", action="store_true", help="only rebuild the table and plot from the run files")
     args = p.parse_args(argv)
+    args.out = args.out or scale_results(DEFAULT_OUT, args.scale)
+    if not args.report:
+        check_same_budget(p, args.out, {"scale": args.scale, "updates": args.updates or SCALES[args.scale]["updates"]})
     args.grid_configs = grid_configs(args.grid, SCALES[args.scale]["layers"])
     args.config_names = comma_separated_names(p, f"--configs (grid {args.grid})", args.configs, args.grid_configs)
     args.seed_list = comma_separated_ints(p, "--seeds", args.seeds, 0)

@@ -4,6 +4,8 @@ said nothing)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from benchmarks import extrapolation, lm_extrapolation, lm_quality, parameter_movement, quality
@@ -55,3 +57,59 @@ def test_an_unreadable_checkpoint_or_data_directory_is_one_error_line(tmp_path, 
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 1 and len(err.splitlines()) == 1
     assert err.startswith(f"python -m benchmarks.parameter_movement: error: cannot read {broken}: ")
+
+
+def write_run(out, name, **fields):
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    (out / "runs" / f"{name}.json").write_text(json.dumps({"config": name, **fields}), encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    "parse, argv, record, message",
+    [
+        (
+            quality.parse_args,
+            ["--updates", "4000"],
+            {"scale": "small", "updates": 2000},
+            "is a run with updates 2000, not updates 4000: one --out holds one budget",
+        ),
+        (
+            quality.parse_args,
+            ["--scale", "base"],
+            {"scale": "small", "updates": 2000},
+            "is a run with scale small, updates 2000, not scale base, updates 20000",
+        ),
+        (
+            lm_quality.parse_args,
+            ["--tokens-per-sample", "128"],
+            {"scale": "small", "updates": 600, "tokens_per_sample": 64},
+            "is a run with tokens_per_sample 64, not tokens_per_sample 128",
+        ),
+        (
+            extrapolation.parse_args,
+            ["--quality-work", "{work}", "--scale", "tiny"],
+            {"scale": "small"},
+            "is a run with scale small, not scale tiny",
+        ),
+    ],
+)
+def test_one_out_holds_one_budget(parse, argv, record, message, tmp_path, capsys):
+    """A result file is skipped as done and averaged with its configuration's other seeds:
+    a file of another budget in --out would be both, silently."""
+    (tmp_path / "work" / "tiny").mkdir(parents=True)
+    out = tmp_path / "out"
+    write_run(out, "vanilla-seed1", **record)
+    argv = [item.format(work=tmp_path / "work") for item in argv]
+    with pytest.raises(SystemExit) as exit_info:
+        parse([*argv, "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_info.value.code == 2 and f"argument --out: {out / 'runs' / 'vanilla-seed1.json'} {message}" in err
+    parse([*argv, "--out", str(out), "--report"])  # reading the files is not running
+
+
+@pytest.mark.parametrize("harness", [quality, lm_quality, extrapolation, lm_extrapolation])
+def test_each_scale_has_its_own_default_results_folder(harness, tmp_path):
+    """--scale base (a GPU grid) must not find the CPU runs' files and skip them as done."""
+    small = harness.parse_args(["--report"]).out
+    base = harness.parse_args(["--report", "--scale", "base"]).out
+    assert small == harness.DEFAULT_OUT and base == small.with_name(small.name + "-base")
