@@ -287,6 +287,16 @@ def profile_min(fn: Callable[[], object], device, runs: int = 2, row_limit: int 
 # --------------------------------------------------------------------------- machine
 
 
+def device_model() -> str:
+    """What a harness's fairseq tools train on: the GPU's name where CUDA is
+    available (they take it unasked), else the CPU's."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name()} (GPU), {os.cpu_count()} CPU cores"
+    return cpu_model()
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:

@@ -57,7 +57,7 @@ from benchmarks.common import (
     check_same_budget,
     comma_separated_ints,
     comma_separated_names,
-    cpu_model,
+    device_model,
     git_revision,
     scale_results,
     without_machine_paths,
@@ -578,7 +578,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if not (args.out / "runs" / f"{name}-seed{seed}.json").is_file()
         ]
         log(f"{len(todo)} runs to do ({args.scale}, {scale['updates']} updates, one at a time)")
-        machine = f"{cpu_model()}, {args.threads} thread(s) per run"
+        machine = f"{device_model()}, {args.threads} thread(s) per run"
         revision = git_revision()
         for config, seed in todo:
             run_dir = args.work / args.scale / f"{config.name}-seed{seed}"

@@ -91,6 +91,12 @@ def write_run(out, name, **fields):
             {"scale": "small"},
             "is a run with scale small, not scale tiny",
         ),
+        (
+            quality.parse_args,
+            [],
+            {"scale": "small", "updates": 2000, "precision": "amp"},
+            "is a run with precision amp, not precision fp32",
+        ),
     ],
 )
 def test_one_out_holds_one_budget(parse, argv, record, message, tmp_path, capsys):
@@ -113,3 +119,45 @@ def test_each_scale_has_its_own_default_results_folder(harness, tmp_path):
     small = harness.parse_args(["--report"]).out
     base = harness.parse_args(["--report", "--scale", "base"]).out
     assert small == harness.DEFAULT_OUT and base == small.with_name(small.name + "-base")
+
+
+@pytest.mark.parametrize("precision", ["tf32", "amp"])
+def test_a_gpu_precision_without_cuda_is_one_error_line(precision, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    with pytest.raises(SystemExit) as exit_info:
+        quality.parse_args(["--precision", precision])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_info.value.code == 2
+    assert err.endswith(f"argument --precision: {precision} trains on a GPU, and CUDA is not available here")
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize(
+    "precision, flags, env",
+    [("fp32", [], {}), ("tf32", [], {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1"}), ("amp", ["--amp"], {})],
+)
+def test_the_training_precision_reaches_fairseq_train_and_only_it(precision, flags, env, monkeypatch, tmp_path):
+    calls = []
+
+    def fake_run(cmd, log_path, run_env, stdout_path=None):
+        calls.append(([str(c) for c in cmd], run_env))
+        raise _Stop
+
+    monkeypatch.setattr(quality, "run", fake_run)
+    monkeypatch.delenv("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", raising=False)
+    base_env = {"OMP_NUM_THREADS": "1"}
+    with pytest.raises(_Stop):
+        quality.train_run(
+            quality.CONFIGS["da"], 1, quality.SCALES["tiny"], tmp_path, tmp_path, tmp_path, base_env, precision
+        )
+    (cmd, run_env), = calls
+    assert "fairseq-train" in cmd[0]
+    assert [flag for flag in cmd if flag in ("--amp", "--fp16", "--bf16")] == flags
+    assert {k: v for k, v in run_env.items() if k.startswith("TORCH_")} == env
+    assert base_env == {"OMP_NUM_THREADS": "1"}  # the caller's environment (evaluation's too) is left as it was
