@@ -16,6 +16,13 @@ if [ ! -d /tmp/site/fairseq ]; then
     --target /tmp/site .whl/antlr4-python3-runtime-4.9.3.tar.gz .whl/*.whl $WHEEL
 fi
 [ -e ../shared ] || ln -s "$PWD/.devdata" ../shared
+# scripts/quickstart.sh (the quality harnesses' preprocessing) installs into and activates
+# .venv: here that is the machine's python with the packages above, and nothing to install
+if [ ! -e .venv/.installed ]; then
+  mkdir -p .venv/bin && printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > .venv/bin/python
+  chmod +x .venv/bin/python
+  echo "export PATH=$PWD/.venv/bin:\$PATH" > .venv/bin/activate && touch .venv/.installed
+fi
 echo "setup took $(( $(date +%s) - T0 )) s"
 python3 -c "import torch, numpy, fairseq; print(torch.__version__, numpy.__version__, fairseq.__version__, torch.cuda.get_device_name())"
 which fairseq-train

@@ -156,7 +156,7 @@ def test_the_training_precision_reaches_fairseq_train_and_only_it(precision, fla
         quality.train_run(
             quality.CONFIGS["da"], 1, quality.SCALES["tiny"], tmp_path, tmp_path, tmp_path, base_env, precision
         )
-    (cmd, run_env), = calls
+    ((cmd, run_env),) = calls
     assert "fairseq-train" in cmd[0]
     assert [flag for flag in cmd if flag in ("--amp", "--fp16", "--bf16")] == flags
     assert {k: v for k, v in run_env.items() if k.startswith("TORCH_")} == env
