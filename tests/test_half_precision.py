@@ -43,6 +43,71 @@ def test_model_forward_is_finite_in_half_precision(mechanism, dtype, device):
     assert torch.isfinite(out).all()
 
 
+# fairseq's --amp: float32 parameters, linear layers in half; CPU autocast takes bfloat16
+AUTOCAST = [
+    pytest.param("cpu", torch.bfloat16, id="cpu-bfloat16"),
+    pytest.param(
+        "cuda",
+        torch.float16,
+        id="cuda-float16",
+        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"),
+    ),
+]
+
+
+@pytest.mark.parametrize("device, dtype", AUTOCAST)
+@pytest.mark.parametrize("mechanism", [m for m in MECHANISMS if m != "vanilla"])
+def test_a_float32_model_trains_and_validates_under_autocast(mechanism, device, dtype):
+    """Under autocast a mechanism meets half queries, keys and values beside its own float32
+    parameters (DA's w and v, rpr's tables, QVI's W, u, h), and matmuls that round to half
+    inside its float32 code: every op must accept the mix. QVI's eq. 8 did not
+    (``torch.lerp`` of a half and a float32 tensor), and training with --amp crashed."""
+    cross = mechanism if mechanism.startswith("window") else "vanilla"
+    self_spec = mechanism if not mechanism.endswith("-seg") else "vanilla"
+    model, d = translation_model(
+        extra=[
+            *TINY,
+            "--encoder-self-attention",
+            mechanism,
+            "--decoder-self-attention",
+            self_spec,
+            "--cross-attention",
+            cross,
+        ]
+    )
+    model = model.to(device, torch.float32)
+    sources = left_pad([random_tokens(d, 1, n, seed=n)[0] for n in (7, 3)], d.pad()).to(device)
+    lengths = torch.tensor([7, 3], device=device)
+    targets = right_pad([random_tokens(d, 1, n, seed=10 + n)[0] for n in (2, 5)], d.pad()).to(device)
+    model.train()
+    with torch.autocast(device, dtype=dtype):
+        out = model(sources, lengths, targets)[0]
+    out.float().logsumexp(-1).mean().backward()
+    assert torch.isfinite(out).all()
+    unreached = [name for name, p in model.named_parameters() if p.grad is None]
+    assert not [name for name in unreached if "embed_positions" not in name], unreached
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    model.eval()
+    with torch.no_grad(), torch.autocast(device, dtype=dtype):
+        assert torch.isfinite(model(sources, lengths, targets)[0]).all()
+
+
+@pytest.mark.parametrize("device, dtype", AUTOCAST)
+def test_qvi_recomputes_half_inputs_in_float32_under_autocast_too(device, dtype):
+    """QVI widens half inputs to float32 for eqs. 7-10 (its values grow with its queries);
+    autocast must not round that float32 work back to half: the result under autocast is
+    the result without it."""
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 6, 8, generator=generator).to(device, dtype) * 4 for _ in range(3))
+    value_projection, gate_weight = torch.randn(2, 8, 8, generator=generator), torch.randn(2, 16, generator=generator)
+    parameters = (value_projection.to(device), gate_weight.to(device), torch.zeros(2, device=device))
+    plain, _ = DF.query_value_interaction_attention(q, k, v, *parameters, causal=True)
+    with torch.autocast(device, dtype=dtype):
+        autocast, _ = DF.query_value_interaction_attention(q, k, v, *parameters, causal=True)
+    assert autocast.dtype == plain.dtype == dtype
+    torch.testing.assert_close(autocast, plain, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_padding_gets_exactly_zero_probability_in_half_precision(dtype):
     q, k, v = (torch.randn(2, 2, 4, 8).to(dtype) * 30 for _ in range(3))

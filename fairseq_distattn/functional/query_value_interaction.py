@@ -43,6 +43,12 @@ INTERACTION_PARAMETERS = {
 }
 
 
+def float32_only(like: Tensor) -> torch.autocast:
+    """A region where autocast (fairseq's --amp) is off on ``like``'s device: the float32
+    recomputation of half inputs would otherwise run its matmuls in half again."""
+    return torch.autocast(like.device.type, enabled=False)
+
+
 def check_interaction_arguments(
     interaction: str, value_projection: Optional[Tensor], gate_weight: Optional[Tensor], gate_bias: Optional[Tensor]
 ) -> None:
@@ -91,14 +97,15 @@ def query_aware_values(
         return v  # g_1 = V
     if v.dtype in HALF_DTYPES:
         full = [None if t is None else t.float() for t in (queries, v, value_projection, gate_weight, gate_bias)]
-        values = query_aware_values(
-            *full,
-            query_padding_mask=query_padding_mask,
-            causal=causal,
-            query_offset=query_offset,
-            value_offset=value_offset,
-            interaction=interaction,
-        )
+        with float32_only(v):
+            values = query_aware_values(
+                *full,
+                query_padding_mask=query_padding_mask,
+                causal=causal,
+                query_offset=query_offset,
+                value_offset=value_offset,
+                interaction=interaction,
+            )
         return values.to(v.dtype)
     # values are the rows and queries the keys here: causal = query position <= value position
     query_mix, _ = attend(
@@ -121,6 +128,8 @@ def query_aware_values(
     gate_on_interaction, gate_on_values = gate_weight[:, None, :dim], gate_weight[:, None, dim:]
     gate = (interaction_term * gate_on_interaction).sum(-1, keepdim=True) + (v * gate_on_values).sum(-1, keepdim=True)
     beta = torch.sigmoid(gate + gate_bias[:, None, None])
+    # lerp takes one dtype; under autocast the einsum's term is half beside float32 v and beta
+    interaction_term, beta = interaction_term.to(v.dtype), beta.to(v.dtype)
     return torch.lerp(interaction_term, v, beta)  # eq. 8: (1 - beta) interaction + beta v
 
 
@@ -154,15 +163,16 @@ def query_value_interaction_attention(
         # g(Q, V) grows with the queries (Q^ is a mix of them): with large queries
         # it nears the float16 maximum, and eq. 10's backward (dO g^T) overflows
         # there; half inputs get eq. 7-10 in float32, rounded once at the end
-        out, probs = query_value_interaction_attention(
-            *(None if t is None else t.float() for t in (q, k, v, value_projection, gate_weight, gate_bias)),
-            key_padding_mask=key_padding_mask,
-            causal=causal,
-            query_offset=query_offset,
-            dropout_p=dropout_p,
-            need_weights=need_weights,
-            interaction=interaction,
-        )
+        with float32_only(q):
+            out, probs = query_value_interaction_attention(
+                *(None if t is None else t.float() for t in (q, k, v, value_projection, gate_weight, gate_bias)),
+                key_padding_mask=key_padding_mask,
+                causal=causal,
+                query_offset=query_offset,
+                dropout_p=dropout_p,
+                need_weights=need_weights,
+                interaction=interaction,
+            )
         return out.to(q.dtype), None if probs is None else probs.to(q.dtype)
     values = query_aware_values(
         q,
