@@ -14,13 +14,12 @@ from .model_helpers import TINY, left_pad, random_tokens, right_pad, translation
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("mechanism", [m for m in MECHANISMS if m != "vanilla"])
-def test_model_forward_is_finite_in_half_precision(mechanism, dtype, device):
+def model_with_mechanism_everywhere(mechanism):
+    """A tiny translation model with ``mechanism`` in every attention kind that takes it
+    (a segment window in cross-attention only, a window in cross-attention too)."""
     cross = mechanism if mechanism.startswith("window") else "vanilla"
     self_spec = mechanism if not mechanism.endswith("-seg") else "vanilla"
-    model, d = translation_model(
+    return translation_model(
         extra=[
             *TINY,
             "--encoder-self-attention",
@@ -31,6 +30,13 @@ def test_model_forward_is_finite_in_half_precision(mechanism, dtype, device):
             cross,
         ]
     )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mechanism", [m for m in MECHANISMS if m != "vanilla"])
+def test_model_forward_is_finite_in_half_precision(mechanism, dtype, device):
+    model, d = model_with_mechanism_everywhere(mechanism)
     model = model.to(device, dtype)
     sources = [random_tokens(d, 1, n, seed=n)[0] for n in (7, 3)]
     targets = [random_tokens(d, 1, n, seed=10 + n)[0] for n in (2, 5)]
@@ -62,19 +68,7 @@ def test_a_float32_model_trains_and_validates_under_autocast(mechanism, device, 
     parameters (DA's w and v, rpr's tables, QVI's W, u, h), and matmuls that round to half
     inside its float32 code: every op must accept the mix. QVI's eq. 8 did not
     (``torch.lerp`` of a half and a float32 tensor), and training with --amp crashed."""
-    cross = mechanism if mechanism.startswith("window") else "vanilla"
-    self_spec = mechanism if not mechanism.endswith("-seg") else "vanilla"
-    model, d = translation_model(
-        extra=[
-            *TINY,
-            "--encoder-self-attention",
-            mechanism,
-            "--decoder-self-attention",
-            self_spec,
-            "--cross-attention",
-            cross,
-        ]
-    )
+    model, d = model_with_mechanism_everywhere(mechanism)
     model = model.to(device, torch.float32)
     sources = left_pad([random_tokens(d, 1, n, seed=n)[0] for n in (7, 3)], d.pad()).to(device)
     lengths = torch.tensor([7, 3], device=device)
