@@ -84,10 +84,10 @@ def test_a_call_runs_the_grid_then_extrapolation_and_brings_back_runs_and_tables
 
 def test_a_call_ends_within_its_budget_and_the_next_one_goes_on_with_the_same_flags(grid, tmp_path):
     # training outlasts the first call (budget 45 s, of which 40 are kept for the copy)
-    call(grid, tmp_path / "out1", 45, "--updates", "2000", train_seconds=12)
+    call(grid, tmp_path / "out1", 45, "--updates", "2000", train_seconds=25)
     assert not (tmp_path / "out1" / "quality-base" / "runs" / "vanilla-seed1.json").exists()
     assert (tmp_path / "out1" / "quality-base" / "quality.md").exists()  # the table of what has finished
-    call(grid, tmp_path / "out2", 60)  # finds the grid running: waits for it, starts nothing
+    call(grid, tmp_path / "out2", 90)  # finds the grid running: waits for it, starts nothing
     assert (tmp_path / "out2" / "quality-base" / "runs" / "vanilla-seed1.json").exists()
     trainings = [line for line in grid[2].read_text().splitlines() if "--scale base --work" in line]
     assert trainings == ["-m benchmarks.quality --scale base --work work/quality --updates 2000"]
