@@ -41,6 +41,7 @@ class Ablation(NamedTuple):
     name: str
     train_args: Tuple[str, ...]  # attention flags added to the harness's recipe
     note: str
+    reference: str  # the default grid's configuration holding the paper's own choice
 
 
 # the default grid's configurations that hold the papers' own choices: each
@@ -71,6 +72,7 @@ def da_ablations() -> List[Ablation]:
             f"da-map-{mapping}",
             (*_DA, "--da-mapping", mapping),
             f"{DA_PAPER} sec. 4.3 / Fig. 4: f = {mapping}, early multiply; read against da (learnable sigmoid)",
+            "da",
         )
         for mapping in DA_MAPPINGS
         if mapping != "learnable-sigmoid"
@@ -81,6 +83,7 @@ def da_ablations() -> List[Ablation]:
             (*_DA, "--da-adjusting", adjusting),
             f"{DA_PAPER} sec. 4.4 / Fig. 5: {adjusting.replace('-', ' ')}, learnable sigmoid; "
             "read against da (early multiply)",
+            "da",
         )
         for adjusting in DA_ADJUSTINGS
         if adjusting != "early-multiply"
@@ -94,6 +97,7 @@ def qvi_ablations() -> List[Ablation]:
             f"qvi-{interaction}",
             (*_QVI, "--qvi-interaction", interaction),
             f"{QVI_PAPER} sec. 4.3 / Fig. 2: g = {interaction}; read against qvi (gated)",
+            "qvi",
         )
         for interaction in QVI_INTERACTIONS
         if interaction != "gated"
@@ -110,6 +114,7 @@ def window_ablations(num_layers: int) -> List[Ablation]:
             (_KIND_FLAGS[kind], f"window-{method}{suffix}"),
             f"{DW_PAPER} Table 2: {method.upper()} in {_KIND_NAMES[kind]} only, {where} "
             f"({'Full' if extent == 'full' else 'Partial'}), token-based",
+            "window",
         )
         for method in ("aw", "mw")
         for kind in ("enc", "dec", "cross")
@@ -123,17 +128,20 @@ def window_ablations(num_layers: int) -> List[Ablation]:
             ("--cross-attention", f"window-aw-seg{partial}"),
             f"{DW_PAPER} Table 3 (and Table 1 Cr(AW,Seg)): Cr(AW) segment-based, {where}; "
             "token-based is window-aw-cross-partial",
+            "window",
         ),
         Ablation(
             "window-enc-aw-dec-mw-partial",
             ("--encoder-self-attention", f"window-aw{partial}", "--decoder-self-attention", f"window-mw{partial}"),
             f"{DW_PAPER} Table 3 (and Table 1): Enc(AW)-Dec(MW) token-based, {where}",
+            "window",
         ),
         Ablation(
             "window-enc-aw-seg-dec-mw-partial",
             ("--encoder-self-attention", f"window-aw-seg{partial}", "--decoder-self-attention", f"window-mw{partial}"),
             f"{DW_PAPER} Table 3: Enc(AW)-Dec(MW) segment-based in the encoder (the decoder is always "
             f"token-based), {where}",
+            "window",
         ),
     ]
     return table2 + table3

@@ -181,10 +181,11 @@ def report(out: Path) -> str:
 
 
 def plot(table: Dict, order: Sequence[str], trained: Sequence[int], path: Path) -> None:
+    # importing fairseq sets the root logger to DEBUG, and matplotlib logs at import
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     import matplotlib
 
     matplotlib.use("Agg")
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(1, len(MODES), figsize=(11, 4.5), sharey=True)

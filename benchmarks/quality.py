@@ -530,15 +530,44 @@ def mean_std(values: Sequence[float]) -> Tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
+def ablation_references() -> Dict[str, str]:
+    """``{ablation: the default grid's configuration it is read against}``."""
+    from benchmarks.ablations import ablations  # imports fairseq_distattn: only when ablations ran
+
+    return {ablation.name: ablation.reference for ablation in ablations(6)}  # neither depends on the depth
+
+
+def seeds_cell(records: Sequence[Dict]) -> str:
+    return f"{len(records)} ({','.join(str(r['seed']) for r in sorted(records, key=lambda r: r['seed']))})"
+
+
+def mean_cell(records: Sequence[Dict], metric: str) -> str:
+    mean, std = mean_std([r[metric] for r in records])
+    # one seed has no spread to show: "+- 0.00" would claim one
+    return f"{mean:.2f} +- {std:.2f}" if len(records) > 1 else f"{mean:.2f}"
+
+
+def delta_cell(records: Sequence[Dict], against: Optional[Sequence[Dict]], metric: str) -> str:
+    if not against:
+        return "-"
+    return f"{mean_std([r[metric] for r in records])[0] - mean_std([r[metric] for r in against])[0]:+.2f}"
+
+
+def table_row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"  # notes say |i-j|
+
+
 def report(out: Path) -> str:
-    """Rebuild ``quality.md`` and ``valid_loss.png`` from the run files; returns the markdown."""
+    """Rebuild ``quality.md``, ``valid_loss.png`` and, once ablations ran,
+    ``valid_loss_ablations.png`` from the run files; returns the markdown."""
     runs = load_runs(out)
     by_config: Dict[str, List[Dict]] = {}
     for record in runs:
         by_config.setdefault(record["config"], []).append(record)
-    order = [name for name in CONFIGS if name in by_config] + sorted(set(by_config) - set(CONFIGS))
+    references = ablation_references() if set(by_config) - set(CONFIGS) else {}
+    order = [name for name in CONFIGS if name in by_config] + sorted(set(by_config) - set(CONFIGS) - set(references))
+    ablation_order = [name for name in references if name in by_config]
     baseline = by_config.get("vanilla")
-    metrics = ("tokenized_bleu_compound_split", "sacrebleu", "valid_ppl_averaged")
     lines = [
         "| config | runs (seeds) | BLEU tok+compound | delta vs vanilla | sacreBLEU | delta vs vanilla | valid ppl "
         "| what |",
@@ -546,18 +575,21 @@ def report(out: Path) -> str:
     ]
     for name in order:
         records = by_config[name]
-        cells = [name, f"{len(records)} ({','.join(str(r['seed']) for r in sorted(records, key=lambda r: r['seed']))})"]
-        for metric in metrics:
-            mean, std = mean_std([r[metric] for r in records])
-            # one seed has no spread to show: "+- 0.00" would claim one
-            cells.append(f"{mean:.2f} +- {std:.2f}" if len(records) > 1 else f"{mean:.2f}")
-            if metric != "valid_ppl_averaged":
-                if baseline and name != "vanilla":
-                    cells.append(f"{mean - mean_std([r[metric] for r in baseline])[0]:+.2f}")
-                else:
-                    cells.append("-")
-        cells.append(records[0]["note"])
-        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")  # notes say |i-j|
+        against = baseline if name != "vanilla" else None
+        lines.append(
+            table_row(
+                [
+                    name,
+                    seeds_cell(records),
+                    mean_cell(records, "tokenized_bleu_compound_split"),
+                    delta_cell(records, against, "tokenized_bleu_compound_split"),
+                    mean_cell(records, "sacrebleu"),
+                    delta_cell(records, against, "sacrebleu"),
+                    mean_cell(records, "valid_ppl_averaged"),
+                    records[0]["note"],
+                ]
+            )
+        )
     budgets = sorted({(r["updates"], r.get("scale", "?"), r.get("precision", "fp32")) for r in runs})
     # the machine and threads; how many runs shared it varied, so it is not claimed
     machines = sorted({re.sub(r", \d+ runs? at a time$", "", r.get("machine", "?")) for r in runs})
@@ -572,14 +604,69 @@ def report(out: Path) -> str:
         "",
     ]
     grid = {name: config.note for name, config in CONFIGS.items()}
-    markdown = "\n".join(header + lines + pending_lines(by_config, grid) + movement_table(by_config, order)) + "\n"
+    sections = header + lines + pending_lines(by_config, grid)
+    sections += ablation_table(by_config, ablation_order, references)
+    sections += movement_table(by_config, order + ablation_order)
+    markdown = "\n".join(sections) + "\n"
     out.mkdir(parents=True, exist_ok=True)
     (out / "quality.md").write_text(markdown, encoding="utf-8")
-    if runs:
+    if order:
         plot_curves(by_config, order, out / "valid_loss.png")
+    if ablation_order:
+        # each ablation beside the configuration it is read against, dashed
+        compared = [name for name in dict.fromkeys(references[n] for n in ablation_order) if name in by_config]
+        plot_curves(
+            by_config,
+            compared + ablation_order,
+            out / "valid_loss_ablations.png",
+            title="Multi30k En-De validation loss: the papers' ablations (dashed: the papers' own choices)",
+            dashed=lambda name, record: name in compared,
+        )
     if out.resolve() == DEFAULT_OUT.resolve():
         update_readme(out / "quality.md")
     return markdown
+
+
+def ablation_table(by_config: Dict[str, List[Dict]], order: Sequence[str], references: Dict[str, str]) -> List[str]:
+    """The ``--grid ablations`` runs, each against the default grid's configuration
+    holding its paper's own choice (and vanilla), with the ablations not run yet."""
+    if not order:
+        return []
+    baseline = by_config.get("vanilla")
+    lines = [
+        "",
+        "## The papers' ablations (`--grid ablations`)",
+        "",
+        "Same budget and recipe; each row is read against the configuration of the table above that holds its "
+        "paper's own choice (da: learnable sigmoid, early multiply; qvi: gated; window: the paper's best "
+        "Enc(AW)-Cr(AW,Seg)-Dec(MW)). A delta shows - while that configuration has no run.",
+        "",
+        "| ablation | runs (seeds) | BLEU tok+compound | read against | delta vs it | delta vs vanilla | sacreBLEU "
+        "| valid ppl | what |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in order:
+        records = by_config[name]
+        metric = "tokenized_bleu_compound_split"
+        lines.append(
+            table_row(
+                [
+                    name,
+                    seeds_cell(records),
+                    mean_cell(records, metric),
+                    references[name],
+                    delta_cell(records, by_config.get(references[name]), metric),
+                    delta_cell(records, baseline, metric),
+                    mean_cell(records, "sacrebleu"),
+                    mean_cell(records, "valid_ppl_averaged"),
+                    records[0]["note"],
+                ]
+            )
+        )
+    missing = [name for name in references if name not in by_config]
+    if missing:
+        lines += ["", f"Not run yet ({len(missing)} of {len(references)}): {', '.join(missing)}."]
+    return lines
 
 
 def pending_lines(by_config: Dict[str, Sequence[Dict]], grid: Dict[str, str]) -> List[str]:
@@ -652,10 +739,11 @@ def plot_curves(
     translation and LM harnesses; ``dashed`` marks baselines)."""
     import logging
 
+    # importing fairseq sets the root logger to DEBUG, and matplotlib logs at import
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     import matplotlib
 
     matplotlib.use("Agg")
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # importing fairseq_distattn may log at DEBUG
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(8, 5))

@@ -839,6 +839,9 @@ def test_the_ablation_grid_names_every_variant_once():
     assert set(REFERENCE_CONFIGS) == {"vanilla", "da", "qvi", "window"}
     for layers in (1, 3, 6):
         assert [a.name for a in ablations(layers)] == list(ABLATION_NAMES)
+        # each is read against its own paper's choice (the report's "delta vs it")
+        assert all(a.name.startswith(f"{a.reference}-") for a in ablations(layers))
+        assert {a.reference for a in ablations(layers)} == set(REFERENCE_CONFIGS) - {"vanilla"}
 
 
 def test_partial_is_the_lower_half_as_the_papers_first_3_of_6():

@@ -6,8 +6,13 @@ from __future__ import annotations
 import json
 import math
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 from benchmarks import lm_extrapolation, lm_quality
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 CONFIGS = ("transformer_lm_gbw", "distattn_lm_alibi_gbw")
 
@@ -211,3 +216,37 @@ def test_dev_split_starts_at_an_article_title_and_every_lm_preset_is_in_the_grid
     assert configs["distattn_lm"].baseline == "transformer_lm"
     assert "no position embeddings" in configs["distattn_lm_alibi_gbw"].note
     assert "sinusoidal" in configs["distattn_lm_window_gbw"].note
+
+
+def test_the_reports_print_no_debug_logging(tmp_path):
+    """Both harnesses import fairseq, which sets the root logger to DEBUG: matplotlib, imported
+    after it to plot, logged its font search and paths into every --report."""
+    quality_out, extrapolation_out = tmp_path / "quality", tmp_path / "extrapolation"
+    (quality_out / "runs").mkdir(parents=True)
+    (extrapolation_out / "runs").mkdir(parents=True)
+    record = quality_record("transformer_lm_gbw", "transformer_lm_gbw", 1, 100.0)
+    (quality_out / "runs" / "transformer_lm_gbw-seed1.json").write_text(json.dumps(record), encoding="utf-8")
+    record = {
+        "config": "transformer_lm_gbw",
+        "seed": 1,
+        "baseline": "transformer_lm_gbw",
+        "train_tokens_per_sample": 64,
+        "tokens_per_sample": 64,
+        "blocks": {"ppl": 50.0},
+        "sliding": {"ppl": 48.0},
+    }
+    (extrapolation_out / "runs" / "transformer_lm_gbw-seed1-L64.json").write_text(json.dumps(record), encoding="utf-8")
+    for module, out, plot in (
+        ("benchmarks.lm_quality", quality_out, "valid_loss.png"),
+        ("benchmarks.lm_extrapolation", extrapolation_out, "ppl_vs_length.png"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", module, "--report", "--out", str(out)],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr
+        assert (out / plot).is_file()
+        assert "DEBUG" not in done.stderr, (module, done.stderr[:500])

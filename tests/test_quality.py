@@ -103,11 +103,12 @@ def test_quality_and_extrapolation_harnesses_write_one_json_per_run_skip_done_ru
 def write_run_records(out, runs):
     """Run files as the harness writes them, for (config, seed, BLEU) triples."""
     (out / "runs").mkdir(parents=True, exist_ok=True)
+    notes = {name: config.note for name, config in {**quality.CONFIGS, **quality.ablation_configs(3)}.items()}
     for config, seed, bleu in runs:
         record = {
             "config": config,
             "seed": seed,
-            "note": quality.CONFIGS[config].note,
+            "note": notes[config],
             "updates": 10,
             "scale": "tiny",
             "machine": "m",
@@ -146,6 +147,49 @@ def test_the_report_names_the_grid_configurations_without_a_run_or_with_one_seed
     write_run_records(tmp_path, [(name, seed, 30.0) for name in names for seed in (1, 2)])
     text = quality.report(tmp_path)
     assert "Not run yet" not in text and "One seed so far" not in text
+    assert "ablations" not in text and not (tmp_path / "valid_loss_ablations.png").exists()
+
+
+def table_cells(text, name):
+    rows = [line for line in text.splitlines() if line.startswith(f"| {name} ")]
+    assert len(rows) == 1, (name, rows)
+    return [cell.strip() for cell in re.split(r"(?<!\\)\|", rows[0])[1:-1]]
+
+
+def test_ablation_runs_have_their_own_table_each_read_against_its_papers_choice(tmp_path):
+    """An ablation answers "better or worse than the paper's choice?": its delta is against
+    the default grid's run of that choice (da, qvi, window), not only against vanilla."""
+    write_run_records(
+        tmp_path,
+        [
+            ("vanilla", 1, 30.0),
+            ("vanilla", 2, 32.0),
+            ("da", 1, 32.0),
+            ("da-map-clip", 1, 32.5),
+            ("da-map-clip", 2, 33.5),
+            ("qvi-summation", 1, 30.0),
+        ],
+    )
+    main_table, ablation_section = quality.report(tmp_path).split("## The papers' ablations (`--grid ablations`)")
+    assert "| da-map-clip " not in main_table and "| qvi-summation " not in main_table
+    assert table_cells(main_table, "da")[:4] == ["da", "1 (1)", "32.00", "+1.00"]
+    clip = table_cells(ablation_section, "da-map-clip")
+    assert clip[:6] == ["da-map-clip", "2 (1,2)", "33.00 +- 0.71", "da", "+1.00", "+2.00"]
+    assert clip[-1] == quality.ablation_configs(3)["da-map-clip"].note
+    # its reference has no run yet: no delta to claim
+    assert table_cells(ablation_section, "qvi-summation")[:6] == [
+        "qvi-summation",
+        "1 (1)",
+        "30.00",
+        "qvi",
+        "-",
+        "-1.00",
+    ]
+    not_run = [line for line in ablation_section.splitlines() if line.startswith("Not run yet")]
+    assert len(not_run) == 1 and not_run[0].startswith("Not run yet (23 of 25): da-map-sigmoid, ")
+    assert "da-map-clip" not in not_run[0] and "window-enc-aw-seg-dec-mw-partial" in not_run[0]
+    # one plot per grid
+    assert (tmp_path / "valid_loss.png").is_file() and (tmp_path / "valid_loss_ablations.png").is_file()
 
 
 def test_training_wall_time_sums_the_segments_of_a_resumed_run():
