@@ -7,7 +7,8 @@ consecutive test_2016_flickr sentences (sources and references alike), with
 beam 5; BLEU is reported per concatenation factor and per source-length
 bucket, per mechanism. One JSON per (run, factor) under ``<out>/runs``,
 skipped when present; ``<out>/extrapolation.md`` and ``<out>/bleu_vs_length.png``
-are rebuilt from them.
+are rebuilt from them. The default grid's runs are evaluated; an ablation's
+(``benchmarks.quality --grid ablations``) when ``--configs`` names it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from benchmarks.common import (  # noqa: E402
     at_least,
     check_same_budget,
     comma_separated_ints,
+    comma_separated_names,
     scale_results,
 )
 from benchmarks.quality import (  # noqa: E402
@@ -310,6 +312,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     )
     p.add_argument("--scale", default="small", help="the quality runs' scale (default: small)")
     p.add_argument("--factors", default=",".join(map(str, FACTORS)), help="concatenation factors (default: 1,2,4,8)")
+    p.add_argument(
+        "--configs",
+        default="",
+        help="comma-separated quality configurations to evaluate, of the default grid or the ablations "
+        "(default: the default grid's; each run with a trained model)",
+    )
     add_out_argument(p, DEFAULT_OUT)
     p.add_argument("--threads", type=at_least(1), default=1, help="OMP_NUM_THREADS (default: 1)")
     p.add_argument("--report", action="store_true", help="only rebuild the table and plot")
@@ -318,6 +326,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if not args.report:
         check_same_budget(p, args.out, {"scale": args.scale})
     args.factor_list = comma_separated_ints(p, "--factors", args.factors, 1)
+    if args.configs:
+        from benchmarks.ablations import ABLATION_NAMES  # imports fairseq_distattn: only when named
+
+        args.config_names = set(comma_separated_names(p, "--configs", args.configs, [*CONFIGS, *ABLATION_NAMES]))
+    else:
+        args.config_names = set(CONFIGS)
     if not args.report and not (args.quality_work / args.scale).is_dir():
         p.error(
             f"argument --quality-work: no {args.scale}-scale runs of benchmarks.quality: "
@@ -331,8 +345,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not args.report:
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1"}
         env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
-        models = sorted((args.quality_work / args.scale).glob("*-seed*/averaged.pt"))
-        log(f"{len(models)} trained models under {args.quality_work / args.scale}")
+        models = [
+            model
+            for model in sorted((args.quality_work / args.scale).glob("*-seed*/averaged.pt"))
+            if model.parent.name.rsplit("-seed", 1)[0] in args.config_names
+        ]
+        log(f"{len(models)} trained models of the configurations asked for under {args.quality_work / args.scale}")
         for model in models:
             run_name = model.parent.name
             config, seed = run_name.rsplit("-seed", 1)

@@ -24,6 +24,11 @@ CASES = [
     (extrapolation.parse_args, ["--threads", "0"], "argument --threads: invalid value '0': must be an integer >= 1"),
     (extrapolation.parse_args, ["--factors", "0,2"], "argument --factors: invalid value '0,2': each must be"),
     (extrapolation.parse_args, ["--quality-work", "{missing}"], "argument --quality-work: no small-scale runs of "),
+    (
+        extrapolation.parse_args,
+        ["--quality-work", "{work}", "--configs", "da,nosuch"],
+        "argument --configs: unknown nosuch; choose from vanilla, ",
+    ),
     (lm_extrapolation.parse_args, ["--lengths", "64,0"], "argument --lengths: invalid value '64,0': each must be"),
     (lm_extrapolation.parse_args, ["--lengths", "65"], "argument --lengths: each length must be an even number"),
     (lm_extrapolation.parse_args, ["--quality-work", "{missing}"], "argument --quality-work: no small-scale runs of"),
@@ -161,3 +166,23 @@ def test_the_training_precision_reaches_fairseq_train_and_only_it(precision, fla
     assert [flag for flag in cmd if flag in ("--amp", "--fp16", "--bf16")] == flags
     assert {k: v for k, v in run_env.items() if k.startswith("TORCH_")} == env
     assert base_env == {"OMP_NUM_THREADS": "1"}  # the caller's environment (evaluation's too) is left as it was
+
+
+def test_extrapolation_evaluates_the_default_grid_and_an_ablation_only_when_named(tmp_path, capsys):
+    """Ablation runs share the quality harness's --work: evaluating every model found there
+    would spend an hour of CPU per ablation run nobody asked to extrapolate."""
+    work = tmp_path / "work"
+    for run_name in ("da-seed1", "da-map-clip-seed1"):
+        (work / "small" / run_name).mkdir(parents=True)
+        (work / "small" / run_name / "averaged.pt").write_bytes(b"")
+        (work / "small" / run_name / "train.log").write_text("$ fairseq-train work/data-7/data-bin\n")
+    argv = ["--quality-work", str(work), "--out", str(tmp_path / "out"), "--factors", "1"]
+    # neither has prepared data: the error names the first model the harness would evaluate
+    # (da-map-clip-seed1 sorts first)
+    with pytest.raises(SystemExit, match="da-seed1/averaged.pt"):
+        extrapolation.main(argv)
+    with pytest.raises(SystemExit, match="da-map-clip-seed1/averaged.pt"):
+        extrapolation.main([*argv, "--configs", "da,da-map-clip"])
+    (work / "small" / "da-seed1" / "averaged.pt").unlink()  # leaves the ablation alone
+    assert extrapolation.main(argv) == 0
+    assert "0 trained models of the configurations asked for" in capsys.readouterr().err
