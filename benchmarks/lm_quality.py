@@ -114,17 +114,17 @@ def lm_configs() -> Dict[str, LMConfig]:
     """fairseq's LM architectures that the plugin's presets extend, each followed by the
     presets, read from the registered architectures (so a new preset joins the grid)."""
     from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_INV_REGISTRY
-    from fairseq.models.transformer_lm import base_lm_architecture
 
     import fairseq_distattn  # noqa: F401  registers the architectures
     from fairseq_distattn.models.arguments import ARCHITECTURES
+    from fairseq_distattn.models.distattn_lm import transformer_lm_architecture
 
     presets = [name for name in ARCH_MODEL_INV_REGISTRY["distattn_lm"] if name in ARCHITECTURES]
     configs: Dict[str, LMConfig] = {}
     for preset in presets:
         fairseq_architecture, specs = ARCHITECTURES[preset]
         # the shortest fairseq name of that function (transformer_lm_gbw, not transformer_lm_baevski_gbw);
-        # --arch transformer_lm is registered as a no-op: its build applies base_lm_architecture
+        # --arch transformer_lm is registered as a no-op (its dataclass's defaults), which distattn_lm copies
         baseline = min(
             (
                 name
@@ -132,7 +132,7 @@ def lm_configs() -> Dict[str, LMConfig]:
                 if ARCH_CONFIG_REGISTRY[name] is fairseq_architecture
             ),
             key=len,
-            default="transformer_lm" if fairseq_architecture is base_lm_architecture else None,
+            default="transformer_lm" if fairseq_architecture is transformer_lm_architecture else None,
         )
         if baseline is None:
             raise RuntimeError(f"no fairseq transformer_lm architecture matches the defaults of --arch {preset}")
@@ -256,6 +256,13 @@ def train_args(config: LMConfig, scale: Dict, seed: int, data_bin: Path, save_di
         "--decoder-layers",
         scale["layers"],
         "--decoder-embed-dim",
+        scale["dim"],
+        # fairseq's transformer_lm dataclass defaults both to 512 whatever --decoder-embed-dim says, so
+        # without them the fairseq baselines got 512-wide token embeddings projected down to the model
+        # width and back (9.3M parameters against the presets' 5.7M at scale small)
+        "--decoder-input-dim",
+        scale["dim"],
+        "--decoder-output-dim",
         scale["dim"],
         "--decoder-ffn-embed-dim",
         scale["ffn"],

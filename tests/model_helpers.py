@@ -40,6 +40,11 @@ TINY_LM = [
     "2",
     "--decoder-embed-dim",
     "16",
+    # distattn_lm takes transformer_lm's defaults, whose token embeddings are 512 wide otherwise
+    "--decoder-input-dim",
+    "16",
+    "--decoder-output-dim",
+    "16",
     "--decoder-ffn-embed-dim",
     "32",
     "--decoder-attention-heads",

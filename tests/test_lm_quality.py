@@ -250,3 +250,38 @@ def test_the_reports_print_no_debug_logging(tmp_path):
         assert done.returncode == 0, done.stderr
         assert (out / plot).is_file()
         assert "DEBUG" not in done.stderr, (module, done.stderr[:500])
+
+
+def test_every_lm_config_builds_the_same_model_width_and_the_vanilla_presets_equal_their_baselines(tmp_path):
+    """The recipe's fairseq-train flags must give fairseq's baselines the model the presets get.
+    fairseq's transformer_lm defaults --decoder-input-dim and --decoder-output-dim to 512 whatever
+    --decoder-embed-dim is (the plugin's presets follow --decoder-embed-dim), which once made the
+    baselines 512-wide embeddings projected to the model width: a different, larger model."""
+    from fairseq import options
+    from fairseq.tasks.language_modeling import LanguageModelingTask
+
+    from .model_helpers import dictionary
+
+    # tiny widths, and the small scale's depth: the window preset names layers 0-2
+    scale = {**lm_quality.SCALES["tiny"], "layers": lm_quality.SCALES["small"]["layers"]}
+    assert scale["dim"] != 512  # else the flags under test would change nothing
+    d = dictionary()
+
+    def built(config):
+        command = lm_quality.train_args(config, scale, 1, tmp_path, tmp_path / "checkpoints")
+        flags = [str(c) for c in command[2:]]  # the tool and the data-bin
+        flags[flags.index("--user-dir") + 1] = str(lm_quality.REPO_ROOT / "fairseq_distattn")
+        args = options.parse_args_and_arch(options.get_training_parser(), [str(tmp_path), *flags])
+        model = LanguageModelingTask(args, d).build_model(args)
+        return {name: tuple(p.shape) for name, p in model.named_parameters()}, model
+
+    configs = lm_quality.lm_configs()
+    shapes = {}
+    for name, config in configs.items():
+        shapes[name], model = built(config)
+        assert model.decoder.embed_tokens.weight.shape == (len(d), scale["dim"]), name
+        assert model.decoder.project_in_dim is None and model.decoder.project_out_dim is None, name
+    vanilla_presets = [name for name, config in configs.items() if "vanilla self-attention" in config.note]
+    assert vanilla_presets
+    for name in vanilla_presets:
+        assert shapes[name] == shapes[configs[name].baseline], name

@@ -159,6 +159,34 @@ def test_vanilla_spec_is_fairseq_transformer():
     )
 
 
+@pytest.mark.parametrize(
+    "ours_arch, fairseq_arch", [("distattn_lm", "transformer_lm"), ("distattn_lm_gbw", "transformer_lm_gbw")]
+)
+def test_vanilla_language_model_is_fairseqs(ours_arch, fairseq_arch):
+    """``--arch distattn_lm`` takes ``--arch transformer_lm``'s defaults: post-norm, and token embeddings
+    512 wide (projected to --decoder-embed-dim) unless --decoder-input-dim says otherwise, quirks included,
+    as the gbw presets take transformer_lm_gbw's (pre-norm, widths following --decoder-embed-dim)."""
+
+    def without(*names):
+        pairs = zip(TINY_LM[::2], TINY_LM[1::2])
+        return [item for flag, value in pairs if flag not in names for item in (flag, value)]
+
+    # both without the embedding widths, whose defaults differ; fairseq's without the plugin's own flag
+    ours_flags = without("--decoder-input-dim", "--decoder-output-dim")
+    fairseq_flags = without("--decoder-input-dim", "--decoder-output-dim", "--max-relative-position")
+    ours, d = language_model(arch=ours_arch, extra=ours_flags)
+    reference, _ = language_model(arch=fairseq_arch, extra=fairseq_flags)
+    shapes = {name: tuple(tensor.shape) for name, tensor in ours.state_dict().items()}
+    assert shapes == {name: tuple(tensor.shape) for name, tensor in reference.state_dict().items()}
+    reference.load_state_dict(ours.state_dict())
+    tokens = random_tokens(d, 3, 7, seed=5)
+    torch.testing.assert_close(ours(tokens)[0], reference(tokens)[0], rtol=0, atol=0)
+    # the two configurations really differ, so the comparison above would catch a swap
+    post_norm = ours_arch == "distattn_lm"
+    assert (ours.decoder.project_in_dim is not None) == post_norm
+    assert ours.decoder.layers[0].normalize_before != post_norm
+
+
 def test_mechanisms_land_on_the_named_layers_only():
     model, _ = translation_model(
         extra=[*TINY, "--encoder-self-attention", "rpr@1", "--cross-attention", "window-aw-seg@0"]

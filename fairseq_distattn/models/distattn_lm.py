@@ -1,5 +1,6 @@
 """Language model ``distattn_lm`` and its architectures."""
 
+import dataclasses
 from argparse import Namespace
 from contextlib import contextmanager
 
@@ -87,7 +88,21 @@ def architecture(name, fairseq_architecture, **attention):
     return register_architecture("distattn_lm", name, fairseq_architecture, **attention)
 
 
-architecture("distattn_lm", fairseq_lm.base_lm_architecture)
+def transformer_lm_architecture(args):
+    """The defaults of fairseq's ``--arch transformer_lm``: its dataclass's fields as they are
+    (fairseq registers that architecture as a no-op). Not ``base_lm_architecture``, which only the
+    named architectures (``transformer_lm_gbw``, ...) apply and which builds another model: pre-norm
+    with a final layer norm, and input/output widths that follow ``--decoder-embed-dim`` where
+    ``transformer_lm`` keeps 512 unless ``--decoder-input-dim``/``--decoder-output-dim`` say otherwise."""
+    for name, default in dataclasses.asdict(TransformerLanguageModelConfig()).items():
+        if isinstance(default, str) and default.startswith("${"):
+            continue  # interpolated from the task's options (tokens_per_sample, ...), which args holds
+        if getattr(args, name, None) is None:
+            setattr(args, name, default)
+
+
+transformer_lm_architecture.__name__ = "transformer_lm"
+architecture("distattn_lm", transformer_lm_architecture)
 architecture("distattn_lm_gbw", fairseq_lm.transformer_lm_baevski_gbw)
 architecture(
     "distattn_lm_rpr_gbw", fairseq_lm.transformer_lm_baevski_gbw, decoder_self="rpr", no_absolute_positions=True
