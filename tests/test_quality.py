@@ -75,6 +75,20 @@ def test_quality_and_extrapolation_harnesses_write_one_json_per_run_skip_done_ru
     assert quality.main(argv) == 0
     assert {path: path.stat().st_mtime_ns for path in (out / "runs").glob("*.json")} == before
 
+    # an ablation runs by name under --grid ablations, with the same recipe, and gets its own table
+    ablation_argv = [*argv[: argv.index("--configs")], "--grid", "ablations", "--configs", "da-map-clip"]
+    ablation_argv += argv[argv.index("--configs") + 2 :]
+    assert quality.main(ablation_argv) == 0
+    clip = json.loads((out / "runs" / "da-map-clip-seed3.json").read_text())
+    mapping = clip["train_args"].index("--da-mapping")
+    assert clip["train_args"][mapping + 1] == "clip" and clip["updates"] == 5
+    assert 0 <= clip["tokenized_bleu_compound_split"] <= 100 and clip["valid_ppl_averaged"] > 1
+    assert "encoder self mechanism.distance_weight" in clip["mechanism_parameters"]
+    table, ablations = (out / "quality.md").read_text().split("## The papers' ablations")
+    ablations = ablations.split("## Did the mechanisms' parameters move?")[0]
+    assert "| da-map-clip |" not in table
+    assert [line.split(" | ")[3] for line in ablations.splitlines() if line.startswith("| da-map-clip |")] == ["da"]
+
     # length extrapolation of the same models: one JSON per (run, factor), table and plot
     from benchmarks import extrapolation
 
