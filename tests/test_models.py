@@ -187,6 +187,14 @@ def test_vanilla_language_model_is_fairseqs(ours_arch, fairseq_arch):
     assert ours.decoder.layers[0].normalize_before != post_norm
 
 
+def test_distattn_lm_keeps_what_its_flags_or_an_older_checkpoint_say():
+    """transformer_lm's defaults fill only what is unset: --decoder-normalize-before (or the
+    pre-norm args saved in a checkpoint trained before distattn_lm took them) still builds pre-norm."""
+    model, _ = language_model(extra=[*TINY_LM, "--decoder-normalize-before"])
+    assert model.decoder.layers[0].normalize_before and model.decoder.layer_norm is not None
+    assert model.decoder.embed_tokens.weight.shape[1] == 16
+
+
 def test_mechanisms_land_on_the_named_layers_only():
     model, _ = translation_model(
         extra=[*TINY, "--encoder-self-attention", "rpr@1", "--cross-attention", "window-aw-seg@0"]
