@@ -257,9 +257,10 @@ def train_args(config: LMConfig, scale: Dict, seed: int, data_bin: Path, save_di
         scale["layers"],
         "--decoder-embed-dim",
         scale["dim"],
-        # fairseq's transformer_lm dataclass defaults both to 512 whatever --decoder-embed-dim says, so
-        # without them the fairseq baselines got 512-wide token embeddings projected down to the model
-        # width and back (9.3M parameters against the presets' 5.7M at scale small)
+        # --arch transformer_lm (and so distattn_lm) defaults both to 512 whatever --decoder-embed-dim
+        # says, while the named architectures (transformer_lm_gbw, ...) follow it: without them the
+        # transformer_lm baseline got 512-wide token embeddings projected down to the model width and
+        # back (9.3M parameters against the gbw presets' 5.7M at scale small)
         "--decoder-input-dim",
         scale["dim"],
         "--decoder-output-dim",

@@ -254,9 +254,9 @@ def test_the_reports_print_no_debug_logging(tmp_path):
 
 def test_every_lm_config_builds_the_same_model_width_and_the_vanilla_presets_equal_their_baselines(tmp_path):
     """The recipe's fairseq-train flags must give fairseq's baselines the model the presets get.
-    fairseq's transformer_lm defaults --decoder-input-dim and --decoder-output-dim to 512 whatever
-    --decoder-embed-dim is (the plugin's presets follow --decoder-embed-dim), which once made the
-    baselines 512-wide embeddings projected to the model width: a different, larger model."""
+    --arch transformer_lm defaults --decoder-input-dim and --decoder-output-dim to 512 whatever
+    --decoder-embed-dim is (the gbw architectures follow --decoder-embed-dim), which once made that
+    baseline 512-wide embeddings projected to the model width: a different, larger model."""
     from fairseq import options
     from fairseq.tasks.language_modeling import LanguageModelingTask
 

@@ -76,9 +76,7 @@ def test_quality_and_extrapolation_harnesses_write_one_json_per_run_skip_done_ru
     assert {path: path.stat().st_mtime_ns for path in (out / "runs").glob("*.json")} == before
 
     # an ablation runs by name under --grid ablations, with the same recipe, and gets its own table
-    ablation_argv = [*argv[: argv.index("--configs")], "--grid", "ablations", "--configs", "da-map-clip"]
-    ablation_argv += argv[argv.index("--configs") + 2 :]
-    assert quality.main(ablation_argv) == 0
+    assert quality.main([*argv, "--grid", "ablations", "--configs", "da-map-clip"]) == 0  # the last --configs wins
     clip = json.loads((out / "runs" / "da-map-clip-seed3.json").read_text())
     mapping = clip["train_args"].index("--da-mapping")
     assert clip["train_args"][mapping + 1] == "clip" and clip["updates"] == 5
