@@ -3,7 +3,9 @@
 For each sentence (``--sentence``, ``--input FILE`` or standard input, BPE'd
 like fairseq-interactive's input, or raw with ``--tokenizer``/``--bpe``) it
 decodes with beam search, or forces a given ``--target``, and plots from that
-one teacher-forced pass:
+one teacher-forced pass (a sentence longer than the model's source or target
+positions, counted after BPE with </s>, is refused, as fairseq-interactive and
+the hub refuse it):
 
 - the attention probabilities of every head of every layer of each attention
   kind (encoder self, decoder self, cross);
@@ -358,6 +360,38 @@ def beam_search(loaded: LoadedModel, source: Tensor, args) -> Tensor:
     sample = {"net_input": {"src_tokens": source[None].to(device), "src_lengths": lengths}}
     with torch.no_grad():
         return loaded.task.inference_step(generator, [loaded.model], sample)[0][0]["tokens"].cpu()
+
+
+@dataclass
+class PositionLimits:
+    """The longest source and target (a language model: its text) the model
+    takes, in tokens with </s>: ``utils.resolve_max_positions`` of the task's and
+    the model's ``max_positions()``, the limit fairseq-interactive and the hub
+    apply (they refuse a longer sentence: "Size of sample #0 is invalid")."""
+
+    source: Optional[int]
+    target: Optional[int]
+
+    @classmethod
+    def of(cls, loaded: LoadedModel) -> "PositionLimits":
+        from fairseq import utils
+
+        limits = utils.resolve_max_positions(loaded.task.max_positions(), loaded.model.max_positions())
+        if isinstance(limits, tuple):
+            return cls(*limits)
+        return cls(None, limits)  # a decoder alone
+
+    def check(self, name: str, source: Optional[Tensor], target: Optional[Tensor]):
+        for what, tokens, limit in (
+            ("source", source, self.source),
+            ("target" if source is not None else "text", target, self.target),
+        ):
+            if tokens is not None and limit is not None and len(tokens) > limit:
+                side = "source" if what == "source" else "target"
+                raise InspectError(
+                    f"{name}: the {what} is {len(tokens)} tokens long (after BPE, with </s>), but the model "
+                    f"takes at most {limit} {side} positions (fairseq-interactive and the hub refuse it too)"
+                )
 
 
 class TextEncoder:
@@ -869,23 +903,32 @@ def run(args) -> List[str]:
     loaded = load_model(args.checkpoint, args)
     encode_source = TextEncoder(args, getattr(loaded.task.cfg, "source_lang", None), loaded.source_dictionary)
     encode_target = TextEncoder(args, getattr(loaded.task.cfg, "target_lang", None), loaded.target_dictionary)
+    limits = PositionLimits.of(loaded)
+    # every sentence is encoded and checked before any work: (source, target or None to search)
+    inputs: List[Tuple[Optional[Tensor], Optional[Tensor]]] = []
+    for number, (source_text, target_text) in enumerate(read_sentences(args)):
+        if loaded.translates:
+            source = encode_source(source_text)
+            target = None if target_text is None else encode_target(target_text)
+        else:
+            if target_text is not None:
+                raise InspectError("a language model has no target: give its text as the sentence")
+            source, target = None, encode_source(source_text)
+        limits.check(f"sentence {number}", source, target)
+        inputs.append((source, target))
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
 
     lines = [loaded.description, *attention_summary(loaded.model), ""]
     written: List[Path] = []
     spans = WindowSpans()
-    for number, (source_text, target_text) in enumerate(read_sentences(args)):
-        if loaded.translates:
-            source = encode_source(source_text)
-            if target_text is not None:
-                example = Example.forced(source, encode_target(target_text), "given")
-            else:
-                example = Example.forced(source, beam_search(loaded, source, args), f"beam {args.beam}")
+    for number, (source, target) in enumerate(inputs):
+        if source is None:
+            example = Example.forced(None, target, "text")
+        elif target is not None:
+            example = Example.forced(source, target, "given")
         else:
-            if target_text is not None:
-                raise InspectError("a language model has no target: give its text as the sentence")
-            example = Example.forced(None, encode_source(source_text), "text")
+            example = Example.forced(source, beam_search(loaded, source, args), f"beam {args.beam}")
         records = record_attention(loaded, example)
         if args.subset is None:
             spans.add(records)
@@ -897,7 +940,9 @@ def run(args) -> List[str]:
 
     span_note = f"{spans.sentences} sentence{'s' if spans.sentences != 1 else ''} given"
     if args.subset is not None:
-        for example in subset_examples(loaded, args.subset, args.subset_sentences):
+        for number, example in enumerate(subset_examples(loaded, args.subset, args.subset_sentences)):
+            # fairseq-generate stops at such a sentence too (--skip-invalid-size-inputs-valid-test skips it)
+            limits.check(f"--subset {args.subset} sentence {number}", example.source, example.decoder_input)
             spans.add(record_attention(loaded, example))
         # a language model's split is read in blocks (--sample-break-mode, --tokens-per-sample)
         span_note = f"{spans.sentences} {'sentences' if loaded.translates else 'blocks'} of {args.subset}"

@@ -15,8 +15,16 @@ sentence got a hypothesis (exit status 3 otherwise); then reports
   * plain tokenised BLEU (no splitting);
   * detokenised sacreBLEU against the raw newstest references, with its signature.
 
+The language pair is the checkpoint's: without --source-lang/--target-lang, the pair
+its task records (or, if it records none, the pair fairseq inferred from its training
+data); a different pair given is refused before anything runs (exit status 2), as a
+model translates only the direction it was trained on.
+
 Scoring (``score``): the same checks and scores for an existing fairseq-generate
-output file.
+output file. The result (printed, and bleu.json) names the target language, which
+sets sacremoses' (de)tokenisation rules, and the exact metrics applied; compound
+splitting asked for (or left on auto) with a target language other than German gets
+a warning saying why it is not (or is) applied.
 
 Language modelling (``lm``): perplexity through ``fairseq-eval-lm`` (sentence-level
 on the 1B Word benchmark: --sample-break-mode eos --tokens-per-sample 512
@@ -46,7 +54,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 SCRIPTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = SCRIPTS_DIR.parent
@@ -63,6 +71,14 @@ class EvalError(RuntimeError):
     def __init__(self, message: str, status: int = 1):
         super().__init__(message)
         self.status = status
+
+
+class UsageError(EvalError):
+    """Arguments that cannot be right together: reported as argparse reports a bad
+    command line (``evaluate.py mt: error: ...``, exit status 2)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, status=2)
 
 
 def log(message: str) -> None:
@@ -154,6 +170,41 @@ def expected_count(setup: Setup, src: str, tgt: str, src_raw: Optional[Path]) ->
 # --------------------------------------------------------------------------- scoring
 
 
+def compound_splitting(requested: str, tgt: str):
+    """(whether tokenised BLEU is also computed with compound splitting, the warning
+    to print or None). The splitting is the WMT14 En-De (German) convention:
+    ``--compound-split auto`` applies it to German targets only."""
+    if tgt == "de" or requested == "no":
+        return requested != "no", None
+    if requested == "yes":
+        return True, (
+            f"compound splitting applied to target language {tgt} as --compound-split yes asks, but it is "
+            "the WMT14 En-De convention for German compounds: this score is not comparable to published "
+            f"{tgt} scores"
+        )
+    return False, (
+        f"compound splitting (--compound-split auto) not applied: the target language is {tgt}, and the "
+        "splitting of hyphenated compounds is the WMT14 En-De convention for German only (is --target-lang "
+        "right? --compound-split yes applies it anyway, --compound-split no silences this)"
+    )
+
+
+def warn_of_other_languages(setup: Setup, args, tgt: str) -> None:
+    """One warning line when prep.json or the name of a reference file given
+    (``newstest2014.de``) says another target language than the one scored."""
+    hints = []
+    prep_tgt = setup.prep.get("target_lang")
+    if prep_tgt and prep_tgt != tgt:
+        hints.append(f"prep.json's is {prep_tgt}")
+    for flag in ("ref_raw", "ref_tok"):
+        value = getattr(args, flag, None)
+        suffix = Path(value).suffix[1:] if value else ""
+        if re.fullmatch(r"[a-z]{2}", suffix) and suffix != tgt:
+            hints.append(f"--{flag.replace('_', '-')} {value} ends in .{suffix}")
+    if hints:
+        log(f"warning: the target language is {tgt}, but " + "; ".join(hints) + " (is --target-lang right?)")
+
+
 def score_generate_output(generate_file: Path, setup: Setup, args, out_dir: Path) -> Dict[str, object]:
     src, tgt = setup.languages()
     src_raw = setup.ref_file(getattr(args, "src_raw", None), "raw", src)
@@ -201,10 +252,37 @@ def score_generate_output(generate_file: Path, setup: Setup, args, out_dir: Path
         if len(refs) != n:
             raise EvalError(f"{len(refs)} {name} references for {n} {setup.subset} sentences")
 
-    compound = args.compound_split == "yes" or (args.compound_split == "auto" and tgt == "de")
+    warn_of_other_languages(setup, args, tgt)
+    compound, compound_reason = compound_splitting(args.compound_split, tgt)
+    if compound_reason is not None:
+        log(f"warning: {compound_reason}")
     tok_plain = mt_eval.tokenized_bleu(hyp_tok, refs_tok, compound_split=False)
     tok_compound = mt_eval.tokenized_bleu(hyp_tok, refs_tok, compound_split=True) if compound else None
     sacre, signature = mt_eval.detok_bleu(hyp_detok, refs_raw)
+    tok_signature = mt_eval.tokenized_bleu_signature()
+    tok_metric = f"multi-bleu.perl style on the Moses-tokenised text: sacreBLEU {tok_signature}"
+    metrics = {
+        "tokenized_bleu_compound_split": (
+            f"tokenised BLEU with compound splitting (a-b -> a ##AT##-##AT## b, t2t get_ende_bleu.sh), {tok_metric}"
+            if compound
+            else None
+        ),
+        "tokenized_bleu": f"tokenised BLEU without compound splitting, {tok_metric}",
+        "sacrebleu": signature,
+    }
+    moses_uses = []
+    if setup.segmentation == "sentencepiece":
+        moses_uses.append("Moses-tokenised the hypotheses for tokenised BLEU")
+    else:
+        moses_uses.append("detokenised the hypotheses for sacreBLEU")
+    if ref_tok is None and setup.segmentation == "sentencepiece":
+        moses_uses.append("tokenised the T- references")
+    if ref_raw is None and setup.segmentation != "sentencepiece":
+        moses_uses.append("detokenised the T- references")
+    moses = (
+        f"sacremoses lang={tgt} {' and '.join(moses_uses)}; the language picks Moses' nonbreaking "
+        "prefixes and its apostrophe and punctuation rules"
+    )
 
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -221,6 +299,15 @@ def score_generate_output(generate_file: Path, setup: Setup, args, out_dir: Path
         "subset": setup.subset,
         "test_set": setup.prep.get("test_set") if setup.subset == "test" else setup.prep.get("valid_set"),
         "pair": f"{src}-{tgt}",
+        "source_lang": src,
+        "target_lang": tgt,
+        "moses": moses,
+        "compound_split": {
+            "requested": args.compound_split,
+            "applied": compound,
+            "reason": compound_reason,
+        },
+        "metrics": metrics,
         "sentences": n,
         "hypotheses": len(output.hyps),
         "tokenized_bleu_compound_split": round(tok_compound.score, 2) if tok_compound else None,
@@ -234,6 +321,13 @@ def score_generate_output(generate_file: Path, setup: Setup, args, out_dir: Path
 
     name = result["test_set"] or setup.subset
     print(f"{PROG}: scored {n}/{n} sentences of {name} ({src}-{tgt}); outputs in {out_dir}")
+    print(f"target language: {tgt} ({moses})")
+    tokenised = (
+        "tokenised BLEU with compound splitting (the papers' En-De metric) and without"
+        if compound
+        else "tokenised BLEU without compound splitting"
+    )
+    print(f"metrics: {tokenised} ({tok_metric}); detokenised sacreBLEU {signature}")
     if tok_compound is not None:
         print(f"tokenized BLEU, compound splitting (papers' En-De metric) = {mt_eval.format_bleu(tok_compound)}")
     print(f"tokenized BLEU = {mt_eval.format_bleu(tok_plain)}")
@@ -241,6 +335,129 @@ def score_generate_output(generate_file: Path, setup: Setup, args, out_dir: Path
     for note in notes:
         print(f"note: {note}")
     return result
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def load_checkpoint_state(path: Path):
+    """A checkpoint's contents, loaded the safe way (``weights_only=True`` with the
+    plugin's allow-list of fairseq's config classes, as fairseq_distattn.check does);
+    its tensors are memory-mapped, not read."""
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))  # fairseq_distattn, also where it is not installed
+    import torch
+
+    from fairseq_distattn.check import failure_reason
+    from fairseq_distattn.checkpoint_loading import allow_fairseq_checkpoints
+
+    if not path.is_file():
+        raise EvalError(f"checkpoint {path} not found")
+    allow_fairseq_checkpoints()
+    try:
+        try:
+            return torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+        except (RuntimeError, TypeError) as error:  # mmap needs torch's zip format (and torch >= 2.1)
+            if "mmap" not in str(error):
+                raise
+            return torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as error:  # any reason a checkpoint cannot be read is reported the same way
+        raise EvalError(f"cannot read checkpoint {path}: {failure_reason(error)}")
+
+
+def config_value(config, name: str):
+    """``config[name]`` of an omegaconf node or dict (``cfg['task']``), or the
+    attribute of an ``argparse.Namespace`` (legacy ``args``); None when absent."""
+    if isinstance(config, argparse.Namespace):
+        return getattr(config, name, None)
+    try:
+        return config.get(name)
+    except Exception:  # an omegaconf node in struct mode without that key
+        return None
+
+
+def checkpoint_pair(path: Path) -> Optional[Tuple[str, str, str]]:
+    """``(source, target, how)`` of the language pair a translation checkpoint was
+    trained on, ``how`` completing "checkpoint PATH ...": the languages its task
+    records (``cfg['task']``, or the legacy ``args``), else the pair fairseq
+    inferred from its training data directory when it did not record them (fairseq's
+    own inference, on that directory if it is still there); None when unknown."""
+    state = load_checkpoint_state(Path(path))
+    cfg = state.get("cfg")
+    task = config_value(cfg, "task") if cfg is not None else None
+    if task is None:
+        task = state.get("args")
+    if task is None:
+        raise EvalError(f"cannot read checkpoint {path}: it holds no fairseq task configuration (no 'cfg' or 'args')")
+    src, tgt = config_value(task, "source_lang"), config_value(task, "target_lang")
+    if src and tgt:
+        return src, tgt, f"was trained {src}->{tgt}"
+    # fairseq's translation task, given no languages, takes them from the first
+    # <split>.<src>-<tgt>.* file name in the first data directory
+    data = config_value(task, "data")
+    first = str(data).split(os.pathsep)[0] if data else None
+    if not first or not Path(first).is_dir():
+        return None
+    from fairseq.data.data_utils import infer_language_pair
+
+    src, tgt = infer_language_pair(first)
+    if not (src and tgt):
+        return None
+    return src, tgt, f"records no languages; fairseq inferred {src}->{tgt} from its training data {first}"
+
+
+def check_model_arguments(args, setup: Setup) -> None:
+    if setup.data_bin is None or not setup.data_bin.is_dir():
+        raise EvalError(f"no data-bin directory at {setup.data_bin}")
+    if not args.path and not args.checkpoint_dir:
+        raise EvalError("give --path CHECKPOINT or --checkpoint-dir DIR (with --average-last N)")
+    if args.checkpoint_dir and not args.average_last:
+        raise EvalError("--checkpoint-dir needs --average-last N (or use --path)")
+
+
+def model_checkpoints(args, setup: Setup) -> List[Path]:
+    """The checkpoint files of the model: the ``--path`` ensemble members, or the
+    checkpoints ``--checkpoint-dir`` and ``--average-last`` average."""
+    check_model_arguments(args, setup)
+    if args.checkpoint_dir:
+        import average_checkpoints  # scripts/average_checkpoints.py
+
+        return average_checkpoints.last_checkpoints(Path(args.checkpoint_dir), args.average_last, by=args.average_by)
+    return [Path(p) for p in args.path.split(":")]
+
+
+def mt_languages(args, setup: Setup, checkpoints: Sequence[Path]) -> Tuple[str, str]:
+    """The pair to translate: the one the checkpoints were trained on (a different
+    ``--source-lang``/``--target-lang`` is refused before anything runs), else the
+    languages given, or prep.json's, or the data-bin file names'."""
+    given = " ".join(
+        f"{flag} {value}"
+        for flag, value in (("--source-lang", args.source_lang), ("--target-lang", args.target_lang))
+        if value
+    )
+    trained = None
+    for path in checkpoints:
+        pair = checkpoint_pair(path)
+        if pair is None:
+            log(
+                f"note: checkpoint {path} records no languages, and its training data is not here to tell "
+                "them: the language pair is not checked against the model"
+            )
+            continue
+        src, tgt, how = pair
+        if (args.source_lang or src, args.target_lang or tgt) != (src, tgt):
+            raise UsageError(f"checkpoint {path} {how}, but {given} was given")
+        if trained is not None and trained[:2] != (src, tgt):
+            raise UsageError(f"checkpoint {trained[2]} {trained[3]}, but checkpoint {path} {how}")
+        trained = (src, tgt, path, how)
+    if trained is not None:
+        src, tgt, path, how = trained
+        if not (args.source_lang and args.target_lang):
+            prep = (setup.prep.get("source_lang"), setup.prep.get("target_lang"))
+            also = f" (prep.json: {prep[0]}-{prep[1]})" if setup.prep and prep != (src, tgt) else ""
+            log(f"translating {src}->{tgt}: checkpoint {path} {how}{also}")
+        setup.src, setup.tgt = src, tgt
+    return setup.languages()
 
 
 # --------------------------------------------------------------------------- commands
@@ -281,10 +498,7 @@ def checkpoint_and_output_dir(args, setup: Setup, out_name: str):
     """(checkpoint path for fairseq, output directory): ``--path``, or the average
     of the last ``--average-last`` checkpoints of ``--checkpoint-dir``; outputs go
     to ``--output-dir`` or ``OUT_NAME-SUBSET`` beside the checkpoints."""
-    if setup.data_bin is None or not setup.data_bin.is_dir():
-        raise EvalError(f"no data-bin directory at {setup.data_bin}")
-    if not args.path and not args.checkpoint_dir:
-        raise EvalError("give --path CHECKPOINT or --checkpoint-dir DIR (with --average-last N)")
+    check_model_arguments(args, setup)
     out_dir = (
         Path(args.output_dir)
         if args.output_dir
@@ -293,15 +507,14 @@ def checkpoint_and_output_dir(args, setup: Setup, out_name: str):
     out_dir.mkdir(parents=True, exist_ok=True)
     if not args.checkpoint_dir:
         return args.path, out_dir
-    if not args.average_last:
-        raise EvalError("--checkpoint-dir needs --average-last N (or use --path)")
     return averaged_checkpoint(args, out_dir), out_dir
 
 
 def cmd_mt(args, passthrough: List[str]) -> int:
     setup = Setup(args, args.data)
+    # before anything runs: a model translates only the pair it was trained on
+    src, tgt = mt_languages(args, setup, model_checkpoints(args, setup))
     path, out_dir = checkpoint_and_output_dir(args, setup, "evaluate")
-    src, tgt = setup.languages()
 
     remove_bpe = "sentencepiece" if setup.segmentation == "sentencepiece" else "subword_nmt"
     cmd = [
@@ -425,7 +638,11 @@ def add_reference_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("test set and references")
     g.add_argument("--prep-dir", help="output directory of scripts/prepare-*.sh (prep.json, ref/)")
     g.add_argument("--subset", default="test", help="test (default) or valid")
-    g.add_argument("--source-lang", help="default: from prep.json or the data-bin file names")
+    g.add_argument(
+        "--source-lang",
+        help="default: mt: the checkpoint's; else from prep.json or the data-bin file names "
+        "(mt refuses a pair the checkpoint was not trained on)",
+    )
     g.add_argument("--target-lang")
     g.add_argument("--ref-dir", help="directory with SUBSET.raw.LANG and SUBSET.tok.TGT")
     g.add_argument("--src-raw", help="raw source file (counts the test sentences)")
@@ -514,6 +731,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except mt_eval.IncompleteOutput as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 3
+    except UsageError as error:
+        print(f"evaluate.py {args.command}: error: {error}", file=sys.stderr)
+        return error.status
     except EvalError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return error.status

@@ -720,3 +720,110 @@ def test_a_missing_file_is_named_by_its_flag_before_any_work(translation, tmp_pa
     assert exit_info.value.code == 2 and err.startswith("usage: ") and "Traceback" not in err
     assert err.splitlines()[-1] == "python -m fairseq_distattn.inspect: error: argument " + message.format(**names)
     assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------- input length
+
+
+REFUSED_TOO = "(fairseq-interactive and the hub refuse it too)"
+
+
+def test_a_sentence_longer_than_the_model_s_positions_is_refused(
+    translation, language_model_checkpoint, tmp_path, capsys
+):
+    """As fairseq-interactive and the hub refuse it: 1500 tokens and </s> past 1024 positions."""
+    long = " ".join(["w3", "w4", "w5"] * 500)
+    argv = [translation["checkpoint"], "--data", translation["data"], "--sentence", long, "--out", tmp_path / "out"]
+    for forced in ([], ["--target", TARGET]):
+        status, out, err = run_tool(capsys, *argv, *forced)
+        assert status == 1 and out == ""
+        assert err == (
+            "python -m fairseq_distattn.inspect: error: sentence 0: the source is 1501 tokens long (after BPE, "
+            f"with </s>), but the model takes at most 1024 source positions {REFUSED_TOO}\n"
+        )
+        assert not (tmp_path / "out").exists()
+
+    lm = language_model_checkpoint
+    status, out, err = run_tool(
+        capsys, lm["checkpoint"], "--dict", lm["dict"], "--sentence", long, "--out", tmp_path / "lm"
+    )
+    assert status == 1 and out == "" and not (tmp_path / "lm").exists()
+    assert err == (
+        "python -m fairseq_distattn.inspect: error: sentence 0: the text is 1501 tokens long (after BPE, "
+        f"with </s>), but the model takes at most 1024 target positions {REFUSED_TOO}\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def short_positions(tmp_path_factory):
+    """A translation model of 8 source and 6 target positions."""
+    root = tmp_path_factory.mktemp("inspect-short")
+    d = dictionary()
+    for symbol in ("w1@@", "2"):
+        d.add_symbol(symbol)
+    flags = [*TINY, "-s", "en", "-t", "de", "--max-source-positions", "8", "--max-target-positions", "6"]
+    model, args = build("translation", "distattn_transformer", flags, lambda args: TranslationTask(args, d, d), seed=3)
+    data = root / "data-bin"
+    data.mkdir()
+    for lang in ("en", "de"):
+        d.save(str(data / f"dict.{lang}.txt"))
+    codes = root / "codes"
+    codes.write_text("#version: 0.2\nw 1\nw 5</w>\n", encoding="utf-8")  # w12 -> w1@@ 2
+    return {"checkpoint": save_checkpoint(model, args, root / "short.pt"), "data": data, "codes": codes}
+
+
+def test_the_length_limit_counts_tokens_after_bpe_with_eos_as_fairseq_does(short_positions, tmp_path, capsys):
+    case = short_positions
+    argv = [case["checkpoint"], "--data", case["data"], "--bpe", "subword_nmt", "--bpe-codes", case["codes"]]
+    # 3 words, 6 BPE pieces and </s>: 7 of 8 source positions; 5 target tokens and </s>: all 6
+    fits, target = "w12 w12 w12", "w5 w5 w5 w5 w5"
+    status, out, err = run_tool(capsys, *argv, "--sentence", fits, "--target", target, "--out", tmp_path / "ok")
+    assert status == 0 and "  source: w1@@ 2 w1@@ 2 w1@@ 2\n" in out, err
+
+    # 4 words are 9 tokens: refused before the first sentence is looked at
+    lines = tmp_path / "input.txt"
+    lines.write_text(f"{fits}\t{target}\nw12 w12 w12 w12\n", encoding="utf-8")
+    status, out, err = run_tool(capsys, *argv, "--input", lines, "--out", tmp_path / "out")
+    assert status == 1 and not (tmp_path / "out").exists()
+    assert err == (
+        "python -m fairseq_distattn.inspect: error: sentence 1: the source is 9 tokens long (after BPE, "
+        f"with </s>), but the model takes at most 8 source positions {REFUSED_TOO}\n"
+    )
+    status, out, err = run_tool(
+        capsys, *argv, "--sentence", fits, "--target", target + " w5", "--out", tmp_path / "out"
+    )
+    assert status == 1 and err == (
+        "python -m fairseq_distattn.inspect: error: sentence 0: the target is 7 tokens long (after BPE, "
+        f"with </s>), but the model takes at most 6 target positions {REFUSED_TOO}\n"
+    )
+
+    # the limit is fairseq-interactive's: its batch iterator refuses 9 source tokens, not 8
+    from fairseq import utils
+
+    model = tool.load_model(
+        case["checkpoint"],
+        argparse.Namespace(
+            data=case["data"],
+            source_dict=None,
+            target_dict=None,
+            dict=None,
+            source_lang=None,
+            target_lang=None,
+            device=torch.device("cpu"),
+        ),
+    )
+    max_positions = utils.resolve_max_positions(model.task.max_positions(), model.model.max_positions())
+    assert max_positions == (8, 6)
+
+    def batches(length):
+        tokens = [torch.full((length,), model.source_dictionary.index("w3"))]
+        dataset = model.task.build_dataset_for_inference(tokens, [length])
+        return list(
+            model.task.get_batch_iterator(
+                dataset=dataset, max_positions=max_positions, ignore_invalid_inputs=False
+            ).next_epoch_itr(shuffle=False)
+        )
+
+    assert len(batches(8)) == 1
+    with pytest.raises(Exception, match="Size of sample #0 is invalid"):
+        batches(9)

@@ -35,15 +35,26 @@ def split_compounds(line: str) -> str:
 
 def tokenized_bleu(hyps: Sequence[str], refs: Sequence[str], compound_split: bool = False):
     """multi-bleu.perl-style BLEU on already tokenised text (a sacrebleu BLEUScore)."""
-    from sacrebleu.metrics import BLEU
-
     if len(hyps) != len(refs):
         raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
     if compound_split:
         hyps = [split_compounds(h) for h in hyps]
         refs = [split_compounds(r) for r in refs]
-    metric = BLEU(tokenize="none", smooth_method="none", force=True)
-    return metric.corpus_score(list(hyps), [list(refs)])
+    return _tokenized_bleu_metric().corpus_score(list(hyps), [list(refs)])
+
+
+def _tokenized_bleu_metric():
+    from sacrebleu.metrics import BLEU
+
+    return BLEU(tokenize="none", smooth_method="none", force=True)
+
+
+def tokenized_bleu_signature() -> str:
+    """sacreBLEU's signature of :func:`tokenized_bleu` (``...|tok:none|smooth:none|...``),
+    single reference."""
+    metric = _tokenized_bleu_metric()
+    metric.corpus_score(["a"], [["a"]])  # the signature counts the references of a scoring
+    return str(metric.get_signature())
 
 
 def detok_bleu(hyps: Sequence[str], refs: Sequence[str]):
