@@ -13,60 +13,87 @@ stderr says why), 2 for a bad command line.
 """
 
 import argparse
+import ast
 import dataclasses
 import sys
 from pathlib import Path
 
-import torch
-
-from .checkpoint_loading import allow_fairseq_checkpoints
-from .registry import option_flag
+from .checkpoint_guards import PLUGIN_MODELS, model_config, model_name, read_checkpoint, settings_of
+from .registry import EVALUATION, RUNTIME, TRAINED, SpecError, option_flag
 from .spec import MechanismOptions
+from .trained_configuration import LANGUAGE_MODELS, MODEL, check_overrides, shown
 
 PLUGIN_DIR = Path(__file__).resolve().parent
-PLUGIN_MODELS = ("distattn_transformer", "distattn_lm")
 COMMANDS = "fairseq-generate, fairseq-interactive, fairseq-validate, fairseq-eval-lm and fairseq-train (to resume)"
 
 
-def model_config(state):
-    """The model's configuration (an ``argparse.Namespace`` or omegaconf node) of a checkpoint."""
-    cfg = state.get("cfg")
-    if cfg is not None and cfg.get("model") is not None:
-        return cfg["model"]
-    return state.get("args")
-
-
-def model_name(config) -> str:
-    """The registered model name (``distattn_transformer``, ``transformer``, ...) of an ``--arch``."""
-    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
-
-    arch = getattr(config, "arch", None) or getattr(config, "_name", None)
-    return ARCH_MODEL_NAME_REGISTRY.get(arch, arch)
-
-
 def attention_summary(config):
-    """Lines naming the mechanism of every layer of each attention kind."""
+    """Lines naming the mechanism of every layer of each attention kind, the absolute
+    positions and every option it runs with, by what they are to the trained model."""
     from .spec import CROSS, DECODER_SELF, ENCODER_SELF, parse_spec
 
+    name = model_name(config)
     lines = []
     kinds = [(ENCODER_SELF, "encoder_layers"), (DECODER_SELF, "decoder_layers"), (CROSS, "decoder_layers")]
     for kind, layers_attr in kinds:
         spec, num_layers = getattr(config, kind.flag[2:].replace("-", "_"), None), getattr(config, layers_attr, None)
-        if spec is None or num_layers is None or (kind is not DECODER_SELF and model_name(config) == "distattn_lm"):
+        if num_layers is None or (kind is not DECODER_SELF and name in LANGUAGE_MODELS):
             continue
-        layers = parse_spec(kind, spec, num_layers)
+        layers = parse_spec(kind, spec or "vanilla", num_layers)
         lines.append(f"  {kind.description}: " + ", ".join(f"{i}={mechanism}" for i, mechanism in enumerate(layers)))
-    # every mechanism option the registry declares (a checkpoint keeps the ones it was trained with)
-    options = [option_flag(field).attr for field in dataclasses.fields(MechanismOptions)]
+    settings = settings_of(config)
+    positions = "none" if settings["--no-token-positional-embeddings"] else None
+    sides = [side for side in ("encoder", "decoder") if f"--{side}-learned-pos" in settings]
     lines.append(
-        "  options: " + ", ".join(f"{name}={getattr(config, name)}" for name in options if hasattr(config, name))
+        "  absolute positions: "
+        + ", ".join(
+            f"{side} {positions or ('learned' if settings[f'--{side}-learned-pos'] else 'sinusoidal')}"
+            for side in sides
+        )
     )
+    by_role = {TRAINED: [], EVALUATION: [], RUNTIME: []}
+    for field in dataclasses.fields(MechanismOptions):
+        flag = option_flag(field)
+        if flag.role == RUNTIME:
+            value = getattr(config, flag.attr, None)
+            by_role[RUNTIME].append(f"{flag.flag} {shown(flag.arg_default if value is None else value)}")
+        elif flag.flag in settings:
+            by_role[flag.role].append(f"{flag.flag} {shown(settings[flag.flag])}")
+    for role, heading in ROLE_HEADINGS.items():
+        lines.append(f"  {heading}: " + (", ".join(by_role[role]) or "none"))
+    lines.append("  its flags: " + " ".join(resume_flags(config, settings)))
     return lines
 
 
-def describe(path: Path) -> str:
-    allow_fairseq_checkpoints()  # the allow-list fairseq's commands get from --user-dir
-    state = torch.load(path, map_location="cpu", weights_only=True)
+ROLE_HEADINGS = {
+    TRAINED: "trained options (its parameters depend on them; resuming and averaging keep them, "
+    "--model-overrides may not change them)",
+    EVALUATION: "parameter-free options (resuming and averaging keep them; --model-overrides may change them "
+    "to evaluate it another way)",
+    RUNTIME: "runtime options (how it is computed, not what; any command may change them)",
+}
+
+
+def resume_flags(config, settings):
+    """The plugin's flags (and --arch) that build this model again, for a resume."""
+    flags = ["--arch", str(getattr(config, "arch", None) or settings[MODEL])]
+    for name, value in settings.items():
+        if name == MODEL or value is False:
+            continue
+        flags += [name] if value is True else [name, shown(value)]
+    return flags
+
+
+def apply_overrides(config, overrides):
+    """The model configuration ``--model-overrides`` would give, refused as fairseq's
+    commands refuse it (:func:`~fairseq_distattn.trained_configuration.check_overrides`)."""
+    changed = argparse.Namespace(**{**vars(config), **overrides})
+    check_overrides(settings_of(config), settings_of(changed), overrides)
+    return changed
+
+
+def describe(path: Path, overrides=None) -> str:
+    state = read_checkpoint(path)
     config = model_config(state)
     if config is None:
         raise ValueError("it holds no fairseq model configuration (no 'cfg' or 'args'): not a fairseq checkpoint")
@@ -75,6 +102,9 @@ def describe(path: Path) -> str:
     updates = (state.get("optimizer_history") or [{}])[-1].get("num_updates", "?")
     lines = [f"{path}: fairseq model {name} (--arch {arch}), {updates} updates"]
     if name in PLUGIN_MODELS:
+        if overrides:
+            config = apply_overrides(config, overrides)
+            lines[0] += f", with --model-overrides {overrides}"
         lines.append(f"needs the plugin: pass --user-dir {PLUGIN_DIR} to {COMMANDS}")
         lines.extend(attention_summary(config))
     else:
@@ -109,17 +139,36 @@ def failure_reason(error: Exception) -> str:
     return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
+def _overrides(text: str) -> dict:
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError) as error:
+        raise argparse.ArgumentTypeError(f"not a Python dict literal: {error}")
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("not a dict")
+    return value
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m fairseq_distattn.check",
         description="Say whether a fairseq checkpoint needs --user-dir fairseq_distattn, and what model it holds.",
     )
     parser.add_argument("checkpoint", type=Path, help="a checkpoint written by fairseq-train")
+    parser.add_argument(
+        "--model-overrides",
+        type=_overrides,
+        default={},
+        metavar="DICT",
+        help="show the model as fairseq-generate --model-overrides DICT would run it (refused as it refuses it)",
+    )
     args = parser.parse_args(argv)
     if not args.checkpoint.is_file():
         parser.error(f"argument checkpoint: no such file: {args.checkpoint}")
     try:
-        print(describe(args.checkpoint))
+        print(describe(args.checkpoint, args.model_overrides))
+    except SpecError as error:
+        parser.error(str(error))
     except Exception as error:  # any reason a checkpoint cannot be read is reported the same way
         sys.stderr.write(f"{parser.prog}: error: cannot read {args.checkpoint}: {failure_reason(error)}\n")
         return 1

@@ -36,6 +36,18 @@ ALL_KINDS = frozenset(KINDS)
 # why a mechanism that needs query and key positions on one axis has no cross-attention form
 DIFFERENT_SEQUENCES = "queries and keys come from different sequences"
 
+# What an option is to a trained model (OptionFlag.role):
+# - part of it: its parameters depend on the value (a table size, which parameters exist, their
+#   sharing); a checkpoint is resumed and averaged only with the value it was trained with, and
+#   --model-overrides may not change it;
+TRAINED = "trained"
+# - part of it, but parameter-free: resuming and averaging keep the trained value, while
+#   --model-overrides may change it to evaluate the trained model another way;
+EVALUATION = "evaluation"
+# - not part of it: how the same function is computed (memory, kernels); never compared.
+RUNTIME = "runtime"
+OPTION_ROLES = (TRAINED, EVALUATION, RUNTIME)
+
 # The largest finite float32: the dtype in which (at least) the logits are formed.
 FLOAT32_MAX = 3.4028234663852886e38
 
@@ -58,9 +70,11 @@ class SpecError(ValueError):
 @dataclass(frozen=True)
 class OptionContext:
     """What a value check may need beyond the value: ``max_positions`` is the
-    longest sequence the model accepts (None: unknown)."""
+    longest sequence the model accepts (None: unknown), set by the flag(s)
+    ``positions_flag`` (named in messages)."""
 
     max_positions: Optional[int] = None
+    positions_flag: str = "--max-source-positions/--max-target-positions"
 
 
 @dataclass(frozen=True)
@@ -76,6 +90,7 @@ class OptionFlag:
     applies_to: Optional[Callable[[str], bool]] = None
     # (attribute, value) of another option without which this one configures nothing (None: no such option)
     only_with: Optional[Tuple[str, Any]] = None
+    role: str = TRAINED  # TRAINED, EVALUATION or RUNTIME (above)
 
     @property
     def attr(self) -> str:
@@ -94,6 +109,7 @@ def option(
     arg_default=dataclasses.MISSING,
     applies_to: Optional[Callable[[str], bool]] = None,
     only_with: Optional[Tuple[str, Any]] = None,
+    role: str = TRAINED,
     **argparse_kwargs,
 ) -> Any:
     """A field of a mechanism's options dataclass with its flag: ``help`` may name
@@ -104,8 +120,13 @@ def option(
     declare the options class to those the option configures, and
     ``only_with=(attribute, value)`` names another option's value without which
     it configures nothing (fairseq-train warns when a flag is given and no layer
-    uses one of those mechanisms, or the other option has another value); the
-    rest goes to ``argparse.add_argument``."""
+    uses one of those mechanisms, or the other option has another value);
+    ``role`` says what the option is to a trained model (``TRAINED``: its
+    parameters depend on it; ``EVALUATION``: parameter-free, so
+    ``--model-overrides`` may change it; ``RUNTIME``: not part of the model);
+    the rest goes to ``argparse.add_argument``."""
+    if role not in OPTION_ROLES:
+        raise ValueError(f"{flag}: role must be one of {', '.join(OPTION_ROLES)}, got {role!r}")
     arg_default = default if arg_default is dataclasses.MISSING else arg_default
     flag_info = OptionFlag(
         flag,
@@ -115,6 +136,7 @@ def option(
         dict(argparse_kwargs),
         applies_to,
         only_with,
+        role,
     )
     return dataclasses.field(default=default, metadata={OPTION_METADATA: flag_info})
 

@@ -39,6 +39,8 @@ if str(REPO_ROOT) not in sys.path:
 import torch  # noqa: E402
 
 import fairseq_distattn.models  # noqa: E402,F401  (registers the safe globals for fairseq checkpoints)
+from fairseq_distattn.checkpoint_guards import model_config, settings_of  # noqa: E402
+from fairseq_distattn.trained_configuration import differences, shown  # noqa: E402
 
 EPOCH_RE = re.compile(r"^checkpoint(\d+)\.pt$")
 UPDATE_RE = re.compile(r"^checkpoint_\d+_(\d+)\.pt$")
@@ -73,6 +75,27 @@ def last_checkpoints(directory: Path, n: int, by: str = "epoch", upper_bound: Op
     return [path for _, path in found[-n:]]
 
 
+def trained_as(state) -> dict:
+    """``--arch`` and what defines the model's attention (the trained configuration)."""
+    config = model_config(state)
+    if config is None:
+        return {}
+    return {"--arch": getattr(config, "arch", None) or getattr(config, "_name", None), **settings_of(config)}
+
+
+def check_same_model(first_path: Path, first: dict, path: Path, state) -> None:
+    """Refuse to average checkpoints of different models: one whose mechanism has no
+    parameters (alibi) has the same parameter names as a vanilla one, and their average
+    would be labelled as whichever came last."""
+    found = differences(first, trained_as(state))
+    if found:
+        name, a, b = found[0]
+        raise SystemExit(
+            f"average_checkpoints: error: {path} is another model than {first_path}: {name} {shown(b)} "
+            f"there, {shown(a)} in {first_path}; average only checkpoints of one training run"
+        )
+
+
 def average_states(paths: Sequence[Path], keep_optimizer_state: bool = False):
     if not paths:
         raise SystemExit("average_checkpoints: no checkpoints to average")
@@ -80,10 +103,15 @@ def average_states(paths: Sequence[Path], keep_optimizer_state: bool = False):
     dtypes = {}
     keys = None
     newest = None
+    first = None
     for path in paths:
         state = load_checkpoint(path)
         if "model" not in state:
             raise SystemExit(f"average_checkpoints: {path} has no 'model' entry (not a fairseq checkpoint?)")
+        if first is None:
+            first = trained_as(state)
+        else:
+            check_same_model(paths[0], first, path, state)
         model = state["model"]
         if keys is None:
             keys = list(model.keys())

@@ -126,7 +126,7 @@ def test_without_user_dir_fairseq_fails_and_the_tool_names_the_user_dir(plugin_c
     assert "  encoder self-attention: 0=rpr, 1=window-aw" in lines
     assert "  decoder self-attention: 0=da, 1=da" in lines
     assert "  encoder-decoder cross-attention: 0=vanilla, 1=window-aw-seg" in lines
-    assert "max_relative_position=5" in proc.stdout
+    assert "--max-relative-position 5" in proc.stdout
 
     # the directory it names is what fairseq needs
     fixed = run_cli([*generate[:2], "--user-dir", plugin_dir, *generate[2:]])

@@ -161,7 +161,12 @@ def test_the_generated_docs_say_what_each_flag_accepts_and_why_it_refuses():
     assert "| `--no-relative-values` | off |" in table and "| `--max-relative-position K` | `16` |" in table
     assert "(default:" not in table, "the default has a column of its own"
     for line in table.splitlines()[4:]:
-        assert line.replace("\\|", "").count("|") == 4, f"an unescaped | splits the row: {line}"
+        assert line.replace("\\|", "").count("|") == 5, f"an unescaped | splits the row: {line}"
+    assert "| `--max-relative-position K` | `16` | rpr: " in table and table.count(" | fixed |") >= 3
+    assert (
+        "| distance-mask: weight alpha of the -alpha \\|i-j\\| added to the attention logits | `--model-overrides` |"
+        in table
+    )
 
 
 def test_a_mechanism_registered_from_outside_appears_everywhere():

@@ -4,7 +4,7 @@ differentiable window (Nguyen, Nguyen, Joty, Li 2020)."""
 from dataclasses import dataclass
 
 from .. import functional as DF
-from ..registry import ALL_KINDS, DECODER_SELF_KIND, option, positive_integer, register_attention
+from ..registry import ALL_KINDS, DECODER_SELF_KIND, EVALUATION, option, positive_integer, register_attention
 from .base import Mechanism, MechanismConfig, shared_arguments
 
 
@@ -18,6 +18,7 @@ class WindowOptions:
         applies_to=lambda name: name.endswith("-seg"),
         type=int,
         metavar="B",
+        role=EVALUATION,
     )
     # off by default: eq. 9 as written is the paper's equation, and trained checkpoints depend on it
     window_expected_mask: bool = option(
@@ -27,6 +28,7 @@ class WindowOptions:
         "[0, 1] (sec. 3.2), departing from eq. 9 as written, which counts a key twice where both pointers fall "
         "on it (M up to 2); with segments, eq. 11 - P_l(seg j) P_r(seg j)",
         action="store_true",
+        role=EVALUATION,
     )
 
 

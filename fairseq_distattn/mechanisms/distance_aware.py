@@ -10,6 +10,7 @@ from ..functional.distance_aware import DA_ADJUSTINGS, DA_MAPPINGS, distance_coe
 from ..registry import (
     CROSS_KIND,
     DIFFERENT_SEQUENCES,
+    EVALUATION,
     SELF_ATTENTION,
     finite_number,
     one_of,
@@ -41,6 +42,7 @@ class DistanceAwareOptions:
         convert=one_of("--da-adjusting", DA_ADJUSTINGS),
         type=str,
         choices=DA_ADJUSTINGS,
+        role=EVALUATION,
     )  # sec. 4.4
     # T of the clip mapping min(x, T); the paper gives no value: Shaw et al.'s clipping distance k.
     # T bounds float32 (or half) coefficients: it must be finite there
@@ -52,6 +54,7 @@ class DistanceAwareOptions:
         only_with=("da_mapping", "clip"),
         type=float,
         metavar="T",
+        role=EVALUATION,
     )
 
 

@@ -7,6 +7,7 @@ from .. import functional as DF
 from ..registry import (
     CROSS_KIND,
     DIFFERENT_SEQUENCES,
+    EVALUATION,
     SELF_ATTENTION,
     SpecError,
     finite_number,
@@ -38,6 +39,7 @@ class DistanceMaskOptions:
         convert=finite_number("--distance-mask-alpha", "ALPHA", positive=False),
         type=float,
         metavar="ALPHA",
+        role=EVALUATION,
     )
     distance_mask_direction: Optional[str] = option(
         None,
@@ -47,6 +49,7 @@ class DistanceMaskOptions:
         convert=_direction,
         type=str,
         metavar="DIR",
+        role=EVALUATION,
     )
 
 

@@ -11,6 +11,10 @@ from ..checkpoint_loading import allow_fairseq_checkpoints  # noqa: E402
 
 allow_fairseq_checkpoints()
 
+from ..checkpoint_guards import guard_checkpoints  # noqa: E402
+
+guard_checkpoints()
+
 from ..torchrun_on_cpu import allow_torchrun_on_cpu  # noqa: E402
 from . import distattn_lm, distattn_transformer  # noqa: E402,F401 (registers models and architectures)
 from .arguments import check_flags_after_parsing, show_flags_in_fairseq_help  # noqa: E402
