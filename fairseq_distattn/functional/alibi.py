@@ -24,8 +24,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .flex import OffsetTable, offsets
-from .masking import attend, check_attention_arguments, logit_dtype, position_tensor
+from .flex import OffsetTable, check_position_argument, offsets
+from .masking import attend, check_attention_arguments, check_tensor_argument, logit_dtype, position_tensor
 
 
 @lru_cache(maxsize=64)
@@ -63,7 +63,15 @@ def alibi_table(
 
 
 def alibi_bias(tgt_len: int, src_len: int, num_heads: int, query_offset: int, device, dtype) -> Tensor:
-    """``-m_h |i - j|`` as ``[H, Tq, Tk]`` in ``dtype`` (formed in float64) with the paper's slopes."""
+    """``-m_h |i - j|`` as ``[H, Tq, Tk]`` in the floating ``dtype`` (formed in
+    float64) with the paper's slopes; the lengths and ``query_offset`` are
+    integers >= 0 (else a ValueError naming the argument)."""
+    check_position_argument("tgt_len", tgt_len)
+    check_position_argument("src_len", src_len)
+    check_position_argument("query_offset", query_offset)
+    alibi_slopes(num_heads)  # its ValueError names num_heads
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating point torch.dtype, got {dtype!r}")
     return alibi_table(tgt_len, src_len, num_heads, query_offset, device, dtype).dense()
 
 
@@ -85,11 +93,10 @@ def alibi_attention(
     the bias runs fused with ``need_weights=False`` (``probs`` None)."""
     check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
     tgt_len, src_len, heads = q.size(2), k.size(2), q.size(1)
-    if slopes is not None and (not isinstance(slopes, Tensor) or tuple(slopes.shape) != (heads,)):
-        raise ValueError(
-            f"slopes must be [H] = ({heads},), one per head, got "
-            f"{tuple(slopes.shape) if isinstance(slopes, Tensor) else repr(slopes)}"
-        )
+    if slopes is not None:
+        check_tensor_argument("slopes", slopes, "q", q, dtypes=None)  # any floating dtype: converted
+        if tuple(slopes.shape) != (heads,):
+            raise ValueError(f"slopes must be [H] = ({heads},), one per head, got {tuple(slopes.shape)}")
     table = alibi_table(tgt_len, src_len, heads, query_offset, q.device, logit_dtype(q.dtype), slopes)
     return attend(
         q,

@@ -41,7 +41,16 @@ import torch
 from torch import Tensor
 
 from .flex import flex_applies, flex_attend
-from .masking import attend, check_attention_arguments, logit_dtype, logit_mask, masked_scores, masked_softmax, scaled
+from .masking import (
+    attend,
+    check_attention_arguments,
+    check_tensor_argument,
+    logit_dtype,
+    logit_mask,
+    masked_scores,
+    masked_softmax,
+    scaled,
+)
 
 
 def _cumulative_sums(pointer: Tensor) -> Tuple[Tensor, Tensor]:
@@ -156,8 +165,10 @@ def window_mask(
     stated m_hat = E[1{min(l, r) <= j <= max(l, r)}] in [0, 1], i.e. eq. 9 minus
     ``p_l(j) p_r(j)``, or with segments eq. 11 minus ``P_l(seg(j)) P_r(seg(j))``
     (each pointer's mass in key j's segment), = E[1{seg(min) <= seg(j) <= seg(max)}]."""
-    check_attention_arguments(q_left, k_left, None, key_padding_mask, causal, query_offset)
-    check_attention_arguments(q_right, k_right, None, key_padding_mask, causal, query_offset)
+    left, right = ("q_left", "k_left", None, "key_padding_mask"), ("q_right", "k_right", None, "key_padding_mask")
+    check_attention_arguments(q_left, k_left, None, key_padding_mask, causal, query_offset, names=left)
+    check_tensor_argument("q_right", q_right, "q_left", q_left)
+    check_attention_arguments(q_right, k_right, None, key_padding_mask, causal, query_offset, names=right)
     if isinstance(segment_size, bool) or not isinstance(segment_size, int) or segment_size < 0:
         raise ValueError(f"segment_size must be an integer >= 0 (0: token-level eq. 9), got {segment_size!r}")
     if not isinstance(expected, bool):
@@ -182,13 +193,15 @@ def window_mask(
     return _token_window_mask(left_pointer, right_pointer, expected)[0]
 
 
-def _check_window(mask: Tensor, q: Tensor, k: Tensor) -> None:
+def _check_window(mask: Tensor, q: Tensor, k: Tensor, q_name: str = "q") -> None:
     expected = (q.size(0), q.size(1), q.size(2), k.size(2))
     if not isinstance(mask, Tensor) or tuple(mask.shape) != expected:
         raise ValueError(
             f"mask must be the [B, H, Tq, Tk] = {expected} window of window_mask, got "
             f"{tuple(mask.shape) if isinstance(mask, Tensor) else repr(mask)}"
         )
+    # window_mask's dtype: q's, or float32 for half q
+    check_tensor_argument("mask", mask, q_name, q, (logit_dtype(q.dtype),))
 
 
 def multiplicative_window_attention(
@@ -296,9 +309,16 @@ def additive_window_attention(
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """AW, eqs. 14-17. Returns ``(out, probs)``; the masked local scores are an
     additive bias, so ``need_weights=False`` runs fused and returns ``(out, None)``."""
-    check_attention_arguments(q_global, k_global, v, key_padding_mask, causal, query_offset, dropout_p)
-    check_attention_arguments(q_local, k_local, None, key_padding_mask, causal, query_offset)
-    _check_window(mask, q_global, k_global)
+    global_names, local_names = (
+        ("q_global", "k_global", "v", "key_padding_mask"),
+        ("q_local", "k_local", None, "key_padding_mask"),
+    )
+    check_attention_arguments(
+        q_global, k_global, v, key_padding_mask, causal, query_offset, dropout_p, names=global_names
+    )
+    check_tensor_argument("q_local", q_local, "q_global", q_global)
+    check_attention_arguments(q_local, k_local, None, key_padding_mask, causal, query_offset, names=local_names)
+    _check_window(mask, q_global, k_global, "q_global")
     # the local scores times M are formed in float32 for half inputs (M is, see window_mask)
     local_scores = masked_scores(scaled(q_local), k_local, None)
     return attend(

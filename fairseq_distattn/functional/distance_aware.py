@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .flex import OffsetTable, offsets
-from .masking import attend, check_attention_arguments, logit_dtype
+from .masking import attend, check_attention_arguments, check_tensor_argument, logit_dtype
 
 DA_MAPPINGS = ("learnable-sigmoid", "sigmoid", "exponent", "linear", "clip")
 DA_ADJUSTINGS = ("early-multiply", "early-add", "late-multiply", "late-add")
@@ -190,6 +190,14 @@ def distance_aware_attention(
     Eq. 6 is a score modification, early-add an additive bias (fused when
     ``need_weights=False``), the late ones a modification of the weights."""
     check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
+    for name, parameter in (
+        ("distance_weight", distance_weight),
+        ("sharpness", sharpness),
+        ("linear_slope", linear_slope),
+        ("linear_intercept", linear_intercept),
+    ):
+        if parameter is not None:  # any floating dtype: they are converted to the logits' dtype
+            check_tensor_argument(name, parameter, "q", q, dtypes=None)
     if tuple(distance_weight.shape) != (q.size(1),):
         raise ValueError(
             f"distance_weight must be [H] = ({q.size(1)},), one per head, got {tuple(distance_weight.shape)}"

@@ -88,9 +88,20 @@ def flex_applies(q: Tensor, *, need_weights: bool, dropout_p: float, query_offse
     return head_size >= 16 and head_size & (head_size - 1) == 0
 
 
+def check_position_argument(name: str, value) -> None:
+    """ValueError unless ``value``, a length or a position, is an integer >= 0
+    (a Python check: the position helpers would otherwise fail inside
+    ``torch.arange``, or silently build a tensor for a fractional length)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+
+
 def offsets(tgt_len: int, src_len: int, query_offset: int, device, dtype=torch.long) -> Tensor:
     """The key's position relative to the query's, ``j - (query_offset + i)``,
     once per diagonal of a ``[Tq, Tk]`` matrix: entry ``j - i + Tq - 1``."""
+    check_position_argument("tgt_len", tgt_len)
+    check_position_argument("src_len", src_len)
+    check_position_argument("query_offset", query_offset)
     return torch.arange(-(tgt_len - 1) - query_offset, src_len - query_offset, device=device, dtype=dtype)
 
 

@@ -26,7 +26,7 @@ from typing import Callable, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .flex import ScoreTable, flex_applies, flex_attend
+from .flex import ScoreTable, check_position_argument, flex_applies, flex_attend
 
 # Position tensors depend only on sizes, offsets, device and dtype; generation
 # asks for the same ones in every layer at every step. Small ones are kept.
@@ -56,17 +56,28 @@ def position_tensor(builder):
 
 
 @position_tensor
-def relative_distance(tgt_len: int, src_len: int, query_offset: int, device) -> Tensor:
-    """``[Tq, Tk]`` long tensor of ``j - (query_offset + i)``."""
+def _relative_distance(tgt_len: int, src_len: int, query_offset: int, device) -> Tensor:
+    """:func:`relative_distance` unchecked; ``query_offset`` may be negative
+    (QVI's eq. 7 attends from values over queries that can start after them)."""
     query_positions = torch.arange(query_offset, query_offset + tgt_len, device=device)
     key_positions = torch.arange(src_len, device=device)
     return key_positions[None, :] - query_positions[:, None]
 
 
+def relative_distance(tgt_len: int, src_len: int, query_offset: int, device) -> Tensor:
+    """``[Tq, Tk]`` long tensor of ``j - (query_offset + i)``; the lengths and
+    ``query_offset`` are integers >= 0 (else a ValueError naming the argument).
+    Cached (:func:`position_tensor`): the result is shared, never modify it."""
+    check_position_argument("tgt_len", tgt_len)
+    check_position_argument("src_len", src_len)
+    check_position_argument("query_offset", query_offset)
+    return _relative_distance(tgt_len, src_len, query_offset, device)
+
+
 @position_tensor
 def absolute_distance(tgt_len: int, src_len: int, query_offset: int, device, dtype) -> Tensor:
     """``|i - j|`` (query and key positions) as a ``[Tq, Tk]`` floating tensor."""
-    return relative_distance(tgt_len, src_len, query_offset, device).abs().to(dtype)
+    return _relative_distance(tgt_len, src_len, query_offset, device).abs().to(dtype)
 
 
 @position_tensor
@@ -75,7 +86,7 @@ def causal_visibility(tgt_len: int, src_len: int, query_offset: int, device) -> 
     no key is (one-token incremental steps)."""
     if src_len <= query_offset + 1:
         return None
-    return relative_distance(tgt_len, src_len, query_offset, device) <= 0
+    return _relative_distance(tgt_len, src_len, query_offset, device) <= 0
 
 
 @position_tensor
@@ -114,7 +125,12 @@ def logit_mask(
     ``allowed``: ``mask`` broadcasts to ``[B, H, Tq, Tk]`` and is at most
     ``[B, 1, Tq, Tk]``; both are None when every key is visible. Adding it
     to the logits (in place, or inside SDPA) replaces a masked_fill over
-    every head."""
+    every head. The lengths are integers >= 0; ``query_offset`` is an integer
+    that may be negative here (QVI's eq. 7 puts values before their queries)."""
+    check_position_argument("tgt_len", tgt_len)
+    check_position_argument("src_len", src_len)
+    if isinstance(query_offset, bool) or not isinstance(query_offset, int):
+        raise ValueError(f"query_offset must be an integer, got {query_offset!r}")
     if key_padding_mask is None and allowed is None and query_offset >= 0:
         # every query sees at least key 0: the (cached) causal mask hides no row
         causal_mask = _causal_logit_mask(tgt_len, src_len, query_offset, device, dtype) if causal else None
@@ -185,27 +201,44 @@ def check_attention_arguments(
     causal: bool,
     query_offset: int,
     dropout_p: float = 0.0,
+    *,
+    names: Tuple[str, str, Optional[str], str] = ("q", "k", "v", "key_padding_mask"),
 ) -> None:
     """The checks every public op makes of the arguments they share: each
-    mistake is a ValueError naming the argument. Shapes, dtypes and Python
-    scalars only, so no check waits for the device."""
-    for name, tensor in (("q", q), ("k", k), ("v", v)):
+    mistake is a ValueError naming the argument (``names``: what the op calls
+    ``q``, ``k``, ``v`` and ``key_padding_mask``). ``q``, ``k`` and ``v`` are
+    floating point tensors of one dtype on one device, and not on the meta
+    device; ``key_padding_mask`` is bool on that device. Shapes, dtypes,
+    devices and Python scalars only (attribute comparisons): no check reads a
+    value, so none waits for the device."""
+    q_name, k_name, v_name, padding_name = names
+    for name, tensor in ((q_name, q), (k_name, k), (v_name, v)):
         if tensor is not None and (not isinstance(tensor, Tensor) or tensor.dim() != 4):
             raise ValueError(f"{name} must be a [B, H, T, D] tensor, got {_describe(tensor)}")
+    # check_tensor_argument, inlined (this runs on every call of every op): a tensor
+    # with q's dtype and device is floating point and has values once q does
+    if not q.is_floating_point() or q.is_meta:
+        check_tensor_argument(q_name, q)
+    dtype, device = q.dtype, q.device
+    for name, tensor in ((k_name, k), (v_name, v)):
+        if tensor is not None and (tensor.dtype is not dtype or tensor.device != device):
+            check_tensor_argument(name, tensor, q_name, q)
     if q.shape[:2] != k.shape[:2] or q.size(-1) != k.size(-1):
-        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must share B, H and D")
+        raise ValueError(f"{q_name} {tuple(q.shape)} and {k_name} {tuple(k.shape)} must share B, H and D")
     if v is not None and (v.shape[:3] != k.shape[:3]):
-        raise ValueError(f"v {tuple(v.shape)} must have k's B, H and length {tuple(k.shape[:3])}")
+        raise ValueError(f"{v_name} {tuple(v.shape)} must have {k_name}'s B, H and length {tuple(k.shape[:3])}")
     if key_padding_mask is not None:
         if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dtype != torch.bool:
             # a float "1 = keep" mask would otherwise be read as padding, inverted
             raise ValueError(
-                f"key_padding_mask must be a bool tensor with True = padding, got "
+                f"{padding_name} must be a bool tensor with True = padding, got "
                 f"{_describe(key_padding_mask)} (for a 1 = keep mask pass mask == 0)"
             )
+        if key_padding_mask.device != device:
+            raise ValueError(f"{padding_name} is on {key_padding_mask.device} but {q_name} is on {q.device}")
         if tuple(key_padding_mask.shape) != (k.size(0), k.size(2)):
             raise ValueError(
-                f"key_padding_mask must be [B, Tk] = {(k.size(0), k.size(2))}, got {tuple(key_padding_mask.shape)}"
+                f"{padding_name} must be [B, Tk] = {(k.size(0), k.size(2))}, got {tuple(key_padding_mask.shape)}"
             )
     if not isinstance(causal, bool):
         raise ValueError(f"causal must be a bool, got {causal!r}")
@@ -215,6 +248,41 @@ def check_attention_arguments(
         )
     if not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be a probability in [0, 1), got {dropout_p!r}")
+
+
+def check_tensor_argument(
+    name: str,
+    tensor,
+    like_name: Optional[str] = None,
+    like: Optional[Tensor] = None,
+    dtypes: Optional[Tuple[torch.dtype, ...]] = (),
+) -> None:
+    """ValueError naming ``name`` unless ``tensor`` is a floating point tensor
+    with values (not on the meta device, where a tensor has a shape and no
+    data) and, given ``like``, on ``like``'s device with ``like``'s dtype or
+    one of ``dtypes`` (``dtypes=None``: any floating dtype, for a tensor the op
+    converts itself). Attribute comparisons only: no value is read."""
+    if not isinstance(tensor, Tensor) or not tensor.dtype.is_floating_point:
+        raise ValueError(f"{name} must be a floating point tensor, got {_describe(tensor)}")
+    if tensor.is_meta:
+        raise ValueError(f"{name} is on the meta device: a meta tensor has a shape but no values to attend with")
+    if like is None:
+        return
+    if tensor.device != like.device:
+        raise ValueError(f"{name} is on {tensor.device} but {like_name} is on {like.device}")
+    if dtypes is not None and tensor.dtype is not like.dtype and tensor.dtype not in dtypes:
+        others = "".join(f" or {dtype}" for dtype in dtypes if dtype != like.dtype)
+        allowed = f" ({name} may have {like.dtype}{others})" if others else ""
+        raise ValueError(f"{name} has dtype {tensor.dtype} but {like_name} has {like.dtype}{allowed}")
+
+
+def autocast_enabled(device: torch.device) -> bool:
+    """Whether autocast (fairseq's --amp) is on for ``device``'s type: then
+    float32 parameters meet half activations, and autocast's ops cast them."""
+    try:
+        return torch.is_autocast_enabled(device.type)
+    except TypeError:  # torch < 2.4 takes no device type
+        return torch.is_autocast_enabled() if device.type == "cuda" else torch.is_autocast_cpu_enabled()
 
 
 def _describe(value) -> str:
@@ -235,7 +303,21 @@ def softmax_attention(
     need_weights: bool = True,
 ):
     """Plain ``softmax(q k^T / sqrt(D)) v`` under the same conventions; returns
-    ``(out, probs)`` (``probs`` is None when ``need_weights=False``)."""
+    ``(out, probs)`` (``probs`` is None when ``need_weights=False``).
+
+    NaN: a query row whose visible logits are all NaN (a NaN query, or NaN in
+    every key it may see) gives NaN probabilities and a NaN output row. The
+    fused path (``need_weights=False``) gives NaN too, except where SDPA gets no
+    mask (no ``key_padding_mask``; ``causal`` as SDPA's own causal mask or a
+    one-token step that sees every key) on CPU and the row has fewer keys than
+    one SIMD vector holds (torch 2.13, AVX2: Tk < 8 in float32 and bfloat16,
+    Tk < 4 in float64): there the row is 0. torch's CPU flash kernel takes the
+    maximum of such a short row in a scalar loop that skips NaN, so the row
+    keeps -inf and is taken for a fully masked one (probabilities 0). Every
+    other NaN propagates on both paths. Not corrected: passing SDPA a mask to
+    force NaN costs 3 to 28% of such a call (measured), and summing ``q`` into
+    the output costs more and misses NaN keys (``tests/test_functional_errors.py``
+    pins the behaviour of both paths)."""
     check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
     return attend(
         q,
@@ -424,7 +506,9 @@ def fused_attention(
 
     The fast path for mechanisms whose math is an additive bias on the
     logits, used when the caller does not need the probabilities. Same
-    semantics as :func:`masked_softmax`: a hidden row gives 0.
+    semantics as :func:`masked_softmax`: a hidden row gives 0. Also 0, on CPU,
+    a short row whose logits are all NaN when SDPA gets no mask (the weights
+    path gives NaN: see :func:`softmax_attention`).
     """
     if bias is not None:
         if q.dtype in HALF_DTYPES:

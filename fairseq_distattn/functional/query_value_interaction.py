@@ -31,7 +31,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .masking import HALF_DTYPES, attend, check_attention_arguments
+from .masking import HALF_DTYPES, attend, autocast_enabled, check_attention_arguments, check_tensor_argument
 
 QVI_INTERACTIONS = ("gated", "values-only", "interactions-only", "summation")
 # the parameters each g(Q, V) uses: W (value_projection), u (gate_weight), h (gate_bias)
@@ -50,12 +50,29 @@ def float32_only(like: Tensor) -> torch.autocast:
 
 
 def check_interaction_arguments(
-    interaction: str, value_projection: Optional[Tensor], gate_weight: Optional[Tensor], gate_bias: Optional[Tensor]
+    interaction: str,
+    value_projection: Optional[Tensor],
+    gate_weight: Optional[Tensor],
+    gate_bias: Optional[Tensor],
+    like_name: Optional[str] = None,
+    like: Optional[Tensor] = None,
 ) -> None:
-    """ValueError unless ``interaction`` is known and gets exactly the parameters it uses."""
+    """ValueError unless ``interaction`` is known and gets exactly the parameters it
+    uses; given ``like`` (the ``[B, H, T, D]`` tensor they multiply), each is a
+    floating tensor of ``[H, D, D]``, ``[H, 2D]`` or ``[H]`` on its device, in its
+    dtype unless the op recomputes half inputs in float32 or autocast is on."""
     if interaction not in QVI_INTERACTIONS:
         raise ValueError(f"interaction must be one of {', '.join(QVI_INTERACTIONS)}, got {interaction!r}")
     used = INTERACTION_PARAMETERS[interaction]
+    if like is not None:
+        heads, dim = like.size(1), like.size(-1)
+        shapes = {
+            "value_projection": ("[H, D, D]", (heads, dim, dim)),
+            "gate_weight": ("[H, 2D]", (heads, 2 * dim)),
+            "gate_bias": ("[H]", (heads,)),
+        }
+        # eq. 8's einsum meets like with W: one dtype, unless the op or autocast converts them
+        dtypes = None if like.dtype in HALF_DTYPES or autocast_enabled(like.device) else ()
     for name, parameter in (
         ("value_projection", value_projection),
         ("gate_weight", gate_weight),
@@ -65,6 +82,11 @@ def check_interaction_arguments(
             raise ValueError(f"interaction {interaction!r} needs {name}")
         if name not in used and parameter is not None:
             raise ValueError(f"interaction {interaction!r} does not use {name}: pass None")
+        if like is not None and parameter is not None:
+            check_tensor_argument(name, parameter, like_name, like, dtypes)
+            layout, shape = shapes[name]
+            if tuple(parameter.shape) != shape:
+                raise ValueError(f"{name} must be {layout} = {shape}, got {tuple(parameter.shape)}")
 
 
 def query_aware_values(
@@ -89,10 +111,11 @@ def query_aware_values(
     (``python -m benchmarks.precision``). It is [B, H, Tv, D] work, small
     beside the attention. ``interaction`` picks g of sec. 4.3 (default: eq. 8-9)."""
     # eq. 7 attends from values over queries: the queries are its keys
-    check_attention_arguments(v, queries, None, query_padding_mask, causal, query_offset)
+    names = ("v", "queries", None, "query_padding_mask")
+    check_attention_arguments(v, queries, None, query_padding_mask, causal, query_offset, names=names)
     if isinstance(value_offset, bool) or not isinstance(value_offset, int) or value_offset < 0:
         raise ValueError(f"value_offset must be an integer >= 0, got {value_offset!r}")
-    check_interaction_arguments(interaction, value_projection, gate_weight, gate_bias)
+    check_interaction_arguments(interaction, value_projection, gate_weight, gate_bias, "v", v)
     if interaction == "values-only":
         return v  # g_1 = V
     if v.dtype in HALF_DTYPES:
@@ -158,7 +181,7 @@ def query_value_interaction_attention(
     query_padding_mask = None
     if key_padding_mask is not None:
         query_padding_mask = key_padding_mask[:, query_offset : query_offset + tgt_len]
-    check_interaction_arguments(interaction, value_projection, gate_weight, gate_bias)
+    check_interaction_arguments(interaction, value_projection, gate_weight, gate_bias, "q", q)
     if q.dtype in HALF_DTYPES and interaction != "values-only":
         # g(Q, V) grows with the queries (Q^ is a mix of them): with large queries
         # it nears the float16 maximum, and eq. 10's backward (dO g^T) overflows

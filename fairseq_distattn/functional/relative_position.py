@@ -22,7 +22,16 @@ import torch
 from torch import Tensor
 
 from .flex import index_scalar
-from .masking import attend, check_attention_arguments, logit_dtype, position_tensor, relative_distance, scaled
+from .masking import (
+    attend,
+    autocast_enabled,
+    check_attention_arguments,
+    check_tensor_argument,
+    logit_dtype,
+    position_tensor,
+    relative_distance,
+    scaled,
+)
 
 
 @position_tensor
@@ -354,12 +363,17 @@ def relative_position_attention(
     need_weights: bool = True,
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """Shaw et al. eqs. (3)-(4). ``rel_keys``/``rel_values`` are ``[2k+1, D]``
-    (``rel_values=None``: keys only). Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``;
-    keys-only with ``need_weights=False`` runs fused and returns ``(out, None)``."""
+    (``rel_values=None``: keys only), in ``q``'s dtype unless autocast is on.
+    Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``; keys-only with
+    ``need_weights=False`` runs fused and returns ``(out, None)``."""
     check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
     if isinstance(max_distance, bool) or not isinstance(max_distance, int) or max_distance < 1:
         raise ValueError(f"max_distance must be an integer >= 1 (the clipping distance k), got {max_distance!r}")
+    # the tables meet q in a matmul: one dtype, unless autocast (--amp) casts them there
+    table_dtypes = None if autocast_enabled(q.device) else ()
     for name, table in (("rel_keys", rel_keys), ("rel_values", rel_values)):
+        if table is not None:
+            check_tensor_argument(name, table, "q", q, table_dtypes)
         if table is not None and tuple(table.shape) != (2 * max_distance + 1, q.size(-1)):
             raise ValueError(
                 f"{name} must be [2k+1, D] = {(2 * max_distance + 1, q.size(-1))}, got {tuple(table.shape)}"

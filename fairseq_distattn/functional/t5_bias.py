@@ -28,8 +28,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .flex import OffsetTable, offsets
-from .masking import attend, check_attention_arguments, logit_dtype
+from .flex import OffsetTable, check_position_argument, offsets
+from .masking import attend, check_attention_arguments, check_tensor_argument, logit_dtype
 
 NUM_BUCKETS = 32
 MAX_DISTANCE = 128
@@ -50,10 +50,19 @@ def _one_side(n: int, num_buckets: int, max_distance: int) -> int:
     return max_exact + bucket
 
 
-@lru_cache(maxsize=64)
 def relative_position_bucket_table(num_buckets: int, max_distance: int, bidirectional: bool) -> Tuple[int, ...]:
     """Bucket of every relative position ``j - i`` in ``-max_distance..max_distance``
-    (entry ``j - i + max_distance``); beyond them the buckets do not change."""
+    (entry ``j - i + max_distance``); beyond them the buckets do not change.
+    Arguments as :func:`check_bucket_arguments` takes them (else a ValueError
+    naming the argument); cached."""
+    if not isinstance(bidirectional, bool):
+        raise ValueError(f"bidirectional must be a bool, got {bidirectional!r}")
+    check_bucket_arguments(num_buckets, max_distance, bidirectional)
+    return _bucket_table(num_buckets, max_distance, bidirectional)
+
+
+@lru_cache(maxsize=64)
+def _bucket_table(num_buckets: int, max_distance: int, bidirectional: bool) -> Tuple[int, ...]:
     table = []
     for relative in range(-max_distance, max_distance + 1):
         n = -relative
@@ -71,7 +80,7 @@ def _bucket_lookup(num_buckets: int, max_distance: int, bidirectional: bool, dev
     once: every layer asks for it in every step, and on CUDA each build would be a
     blocking host-to-device copy."""
     with torch.inference_mode(False):
-        return torch.tensor(relative_position_bucket_table(num_buckets, max_distance, bidirectional), device=device)
+        return torch.tensor(_bucket_table(num_buckets, max_distance, bidirectional), device=device)
 
 
 def check_bucket_arguments(num_buckets, max_distance, bidirectional: bool) -> None:
@@ -112,7 +121,22 @@ def t5_relative_bias(
     query_offset: int = 0,
     dtype: Optional[torch.dtype] = None,
 ) -> Tensor:
-    """``b_h(bucket(j - i))`` as ``[H, Tq, Tk]`` from the ``[buckets, H]`` table (unchecked)."""
+    """``b_h(bucket(j - i))`` as ``[H, Tq, Tk]`` from the floating ``[buckets, H]``
+    ``table``, in ``dtype`` (None: the table's); each mistake is a ValueError
+    naming the argument."""
+    if not isinstance(table, Tensor) or table.dim() != 2:
+        raise ValueError(
+            f"table must be [buckets, H], got {tuple(table.shape) if isinstance(table, Tensor) else repr(table)}"
+        )
+    check_tensor_argument("table", table)
+    check_position_argument("tgt_len", tgt_len)
+    check_position_argument("src_len", src_len)
+    check_position_argument("query_offset", query_offset)
+    if not isinstance(bidirectional, bool):
+        raise ValueError(f"bidirectional must be a bool, got {bidirectional!r}")
+    check_bucket_arguments(table.size(0), max_distance, bidirectional)
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+        raise ValueError(f"dtype must be None or a floating point torch.dtype, got {dtype!r}")
     return t5_relative_table(table, tgt_len, src_len, max_distance, bidirectional, query_offset, dtype).dense()
 
 
@@ -143,6 +167,7 @@ def t5_bias_attention(
             f"table must be [buckets, H] with H = {q.size(1)}, got "
             f"{tuple(table.shape) if isinstance(table, Tensor) else repr(table)}"
         )
+    check_tensor_argument("table", table, "q", q, dtypes=None)  # any floating dtype: converted
     check_bucket_arguments(table.size(0), max_distance, bidirectional)
     relative_bias = t5_relative_table(
         table, q.size(2), k.size(2), max_distance, bidirectional, query_offset, logit_dtype(q.dtype)
