@@ -177,27 +177,71 @@ def table(title: str, columns: Dict[str, Dict[str, float]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    argparse.ArgumentParser(prog="python -m benchmarks.precision", description=__doc__.split("\n\n")[0]).parse_args(
-        argv
-    )
+# The whole-model ratio to vanilla's error that tests/test_half_precision.py allows each
+# mechanism (measured means plus a margin, so that any further loss is caught). Decided in
+# issue 28: QVI's values are products of two rounded activations (Q^ and VW of eq. 7-8, each
+# carrying the input projections' rounding), and MW's M (a product of two cumulative sums,
+# eq. 7 of Nguyen et al.) multiplies the rounded probabilities: the model's sensitivity to a
+# half-rounded residual stream, not the op's, whose rows stay within vanilla's.
+MODEL_ERROR_BOUNDS = {"qvi": 3.5, "window-mw": 2.6}
+DEFAULT_MODEL_ERROR_BOUND = 2.0
+RESULTS = Path(__file__).resolve().parent / "results" / "precision.md"
+
+
+def report() -> str:
+    """The op tables in each half dtype and the whole-model table, with the bounds the tests keep."""
     import fairseq_distattn.models  # noqa: F401 (the model table registers the models)
 
+    parts = ["# Half precision", ""]
     for dtype in HALF:
         columns = {f"logits x{scale:g}": op_errors(dtype, scale) for scale in SCALES}
-        print(
+        parts.append(
             table(
                 f"functional ops in {str(dtype).replace('torch.', '')}: relative error vs float64, ratio to vanilla",
                 columns,
             )
         )
-    print(
+    model = {str(dtype).replace("torch.", ""): mean_model_errors(dtype) for dtype in HALF}
+    parts.append(
         table(
             f"whole tiny translation model: relative error of the logits vs float64, mean of {MODEL_DRAWS} "
             "weight draws, ratio to vanilla",
-            {str(dtype).replace("torch.", ""): mean_model_errors(dtype) for dtype in HALF},
+            model,
         )
     )
+    above = [
+        f"{name} in {dtype} ({errors[name] / errors['vanilla']:.2f}x)"
+        for dtype, errors in model.items()
+        for name in errors
+        if errors[name] / errors["vanilla"] > DEFAULT_MODEL_ERROR_BOUND
+    ]
+    bounds = ", ".join(f"{name} {bound:g}x" for name, bound in MODEL_ERROR_BOUNDS.items())
+    parts.append(
+        f"Whole-model ratios above {DEFAULT_MODEL_ERROR_BOUND:g}x vanilla's: {', '.join(above) or 'none'}. "
+        "Accepted: QVI's values are products of two rounded activations (Q^ and VW, eq. 7-8) and MW's window "
+        "multiplies the rounded probabilities, so the whole model is more sensitive to a half-rounded residual "
+        "stream while the ops themselves stay within vanilla's error (the tables above). "
+        f"`tests/test_half_precision.py` keeps every mechanism at or below {DEFAULT_MODEL_ERROR_BOUND:g}x, "
+        f"except {bounds}, as regression guards.\n"
+    )
+    return "\n".join(parts)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.precision", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--write",
+        action="store_true",
+        help=f"also write {RESULTS.relative_to(RESULTS.parents[2])} and its README block",
+    )
+    args = parser.parse_args(argv)
+    markdown = report()
+    print(markdown)
+    if args.write:
+        from .readme_blocks import update_readme
+
+        RESULTS.write_text(markdown, encoding="utf-8")
+        update_readme(RESULTS)
     return 0
 
 
