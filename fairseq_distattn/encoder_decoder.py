@@ -11,27 +11,44 @@ from .layers import DistAttnDecoderLayer, DistAttnEncoderLayer, LayerAttentionPl
 from .mechanisms import Stack
 from .spec import CROSS, DECODER_SELF, ENCODER_SELF, MechanismOptions, SpecError, parse_spec
 
+SOURCE_POSITIONS, TARGET_POSITIONS = "--max-source-positions", "--max-target-positions"
 
-def mechanism_options(cfg, decoder_only: bool = False) -> MechanismOptions:
+
+def mechanism_options(cfg, decoder_only: bool = False, target_flag: str = TARGET_POSITIONS) -> MechanismOptions:
     """The options of a ``TransformerConfig``; ``--max-relative-position`` is
     bounded by the longest sequence the model accepts (a decoder-only model
-    has no source side, whatever ``max_source_positions`` says)."""
-    positions = [cfg.max_target_positions] if decoder_only else [cfg.max_source_positions, cfg.max_target_positions]
+    has no source side, whatever ``max_source_positions`` says), and each
+    stack's checks by its own (:func:`encoder_plans`, :func:`decoder_plans`).
+    ``target_flag``: the flag that set ``max_target_positions``."""
+    if decoder_only:
+        return MechanismOptions.from_args(cfg, cfg.max_target_positions or None, target_flag)
+    positions = [cfg.max_source_positions, cfg.max_target_positions]
     return MechanismOptions.from_args(cfg, max(p or 0 for p in positions) or None)
 
 
-def encoder_plans(cfg):
+def encoder_plans(cfg, new_model: bool = False):
+    """``new_model``: the plans of a model fairseq-train's flags describe (True), or of one
+    being built, which may be a checkpoint's, trained before a check was added (False)."""
     options = mechanism_options(cfg)
     layers = parse_spec(ENCODER_SELF, getattr(cfg, "encoder_self_attention", None), cfg.encoder.layers)
-    options.check_kind(ENCODER_SELF, layers)
+    options.check_kind(ENCODER_SELF, layers, cfg.max_source_positions or None, SOURCE_POSITIONS, new_model)
     stack = Stack(ENCODER_SELF.description)
     return [LayerAttentionPlan(mechanism, "vanilla", options, self_stack=stack) for mechanism in layers]
 
 
-def decoder_plans(cfg, no_encoder_attn: bool, decoder_only: bool = False):
-    options = mechanism_options(cfg, decoder_only)
+def decoder_plans(
+    cfg,
+    no_encoder_attn: bool,
+    decoder_only: bool = False,
+    target_flag: str = TARGET_POSITIONS,
+    new_model: bool = False,
+):
+    """``target_flag``: the flag that set ``max_target_positions`` (a language
+    model takes it from ``--tokens-per-sample`` when it is not given); ``new_model``
+    as for :func:`encoder_plans`."""
+    options = mechanism_options(cfg, decoder_only, target_flag)
     self_layers = parse_spec(DECODER_SELF, getattr(cfg, "decoder_self_attention", None), cfg.decoder.layers)
-    options.check_kind(DECODER_SELF, self_layers)
+    options.check_kind(DECODER_SELF, self_layers, cfg.max_target_positions or None, target_flag, new_model)
     cross_spec = getattr(cfg, "cross_attention", None)
     if no_encoder_attn:
         if cross_spec not in (None, "vanilla"):

@@ -24,8 +24,11 @@ from .registry import (  # noqa: F401 (SpecError and FLOAT32_MAX are re-exported
     CROSS_KIND,
     DECODER_SELF_KIND,
     ENCODER_SELF_KIND,
+    EVALUATION,
     FLOAT32_MAX,
     REGISTRY,
+    RUNTIME,
+    TRAINED,
     OptionContext,
     SpecError,
     one_of,
@@ -45,6 +48,13 @@ class AttentionKind:
     flag: str
     description: str
     causal: bool
+    # The stack of this kind that MechanismOptions.check_kind checks: the longest sequence its layers
+    # attend over and the flag that sets it (None: unknown). Not part of the kind's identity.
+    max_positions: Optional[int] = dataclasses.field(default=None, compare=False)
+    positions_flag: str = dataclasses.field(default="", compare=False)
+    # Whether the model is new (fairseq-train's flags) rather than rebuilt from a checkpoint: checks
+    # added after checkpoints were trained refuse only new models, so that those checkpoints still load.
+    new_model: bool = dataclasses.field(default=True, compare=False)
 
     @property
     def allowed(self) -> FrozenSet[str]:
@@ -67,8 +77,13 @@ def _is_integer(value) -> bool:
 
 def exit_on_spec_error(error: SpecError):
     """Report like argparse: one line on stderr, exit status 2."""
+    exit_with_error(str(error))
+
+
+def exit_with_error(message: str):
+    """``PROG: error: MESSAGE`` on stderr and exit status 2, as argparse reports a bad command line."""
     prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "fairseq"
-    sys.stderr.write(f"{prog}: error: {error}\n")
+    sys.stderr.write(f"{prog}: error: {message}\n")
     sys.stderr.flush()
     raise SystemExit(2)
 
@@ -268,6 +283,7 @@ class AttentionModuleOptions:
         convert=_recompute_length,
         type=int,
         metavar="N",
+        role=RUNTIME,
     )
     attention_flex: str = option(
         "auto",
@@ -279,6 +295,7 @@ class AttentionModuleOptions:
         "takes it at generation time as --model-overrides \"{{'attention_flex': 'never'}}\"",
         convert=one_of("--attention-flex", ("auto", "never")),
         metavar="auto|never",
+        role=RUNTIME,
     )
 
 
@@ -296,15 +313,30 @@ _KIND_MODELS = {
 _DEFAULT_IN_HELP = re.compile(r" \(default: [^)]*\)|; default: [^)]*(?=\))")
 
 
+# what a trained model allows of an option (the last column of the flag table)
+ON_A_TRAINED_MODEL = {
+    TRAINED: "fixed",
+    EVALUATION: "`--model-overrides`",
+    RUNTIME: "any command",
+}
+
+
 def flag_table() -> str:
     """The README's table of the plugin's flags, from the registry and the
     flags' own help (Markdown, with a title): what ``--help`` says, with the
-    default in a column of its own."""
-    rows = ["# Flags", "", "| flag | default | meaning |", "|---|---|---|"]
+    default in a column of its own, and what a trained model allows of each:
+    fixed (resuming, averaging and ``--model-overrides`` keep the trained value),
+    changed by ``--model-overrides`` (parameter-free), or by any command."""
+    rows = [
+        "# Flags",
+        "",
+        "| flag | default | meaning | on a trained model |",
+        "|---|---|---|---|",
+    ]
     for kind in KINDS:
         rows.append(
             f"| `{kind.flag} SPEC` | `vanilla` | mechanism per layer of {kind.description} "
-            f"({_KIND_MODELS[kind.key]}; the SPEC grammar below) |"
+            f"({_KIND_MODELS[kind.key]}; the SPEC grammar below) | {ON_A_TRAINED_MODEL[TRAINED]} |"
         )
     for options_class in OPTION_CLASSES:
         for field in dataclasses.fields(options_class):
@@ -314,15 +346,19 @@ def flag_table() -> str:
             usage = f"{flag.flag} {metavar}".strip()
             default = "off" if switch else f"`{flag.arg_default}`"
             meaning = _DEFAULT_IN_HELP.sub("", flag.help)
-            rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in (f"`{usage}`", default, meaning)) + " |")
+            cells = (f"`{usage}`", default, meaning, ON_A_TRAINED_MODEL[flag.role])
+            rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     return "\n".join(rows) + "\n"
 
 
-def _from_args(cls, args, max_positions: Optional[int] = None) -> "MechanismOptions":
+def _from_args(
+    cls, args, max_positions: Optional[int] = None, positions_flag: Optional[str] = None
+) -> "MechanismOptions":
     """Options from parsed flags (absent flags take the defaults). ``max_positions``:
     the longest sequence the model accepts, which bounds ``--max-relative-position``
-    (no distance beyond it ever occurs). A bad value raises :class:`SpecError`."""
-    context = OptionContext(max_positions)
+    (no distance beyond it ever occurs), set by ``positions_flag`` (named in
+    messages). A bad value raises :class:`SpecError`."""
+    context = OptionContext(max_positions) if positions_flag is None else OptionContext(max_positions, positions_flag)
     values = {}
     for field in dataclasses.fields(cls):
         flag = option_flag(field)
@@ -335,8 +371,19 @@ def _from_args(cls, args, max_positions: Optional[int] = None) -> "MechanismOpti
     return options
 
 
-def _check_kind(self, kind: AttentionKind, layers: List[str]):
-    """Raise SpecError where an option cannot work for the mechanisms ``layers`` use in ``kind``."""
+def _check_kind(
+    self,
+    kind: AttentionKind,
+    layers: List[str],
+    max_positions: Optional[int] = None,
+    positions_flag: str = "",
+    new_model: bool = True,
+):
+    """Raise SpecError where an option cannot work for the mechanisms ``layers`` use in ``kind``.
+    ``max_positions``: the longest sequence this stack attends over (None: unknown), set by
+    ``positions_flag``; ``new_model``: False where the model is rebuilt from a checkpoint.
+    Mechanisms read them as ``kind.max_positions``, ``kind.positions_flag`` and ``kind.new_model``."""
+    kind = dataclasses.replace(kind, max_positions=max_positions, positions_flag=positions_flag, new_model=new_model)
     for name in dict.fromkeys(layers):
         if name != "vanilla":
             REGISTRY[name].module.check_options(self, kind, layers)

@@ -13,7 +13,7 @@ import torch
 
 from fairseq_distattn import functional as DF
 from fairseq_distattn.functional.t5_bias import relative_position_bucket_table
-from fairseq_distattn.spec import MechanismOptions, SpecError
+from fairseq_distattn.spec import DECODER_SELF, ENCODER_SELF, MechanismOptions, SpecError
 
 from .model_helpers import TINY, TINY_LM, language_model, random_tokens, translation_model
 from .test_functional import paper_alibi_slopes, t5_relative_position_bucket
@@ -102,6 +102,21 @@ def test_t5_buckets_are_t5s(bidirectional, num_buckets, max_distance):
     assert [
         t5_relative_position_bucket(int(r), bidirectional, num_buckets, max_distance) for r in relative
     ] == got.tolist()
+
+
+@pytest.mark.parametrize("num_buckets,max_distance", [(5, 16), (7, 20), (33, 128)])
+def test_an_odd_bucket_count_leaves_the_last_bucket_unused_only_where_bidirectional(num_buckets, max_distance):
+    """T5's formula halves the count per direction (num_buckets //= 2): of an odd count the
+    encoder never reaches the last bucket (nor, as with any count, the first of the second half,
+    distance 0 being counted on the first side), while the decoder's one direction uses them all."""
+    relative = torch.arange(-3 * max_distance, 3 * max_distance + 1)
+    half = num_buckets // 2
+    for bidirectional in (True, False):
+        lookup = torch.tensor(relative_position_bucket_table(num_buckets, max_distance, bidirectional))
+        got = lookup[relative.clamp(-max_distance, max_distance) + max_distance]
+        assert torch.equal(got, t5_float32_buckets(relative, bidirectional, num_buckets, max_distance))
+        unused = set(range(num_buckets)) - set(lookup.tolist())
+        assert unused == ({half, num_buckets - 1} if bidirectional else set())
 
 
 def test_t5_default_buckets_at_a_glance():
@@ -238,6 +253,28 @@ def test_t5_options_refuse_bad_values_with_one_line(attr, value, flag):
     assert "\n" not in message and message.startswith(f"argument {flag}: invalid value {str(value)!r}")
 
 
+@pytest.mark.parametrize("buckets", [5, 7, 33])
+def test_odd_t5_buckets_are_refused_only_for_a_bidirectional_stack(buckets):
+    options = MechanismOptions.from_args(argparse.Namespace(t5_bias_buckets=buckets, t5_bias_max_distance=128))
+    options.check_kind(DECODER_SELF, ["vanilla", "t5-bias"])  # causal buckets: every one is used
+    options.check_kind(ENCODER_SELF, ["vanilla", "rpr"])  # no t5-bias layer in the encoder
+    with pytest.raises(SpecError) as error:
+        options.check_kind(ENCODER_SELF, ["vanilla", "t5-bias"])
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(f"argument --t5-bias-buckets: invalid value '{buckets}'")
+    assert f"bucket {buckets - 1} would never be used" in message
+    MechanismOptions.from_args(argparse.Namespace(t5_bias_buckets=buckets + 1)).check_kind(ENCODER_SELF, ["t5-bias"])
+
+
+def test_odd_t5_buckets_still_build_a_decoder():
+    """A decoder (and so a checkpoint of one) with an odd count uses every bucket and still builds."""
+    flags = ["--t5-bias-buckets", "7", "--t5-bias-max-distance", "8"]
+    lm, _ = language_model(extra=[*TINY_LM, "--decoder-self-attention", "t5-bias", *flags])
+    assert tuple(lm.decoder.layers[0].self_attn.mechanism.relative_attention_bias.shape) == (7, 2)
+    model, _ = translation_model(extra=[*TINY, "--decoder-self-attention", "t5-bias@1", *flags])
+    assert tuple(model.decoder.layers[1].self_attn.mechanism.relative_attention_bias.shape) == (7, 2)
+
+
 def test_t5_options_reach_the_model():
     options = MechanismOptions.from_args(
         argparse.Namespace(t5_bias_buckets=8, t5_bias_max_distance=5, t5_bias_per_layer=True)
@@ -248,3 +285,17 @@ def test_t5_options_reach_the_model():
     )
     mechanism = model.encoder.layers[1].self_attn.mechanism
     assert tuple(mechanism.relative_attention_bias.shape) == (8, 2) and mechanism.max_distance == 5
+
+
+def test_a_checkpoint_with_odd_encoder_buckets_trained_before_the_check_still_builds():
+    """The refusal is for new models (fairseq-train's flags); a model rebuilt from a checkpoint's
+    own configuration, as fairseq-generate and a resume do, builds as it was trained."""
+    from fairseq.tasks.translation import TranslationTask
+
+    from .model_helpers import dictionary, parse
+
+    args = parse("translation", "distattn_transformer", [*TINY, "--encoder-self-attention", "t5-bias"])
+    args.t5_bias_buckets = 7  # as a checkpoint from before the check holds it
+    d = dictionary()
+    model = TranslationTask(args, d, d).build_model(args)
+    assert tuple(model.encoder.layers[0].self_attn.mechanism.relative_attention_bias.shape) == (7, 2)

@@ -10,10 +10,12 @@ functional API's ``ValueError`` table is in test_functional_errors.py.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from typing import List
 
 import pytest
+import torch
 
 try:  # tests/ is a package (tests/__init__.py)
     from .conftest import run_cli
@@ -56,7 +58,25 @@ TINY_LM = [
     "--decoder-attention-heads",
     "2",
 ]
-MT, LM = "mt", "lm"
+# distattn_lm's widths with translation data (the translation task's own flags)
+TINY_LM_ON_MT = [
+    *TINY_MT[:6],
+    "--decoder-layers",
+    "2",
+    "--decoder-embed-dim",
+    "32",
+    "--decoder-ffn-embed-dim",
+    "32",
+    "--decoder-attention-heads",
+    "2",
+]
+MT, LM, LM_ON_MT = "mt", "lm", "lm-on-mt"
+# task -> (data fixture, default --arch, flags)
+SETUPS = {
+    MT: ("mt_data", "distattn_transformer", TINY_MT),
+    LM: ("lm_data", "distattn_lm", TINY_LM),
+    LM_ON_MT: ("mt_data", "distattn_lm", TINY_LM_ON_MT),
+}
 WINDOW_PRESET_NOTE = "is the default of --arch"
 
 # (task, arguments, flag the error names, substrings of which one must be in it)
@@ -91,6 +111,19 @@ BAD_INPUTS = [
     (MT, ["--max-relative-position", "0"], "--max-relative-position", ["'0'"]),
     (MT, ["--max-relative-position", "-3"], "--max-relative-position", ["-3"]),
     (MT, ["--max-relative-position", "1000000000"], "--max-relative-position", ["1000000000"]),
+    # k of each stack against that stack's own longest sequence, not the longer of the two
+    (
+        MT,
+        ["--encoder-self-attention", "rpr", "--max-relative-position", "16", "--max-source-positions", "4"],
+        "--max-relative-position",
+        ["--max-source-positions 4"],
+    ),
+    (
+        MT,
+        ["--decoder-self-attention", "rpr@1", "--max-relative-position", "16", "--max-target-positions", "4"],
+        "--max-relative-position",
+        ["--max-target-positions 4"],
+    ),
     (MT, ["--window-segment-size", "0"], "--window-segment-size", ["'0'"]),
     (MT, ["--window-segment-size", "-1"], "--window-segment-size", ["-1"]),
     (MT, ["--arch", "transformer", "--window-expected-mask"], "--window-expected-mask", ["distattn_transformer"]),
@@ -112,6 +145,8 @@ BAD_INPUTS = [
     (MT, ["--t5-bias-max-distance", "0"], "--t5-bias-max-distance", ["'0'"]),
     (MT, ["--encoder-self-attention", "t5-bias", "--t5-bias-max-distance", "16"], "--t5-bias-max-distance", ["'16'"]),
     (MT, ["--arch", "transformer", "--t5-bias-per-layer"], "--t5-bias-per-layer", ["distattn_transformer"]),
+    # T5 halves the buckets per direction where they are bidirectional: an odd count leaves the last unused
+    (MT, ["--encoder-self-attention", "t5-bias@0", "--t5-bias-buckets", "7"], "--t5-bias-buckets", ["'7'"]),
     # the papers' ablations (tests/test_ablations.py): argparse choices, and T of the clip mapping
     (MT, ["--encoder-self-attention", "da", "--da-mapping", "tanh"], "--da-mapping", ["tanh"]),
     (MT, ["--da-adjusting", "late"], "--da-adjusting", ["late"]),
@@ -119,6 +154,16 @@ BAD_INPUTS = [
     (MT, ["--da-mapping", "clip", "--da-clip-threshold", "0"], "--da-clip-threshold", ["'0.0'"]),
     (MT, ["--da-clip-threshold", "inf"], "--da-clip-threshold", ["inf"]),
     (MT, ["--arch", "transformer", "--da-mapping", "clip"], "--da-mapping", ["distattn_transformer"]),
+    # the model's widths and heads (fairseq's own MultiheadAttention would assert or divide by zero)
+    (MT, ["--decoder-attention-heads", "3"], "--decoder-attention-heads", ["--decoder-embed-dim 32"]),
+    (MT, ["--encoder-attention-heads", "0"], "--encoder-attention-heads", ["'0'"]),
+    (MT, ["--encoder-attention-heads", "-2"], "--encoder-attention-heads", ["'-2'"]),
+    (MT, ["--decoder-attention-heads", "64"], "--decoder-attention-heads", ["--decoder-embed-dim 32"]),
+    (MT, ["--encoder-embed-dim", "0"], "--encoder-embed-dim", ["'0'"]),
+    # a model and a task that do not go together
+    (LM, ["--arch", "distattn_transformer"], "--arch", ["language_modeling"]),
+    (LM_ON_MT, [], "--arch", ["translation"]),
+    (LM_ON_MT, ["--arch", "distattn_lm_gbw"], "--arch", ["translation"]),
     # presets whose own defaults name layers the model does not have
     (
         MT,
@@ -165,6 +210,10 @@ BAD_INPUTS = [
         ["backward"],
     ),
     (LM, ["--arch", "distattn_lm_window_gbw"], "--decoder-self-attention", [WINDOW_PRESET_NOTE]),
+    (LM, ["--decoder-attention-heads", "5"], "--decoder-attention-heads", ["--decoder-embed-dim 32"]),
+    (LM, ["--decoder-attention-heads", "0"], "--decoder-attention-heads", ["'0'"]),
+    # every block of --tokens-per-sample tokens is longer than the model accepts: no training data is left
+    (LM, ["--max-target-positions", "16"], "--max-target-positions", ["--tokens-per-sample 64"]),
     (LM, ["--arch", "transformer_lm", "--decoder-self-attention", "rpr"], "--decoder-self-attention", ["distattn_lm"]),
 ]
 
@@ -180,36 +229,35 @@ def case_id(case) -> str:
     return f"{task}:" + " ".join(arguments).replace(" ", "=", 1)
 
 
-@pytest.mark.parametrize("task,arguments,flag,expected", BAD_INPUTS, ids=[case_id(c) for c in BAD_INPUTS])
-def test_bad_input_exits_2_with_one_error_line_and_writes_nothing(task, arguments, flag, expected, request, workdir):
-    data = request.getfixturevalue("mt_data" if task == MT else "lm_data")
-    default_arch = ["--arch", "distattn_transformer" if task == MT else "distattn_lm"]
-    save_dir = workdir / "checkpoints"
-    proc = run_cli(
-        [
-            "fairseq-train",
-            data["bin"],
-            "--user-dir",
-            "fairseq_distattn",
-            *default_arch,
-            *(TINY_MT if task == MT else TINY_LM),
-            *arguments,
-            "--optimizer",
-            "adam",
-            "--lr",
-            "1e-4",
-            "--max-tokens",
-            "1024",
-            "--max-update",
-            "1",
-            "--disable-validation",
-            "--num-workers",
-            "0",
-            "--save-dir",
-            save_dir,
-        ],
-        check=False,
-    )
+def train_command(data, arch: str, flags: List[str], arguments: List[str], save_dir) -> List[str]:
+    return [
+        "fairseq-train",
+        data["bin"],
+        "--user-dir",
+        "fairseq_distattn",
+        "--arch",
+        arch,
+        *flags,
+        *arguments,
+        "--optimizer",
+        "adam",
+        "--lr",
+        "1e-4",
+        "--max-tokens",
+        "1024",
+        "--max-update",
+        "1",
+        "--disable-validation",
+        "--num-workers",
+        "0",
+        "--save-dir",
+        save_dir,
+    ]
+
+
+def assert_refused(proc, flag: str, expected: List[str], save_dir, prog: str = "fairseq-train"):
+    """Exit status 2, one error line on stderr (the last), naming ``flag`` and one
+    of ``expected``, no traceback, and no ``save_dir`` written."""
     stderr = proc.stderr
     context = f"\n--- stderr ---\n{stderr[-3000:]}\n--- stdout ---\n{proc.stdout[-1500:]}"
     assert proc.returncode == 2, f"exit status {proc.returncode}, expected 2" + context
@@ -218,10 +266,95 @@ def test_bad_input_exits_2_with_one_error_line_and_writes_nothing(task, argument
     assert len(lines) == 1, f"expected one error line on stderr, got {len(lines)}" + context
     message = lines[0]
     assert stderr.rstrip().splitlines()[-1] == message, "the error is not the last line" + context
-    assert message.startswith("fairseq-train: error: argument "), context
+    assert message.startswith(f"{prog}: error: argument "), context
     assert flag in message, f"{flag} not named in the error line" + context
     assert any(s in message for s in expected), f"none of {expected} in the error line" + context
-    assert not save_dir.exists(), "a refused command wrote its save directory" + context
+    if save_dir is not None:
+        assert not save_dir.exists(), "a refused command wrote its save directory" + context
+
+
+@pytest.mark.parametrize("task,arguments,flag,expected", BAD_INPUTS, ids=[case_id(c) for c in BAD_INPUTS])
+def test_bad_input_exits_2_with_one_error_line_and_writes_nothing(task, arguments, flag, expected, request, workdir):
+    fixture, arch, flags = SETUPS[task]
+    save_dir = workdir / "checkpoints"
+    proc = run_cli(train_command(request.getfixturevalue(fixture), arch, flags, arguments, save_dir), check=False)
+    assert_refused(proc, flag, expected, save_dir)
+
+
+# Training precisions this machine cannot run (fairseq would fail with a traceback once the model is built):
+# fairseq's --fp16 keeps its flattened float32 master weights on the current CUDA device, and its --bf16
+# implies --tpu, which needs torch_xla.
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available: --fp16 trains")
+NO_XLA = pytest.mark.skipif(importlib.util.find_spec("torch_xla") is not None, reason="torch_xla is installed")
+PRECISION_CASES = [
+    pytest.param(["--fp16"], "--fp16", ["CUDA"], marks=NO_CUDA, id="fp16"),
+    pytest.param(["--fp16", "--cpu"], "--fp16", ["CUDA"], marks=NO_CUDA, id="fp16-cpu"),
+    pytest.param(["--bf16"], "--bf16", ["torch_xla"], marks=NO_XLA, id="bf16"),
+    pytest.param(
+        ["--memory-efficient-bf16", "--cpu"], "--memory-efficient-bf16", ["torch_xla"], marks=NO_XLA, id="mebf16"
+    ),
+    pytest.param(["--tpu"], "--tpu", ["torch_xla"], marks=NO_XLA, id="tpu"),
+]
+
+
+@pytest.mark.parametrize("arguments,flag,expected", PRECISION_CASES)
+def test_a_precision_this_machine_cannot_train_in_is_refused(arguments, flag, expected, mt_data, workdir):
+    save_dir = workdir / "checkpoints"
+    proc = run_cli(train_command(mt_data, "distattn_transformer", TINY_MT, arguments, save_dir), check=False)
+    assert_refused(proc, flag, expected, save_dir)
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        pytest.param(["--memory-efficient-fp16"], id="memory-efficient-fp16"),
+        pytest.param(["--fp16", "--fp16-no-flatten-grads"], id="fp16-no-flatten-grads"),
+    ],
+)
+def test_half_precision_that_runs_without_cuda_is_not_refused(arguments, mt_data, workdir):
+    """fairseq's other float16 optimisers keep no flattened copy on a CUDA device: they train on CPU too."""
+    flags = [*TINY_MT, "--encoder-layers", "1", "--decoder-layers", "1"]
+    run_cli(train_command(mt_data, "distattn_transformer", flags, arguments, workdir / "checkpoints"))
+
+
+@pytest.fixture(scope="module")
+def tiny_lm_checkpoint(lm_data, tmp_path_factory):
+    save_dir = tmp_path_factory.mktemp("tiny_lm")
+    run_cli(train_command(lm_data, "distattn_lm", TINY_LM, ["--no-epoch-checkpoints"], save_dir))
+    return save_dir / "checkpoint_last.pt"
+
+
+def eval_lm(lm_data, checkpoint, context_window: int):
+    return run_cli(
+        [
+            "fairseq-eval-lm",
+            lm_data["bin"],
+            "--user-dir",
+            "fairseq_distattn",
+            "--path",
+            checkpoint,
+            "--tokens-per-sample",
+            "64",
+            "--context-window",
+            str(context_window),
+            "--max-tokens",
+            "1024",
+        ],
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("context_window", [64, 100])
+def test_eval_lm_context_window_not_below_tokens_per_sample_is_refused(context_window, lm_data, tiny_lm_checkpoint):
+    """fairseq-eval-lm scores blocks of --tokens-per-sample minus --context-window tokens:
+    none are left (ZeroDivisionError, or a negative block size deep in the data code)."""
+    proc = eval_lm(lm_data, tiny_lm_checkpoint, context_window)
+    assert_refused(proc, "--context-window", ["--tokens-per-sample 64"], None, prog="fairseq-eval-lm")
+
+
+def test_eval_lm_context_window_below_tokens_per_sample_scores(lm_data, tiny_lm_checkpoint):
+    proc = eval_lm(lm_data, tiny_lm_checkpoint, 63)
+    assert proc.returncode == 0 and "Perplexity" in proc.stdout + proc.stderr, proc.stderr[-3000:]
 
 
 def test_the_table_covers_every_plugin_flag():

@@ -5,11 +5,16 @@ the result of k = L - 1 (the rows of the [2k+1, D] tables that no distance
 reaches get no gradient), and the work must depend on the sequence, not on k.
 """
 
+import argparse
+
 import pytest
 import torch
 
 from fairseq_distattn import functional as DF
 from fairseq_distattn.functional.relative_position import rows_within_reach
+from fairseq_distattn.spec import DECODER_SELF, ENCODER_SELF, MechanismOptions, SpecError
+
+from .model_helpers import TINY, translation_model
 
 LENGTH, HEADS, DIM = 7, 2, 4
 
@@ -85,6 +90,35 @@ def test_the_tables_are_cut_to_the_longest_distance_of_the_call():
     assert rows_within_reach(keys, values, 1000, 2000, 2000, 0)[0] is keys
 
 
+def test_k_is_checked_against_the_longest_sequence_of_each_stack_that_uses_rpr():
+    options = MechanismOptions.from_args(argparse.Namespace(max_relative_position=16), 1024)
+    with pytest.raises(SpecError) as error:
+        options.check_kind(ENCODER_SELF, ["vanilla", "rpr"], 4, "--max-source-positions")
+    message = str(error.value)
+    assert message.startswith("argument --max-relative-position: invalid value '16'")
+    assert "--encoder-self-attention uses rpr" in message and "(--max-source-positions 4)" in message
+    options.check_kind(ENCODER_SELF, ["vanilla", "da"], 4, "--max-source-positions")  # no rpr there
+    options.check_kind(DECODER_SELF, ["rpr", "rpr"], 16, "--max-target-positions")  # k = the stack's length
+    with pytest.raises(SpecError, match=r"\(--max-target-positions 15\)"):
+        options.check_kind(DECODER_SELF, ["rpr", "vanilla"], 15, "--max-target-positions")
+
+
+def test_a_short_source_side_does_not_bound_k_of_the_decoder():
+    """--max-source-positions bounds only the encoder's k: rpr in the decoder alone builds."""
+    extra = [*TINY, "--decoder-self-attention", "rpr", "--max-relative-position", "16"]
+    model, _ = translation_model(extra=[*extra, "--max-source-positions", "4", "--max-target-positions", "64"])
+    assert model.decoder.layers[0].self_attn.mechanism.relative_keys.shape[0] == 2 * 16 + 1
+
+
+def test_a_short_source_side_bounds_k_of_the_encoder(capsys):
+    extra = [*TINY, "--encoder-self-attention", "rpr@1", "--max-relative-position", "16"]
+    with pytest.raises(SystemExit) as stop:
+        translation_model(extra=[*extra, "--max-source-positions", "4"])
+    assert stop.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "argument --max-relative-position: invalid value '16'" in line and "--max-source-positions 4" in line
+
+
 def test_rpr_clipping_benchmark_reports_a_ratio_against_its_target(tmp_path, capsys):
     import json
 
@@ -114,3 +148,15 @@ def test_rpr_clipping_benchmark_reports_a_ratio_against_its_target(tmp_path, cap
     assert "throughput k=1024 / k=16" in lines[0] and lines[0].split()[-1] in ("PASS", "MISS")
     result = json.loads(out.read_text())
     assert result["target"] == 0.95 and result["train_ratio"]["median"] > 0 and result["op_ratio"]["n"] == 1
+
+
+def test_a_checkpoint_with_k_beyond_its_source_positions_trained_before_the_check_still_builds():
+    from fairseq.tasks.translation import TranslationTask
+
+    from .model_helpers import dictionary, parse
+
+    args = parse("translation", "distattn_transformer", [*TINY, "--encoder-self-attention", "rpr@1"])
+    args.max_relative_position, args.max_source_positions = 16, 4  # as a checkpoint from before the check
+    d = dictionary()
+    model = TranslationTask(args, d, d).build_model(args)
+    assert model.encoder.layers[1].self_attn.mechanism.relative_keys.shape[0] == 2 * 16 + 1

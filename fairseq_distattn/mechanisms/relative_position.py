@@ -25,7 +25,7 @@ def _clipping_distance(value, context):
             "--max-relative-position",
             value,
             f"larger than the longest sequence the model accepts ({context.max_positions} positions, "
-            "--max-source-positions/--max-target-positions), so no distance ever reaches it",
+            f"{context.positions_flag}), so no distance ever reaches it",
             f"an integer 1 <= K <= {context.max_positions}",
         )
     return value
@@ -65,6 +65,21 @@ class RelativePositionOptions:
 )
 class RelativePosition(Mechanism):
     """Shaw et al. 2018: [2k+1, D] key (and value) tables shared across heads."""
+
+    @classmethod
+    def check_options(cls, options, kind, layers):
+        # Each stack against its own longest sequence: an encoder of --max-source-positions 4 never
+        # sees a distance beyond 3, whatever --max-target-positions allows the decoder.
+        limit, k = kind.max_positions, options.max_relative_position
+        if kind.new_model and limit is not None and k > limit:
+            source = f" ({kind.positions_flag} {limit})" if kind.positions_flag else ""
+            raise SpecError(
+                "--max-relative-position",
+                k,
+                f"{kind.flag} uses rpr, and its sequences are at most {limit} positions long{source}, "
+                "so no distance ever reaches it",
+                f"an integer 1 <= K <= {limit}" + (f", or a larger {kind.positions_flag}" if source else ""),
+            )
 
     def __init__(self, config: MechanismConfig):
         super().__init__(config)

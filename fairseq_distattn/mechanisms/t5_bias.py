@@ -10,6 +10,7 @@ from ..functional.t5_bias import MAX_DISTANCE, NUM_BUCKETS
 from ..registry import (
     CROSS_KIND,
     DIFFERENT_SEQUENCES,
+    EVALUATION,
     SELF_ATTENTION,
     SpecError,
     option,
@@ -36,8 +37,8 @@ class T5BiasOptions:
     t5_bias_buckets: int = option(
         NUM_BUCKETS,
         "--t5-bias-buckets",
-        "t5-bias: relative position buckets per head, half of them per direction in the encoder (default: {default}, "
-        "T5's)",
+        "t5-bias: relative position buckets per head, half of them per direction in the encoder (so an even "
+        "number where the encoder uses t5-bias) (default: {default}, T5's)",
         convert=_buckets,
         type=int,
         metavar="N",
@@ -50,6 +51,7 @@ class T5BiasOptions:
         convert=positive_integer("--t5-bias-max-distance"),
         type=int,
         metavar="M",
+        role=EVALUATION,
     )
     t5_bias_per_layer: bool = option(
         False,
@@ -92,6 +94,23 @@ class T5Bias(Mechanism):
     a checkpoint stores under each layer's name); ``--t5-bias-per-layer``
     gives each layer its own. Initialised N(0, d_model^-1/2), as T5's
     implementations do."""
+
+    @classmethod
+    def check_options(cls, options, kind, layers):
+        # T5's _relative_position_bucket halves the buckets where they are bidirectional
+        # (num_buckets //= 2, one half per direction): of an odd count the last is never used.
+        # The decoder's causal buckets use every one, so an odd count is fine there.
+        buckets = options.t5_bias_buckets
+        if kind.new_model and not kind.causal and buckets % 2:
+            raise SpecError(
+                "--t5-bias-buckets",
+                buckets,
+                f"{kind.flag} uses t5-bias, whose bidirectional buckets are split into two halves of "
+                f"{buckets} // 2 = {buckets // 2} (T5's num_buckets //= 2), so bucket {buckets - 1} would never "
+                "be used",
+                f"an even integer >= 4 here ({buckets - 1} or {buckets + 1}); an odd one only where t5-bias "
+                "is in the decoder alone, whose causal buckets use every one",
+            )
 
     def __init__(self, config: MechanismConfig):
         super().__init__(config)

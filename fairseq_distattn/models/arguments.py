@@ -3,7 +3,9 @@
 import argparse
 import dataclasses
 import logging
+import math
 
+import torch
 from fairseq import options
 from fairseq.models import register_model_architecture
 
@@ -162,18 +164,173 @@ def plugin_architecture_for(fairseq_arch: str) -> str:
     )
 
 
+def _is_integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _divisors(n: int) -> str:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return ", ".join(str(d) for d in sorted({*small, *(n // d for d in small)}))
+
+
+def check_attention_heads(args, sides=("encoder", "decoder")):
+    """``--{side}-embed-dim`` and ``--{side}-attention-heads`` that fairseq's
+    ``MultiheadAttention`` can split (it asserts that the heads divide the width,
+    divides by their number, and scales by ``head_dim ** -0.5``, so a head needs
+    at least one dimension); raise SpecError otherwise. Values absent from
+    ``args`` are not checked."""
+    for side in sides:
+        dim_flag, heads_flag = f"--{side}-embed-dim", f"--{side}-attention-heads"
+        dim = getattr(args, f"{side}_embed_dim", None)
+        heads = getattr(args, f"{side}_attention_heads", None)
+        if dim is not None and (not _is_integer(dim) or dim < 1):
+            raise SpecError(
+                dim_flag,
+                dim,
+                "must be a positive integer (the model's width, which the attention heads split)",
+                "an integer >= 1",
+            )
+        if dim is None or heads is None:
+            continue
+        if not _is_integer(heads) or heads < 1 or dim % heads:
+            raise SpecError(
+                heads_flag,
+                heads,
+                f"must be a positive number that divides {dim_flag} {dim} (each head attends in "
+                f"{dim_flag} / {heads_flag} dimensions)",
+                f"a divisor of {dim}: {_divisors(dim)}",
+            )
+
+
+# fairseq's tasks by what their samples hold (class names: a task that subclasses one is one too)
+LANGUAGE_MODELING_TASKS = frozenset({"LanguageModelingTask", "MultilingualLanguageModelingTask", "DummyLMTask"})
+TRANSLATION_TASKS = frozenset({"TranslationTask", "TranslationMultiSimpleEpochTask", "DummyMTTask"})
+
+
+def _task_is(args, names) -> bool:
+    from fairseq.tasks import TASK_REGISTRY
+
+    task = TASK_REGISTRY.get(getattr(args, "task", None))
+    return task is not None and any(cls.__name__ in names for cls in task.__mro__)
+
+
+def check_model_and_task(args, model):
+    """Raise SpecError where ``--task`` cannot train the plugin model ``model``
+    (fairseq would fail with an AttributeError or TypeError once training starts),
+    or where a language model's positions are shorter than every training block
+    (fairseq would skip every block and fail on an empty batch list)."""
+    from fairseq.models import FairseqEncoderDecoderModel, FairseqLanguageModel
+
+    arch, task = args.arch, args.task
+    if issubclass(model, FairseqEncoderDecoderModel) and _task_is(args, LANGUAGE_MODELING_TASKS):
+        raise SpecError(
+            "--arch",
+            arch,
+            f"an encoder-decoder translation model, which --task {task} cannot train (its samples have "
+            "no source sentence to encode)",
+            f"--arch distattn_lm (or one of its presets) for --task {task}, or a translation task "
+            "(--task translation) for this model",
+        )
+    if issubclass(model, FairseqLanguageModel) and _task_is(args, TRANSLATION_TASKS):
+        raise SpecError(
+            "--arch",
+            arch,
+            f"a decoder-only language model, which --task {task} cannot train (its samples are pairs of "
+            "source and target sentences)",
+            f"--arch distattn_transformer (or one of its presets) for --task {task}, or --task "
+            "language_modeling for this model",
+        )
+    positions, block = getattr(args, "max_target_positions", None), getattr(args, "tokens_per_sample", None)
+    if (
+        issubclass(model, FairseqLanguageModel)
+        and _task_is(args, {"LanguageModelingTask"})
+        and getattr(args, "sample_break_mode", None) in (None, "none")
+        and _is_integer(positions)
+        and _is_integer(block)
+        and positions < block
+    ):
+        raise SpecError(
+            "--max-target-positions",
+            positions,
+            f"shorter than --tokens-per-sample {block}: with --sample-break-mode none every training block "
+            f"but the last has {block} tokens, and fairseq skips every block longer than the model accepts, "
+            "so no training data is left",
+            f"an integer >= {block}, or leave it out (it defaults to --tokens-per-sample)",
+        )
+
+
+def check_training_precision(args):
+    """Raise SpecError for a training precision that fairseq cannot run on this
+    machine, which it would find only once the model is built: ``--fp16`` keeps
+    its flattened float32 master weights on the current CUDA device, and
+    ``--bf16`` implies ``--tpu``, which needs torch_xla."""
+    import fairseq.utils
+
+    fp16_needs_cuda = (
+        getattr(args, "fp16", False)
+        and not getattr(args, "memory_efficient_fp16", False)
+        and not getattr(args, "fp16_no_flatten_grads", False)
+        and not getattr(args, "amp", False)
+        and getattr(args, "ddp_backend", None) != "fully_sharded"
+    )
+    if fp16_needs_cuda and not torch.cuda.is_available():
+        raise SpecError(
+            "--fp16",
+            True,
+            "fairseq's --fp16 keeps a float32 copy of the weights on the current CUDA device, and CUDA is "
+            "not available here",
+            "float32 (no --fp16) without CUDA; --memory-efficient-fp16 and --fp16 --fp16-no-flatten-grads "
+            "keep no such copy and also run on CPU",
+        )
+    if getattr(args, "tpu", False) and getattr(fairseq.utils, "xm", None) is None:
+        if getattr(args, "memory_efficient_bf16", False):
+            flag, problem = "--memory-efficient-bf16", "implies --bf16, which in fairseq 0.12 implies --tpu"
+        elif getattr(args, "bf16", False):
+            flag, problem = "--bf16", "fairseq 0.12's --bf16 implies --tpu (bfloat16 training is for TPUs)"
+        else:
+            flag, problem = "--tpu", "TPU training"
+        raise SpecError(
+            flag,
+            True,
+            f"{problem}, which needs torch_xla, and torch_xla is not installed",
+            "float32 (leave it out), or on CUDA --fp16 or --amp",
+        )
+
+
+def check_evaluation_args(args):
+    """fairseq-eval-lm's ``--context-window`` against ``--tokens-per-sample``:
+    each scored block has ``tokens_per_sample - context_window`` new tokens, so a
+    window that is not smaller leaves no block (fairseq then fails deep in its
+    data code, with a ZeroDivisionError or a negative block size)."""
+    window, block = getattr(args, "context_window", None), getattr(args, "tokens_per_sample", None)
+    if _is_integer(window) and _is_integer(block) and window > 0 and window >= block:
+        raise SpecError(
+            "--context-window",
+            window,
+            f"not smaller than --tokens-per-sample {block}: fairseq-eval-lm scores blocks of --tokens-per-sample "
+            "minus --context-window new tokens, each after that much context, so none would be left",
+            f"an integer 0 <= C < {block} (--tokens-per-sample / 2 is common), or a larger --tokens-per-sample",
+        )
+
+
 def check_parsed_args(args):
     """Validate the plugin's flags as soon as fairseq-train has parsed them:
     before any data is loaded or directory written, and also when ``--arch``
-    names a model that is not the plugin's, which would silently ignore them."""
+    names a model that is not the plugin's, which would silently ignore them.
+    Also the flags fairseq itself would reject only with a traceback later on:
+    fairseq-eval-lm's context window, an impossible training precision, and,
+    for the plugin's models, a task that cannot train them."""
     from fairseq.models import ARCH_MODEL_REGISTRY
 
+    build_or_exit(lambda: check_evaluation_args(args), args)
     arch = getattr(args, "arch", None)
     model = ARCH_MODEL_REGISTRY.get(arch)
     if model is None:
         return
     if hasattr(model, "check_attention_args"):
+        build_or_exit(lambda: check_model_and_task(args, model), args)
         build_or_exit(lambda: model.check_attention_args(args), args)
+        build_or_exit(lambda: check_training_precision(args), args)
         warn_about_unused_options(args)
         return
     for flag, value in plugin_flags_given(args):
@@ -185,6 +342,7 @@ def check_parsed_args(args):
                 f"this flag with {plugin_architecture_for(arch)}",
             )
         )
+    build_or_exit(lambda: check_training_precision(args), args)
 
 
 def warn_about_unused_options(args):
@@ -225,6 +383,7 @@ __all__ = [
     "set_distattn_defaults",
     "register_architecture",
     "build_or_exit",
+    "check_attention_heads",
     "ENCODER_SELF",
     "DECODER_SELF",
     "CROSS",

@@ -19,6 +19,7 @@ from .arguments import (
     ENCODER_SELF,
     add_distattn_args,
     build_or_exit,
+    check_attention_heads,
     register_architecture,
     set_distattn_defaults,
 )
@@ -53,8 +54,10 @@ class DistAttnLanguageModel(TransformerLanguageModel):
         add_distattn_args(parser, (DECODER_SELF,))
 
     @classmethod
-    def check_attention_args(cls, args):
-        """Raise SpecError for any bad attention flag (what building would find)."""
+    def check_attention_args(cls, args, new_model: bool = True):
+        """Raise SpecError for any bad attention flag (what building would find); ``new_model``:
+        False where the model is built, maybe from a checkpoint trained before a check was added."""
+        check_attention_heads(args, ("decoder",))
         set_distattn_defaults(args)
         for kind in (ENCODER_SELF, CROSS):  # listed by --help for every model, but the LM has neither
             spec = getattr(args, kind.flag[2:].replace("-", "_"))
@@ -66,16 +69,19 @@ class DistAttnLanguageModel(TransformerLanguageModel):
                     "vanilla (or leave it out)",
                 )
         # fairseq's LM build_model takes the positions from --tokens-per-sample when not given
-        max_target_positions = getattr(args, "max_target_positions", None) or getattr(args, "tokens_per_sample", None)
+        max_target_positions = getattr(args, "max_target_positions", None)
+        positions_flag = "--max-target-positions"
+        if not max_target_positions:
+            max_target_positions, positions_flag = getattr(args, "tokens_per_sample", None), "--tokens-per-sample"
         cfg = TransformerConfig.from_namespace(
             Namespace(**{**vars(args), "max_target_positions": max_target_positions})
         )
-        decoder_plans(cfg, no_encoder_attn=True, decoder_only=True)
+        decoder_plans(cfg, no_encoder_attn=True, decoder_only=True, target_flag=positions_flag, new_model=new_model)
 
     @classmethod
     def build_model(cls, args, task):
         def build():
-            cls.check_attention_args(args)
+            cls.check_attention_args(args, new_model=False)
             with _decoder_class(DistAttnLanguageModelDecoder):
                 return super(DistAttnLanguageModel, cls).build_model(args, task)
 

@@ -12,6 +12,7 @@ from .arguments import (
     ENCODER_SELF,
     add_distattn_args,
     build_or_exit,
+    check_attention_heads,
     register_architecture,
     set_distattn_defaults,
 )
@@ -30,10 +31,11 @@ class DistAttnTransformerModel(TransformerModel):
     @classmethod
     def check_attention_args(cls, args):
         """Raise SpecError for any bad attention flag (what building would find)."""
+        check_attention_heads(args, ("encoder", "decoder"))
         set_distattn_defaults(args)
         cfg = TransformerConfig.from_namespace(args)
-        encoder_plans(cfg)
-        decoder_plans(cfg, no_encoder_attn=cfg.no_cross_attention)
+        encoder_plans(cfg, new_model=True)
+        decoder_plans(cfg, no_encoder_attn=cfg.no_cross_attention, new_model=True)
 
     @classmethod
     def build_model(cls, args, task):
