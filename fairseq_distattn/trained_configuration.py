@@ -126,7 +126,13 @@ def differences(first: Mapping[str, Any], second: Mapping[str, Any]) -> List[Tup
 def describe_differences(found: List[Tuple[str, Any, Any]], second: str) -> str:
     """``--encoder-self-attention alibi (this command: vanilla), ...``: the first side's
     values, with ``second`` naming the other side in parentheses."""
-    return ", ".join(f"{name} {shown(a)} ({second}: {shown(b)})" for name, a, b in found)
+    return ", ".join(f"{name} {shown(a)} ({second}: {shown(b)})" for name, a, b in named(found))
+
+
+def named(found: List[Tuple[str, Any, Any]]) -> List[Tuple[str, Any, Any]]:
+    """The differences worth naming: an option only one side has comes with a mechanism
+    only one side uses, which is named already."""
+    return [(name, a, b) for name, a, b in found if NOT_SET not in (a, b)] or found
 
 
 def shown(value) -> str:
@@ -161,7 +167,7 @@ def check_overrides(
     changed = [found for found in differences(before, after) if found[0] not in _evaluation_flags()]
     if not changed:
         return
-    listed = ", ".join(f"{name} {shown(a)} -> {shown(b)}" for name, a, b in changed)
+    listed = ", ".join(f"{name} {shown(a)} -> {shown(b)}" for name, a, b in named(changed))
     raise SpecError(
         "--model-overrides",
         dict(overrides or {}),

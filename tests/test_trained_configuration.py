@@ -89,6 +89,20 @@ def test_every_mechanism_differs_from_vanilla_and_from_itself_elsewhere(mechanis
     assert {name for name, _, _ in differences(trained, settings(moved))} >= set(kinds)
 
 
+def test_a_message_names_a_swapped_mechanism_not_the_options_only_one_side_has():
+    from fairseq_distattn.trained_configuration import describe_differences
+
+    alibi = settings(["--encoder-self-attention", "alibi"])
+    da = settings(["--encoder-self-attention", "da"])
+    assert ("--da-mapping", "not set", "learnable-sigmoid") in differences(alibi, da)
+    assert describe_differences(differences(alibi, da), "this command") == (
+        "--encoder-self-attention alibi (this command: da)"
+    )
+    with pytest.raises(SpecError) as refused:
+        check_overrides(alibi, da, {"encoder_self_attention": "da"})
+    assert "(--encoder-self-attention alibi -> da);" in str(refused.value)
+
+
 def test_positions_and_the_model_are_compared_too():
     trained = settings(["--encoder-self-attention", "alibi"])
     without_positions = settings(["--encoder-self-attention", "alibi", "--no-token-positional-embeddings"])

@@ -287,7 +287,8 @@ def autocast_enabled(device: torch.device) -> bool:
 
 def _describe(value) -> str:
     if isinstance(value, Tensor):
-        return f"a {str(value.dtype).replace('torch.', '')} tensor of shape {tuple(value.shape)}"
+        dtype = str(value.dtype).replace("torch.", "")
+        return f"{'an' if dtype[0] in 'aeiou' else 'a'} {dtype} tensor of shape {tuple(value.shape)}"
     return repr(value)
 
 
