@@ -21,7 +21,7 @@ from pathlib import Path
 from .checkpoint_guards import PLUGIN_MODELS, model_config, model_name, read_checkpoint, settings_of
 from .registry import EVALUATION, RUNTIME, TRAINED, SpecError, option_flag
 from .spec import MechanismOptions
-from .trained_configuration import LANGUAGE_MODELS, MODEL, check_overrides, shown
+from .trained_configuration import MODEL, attention_kinds, check_overrides, option_value, shown
 
 PLUGIN_DIR = Path(__file__).resolve().parent
 COMMANDS = "fairseq-generate, fairseq-interactive, fairseq-validate, fairseq-eval-lm and fairseq-train (to resume)"
@@ -30,14 +30,12 @@ COMMANDS = "fairseq-generate, fairseq-interactive, fairseq-validate, fairseq-eva
 def attention_summary(config):
     """Lines naming the mechanism of every layer of each attention kind, the absolute
     positions and every option it runs with, by what they are to the trained model."""
-    from .spec import CROSS, DECODER_SELF, ENCODER_SELF, parse_spec
+    from .spec import parse_spec
 
-    name = model_name(config)
     lines = []
-    kinds = [(ENCODER_SELF, "encoder_layers"), (DECODER_SELF, "decoder_layers"), (CROSS, "decoder_layers")]
-    for kind, layers_attr in kinds:
-        spec, num_layers = getattr(config, kind.flag[2:].replace("-", "_"), None), getattr(config, layers_attr, None)
-        if num_layers is None or (kind is not DECODER_SELF and name in LANGUAGE_MODELS):
+    for kind, layers_attr in attention_kinds(model_name(config)):
+        spec, num_layers = getattr(config, kind.attr, None), getattr(config, layers_attr, None)
+        if num_layers is None:
             continue
         layers = parse_spec(kind, spec or "vanilla", num_layers)
         lines.append(f"  {kind.description}: " + ", ".join(f"{i}={mechanism}" for i, mechanism in enumerate(layers)))
@@ -55,8 +53,7 @@ def attention_summary(config):
     for field in dataclasses.fields(MechanismOptions):
         flag = option_flag(field)
         if flag.role == RUNTIME:
-            value = getattr(config, flag.attr, None)
-            by_role[RUNTIME].append(f"{flag.flag} {shown(flag.arg_default if value is None else value)}")
+            by_role[RUNTIME].append(f"{flag.flag} {shown(option_value(config, flag.attr))}")
         elif flag.flag in settings:
             by_role[flag.role].append(f"{flag.flag} {shown(settings[flag.flag])}")
     for role, heading in ROLE_HEADINGS.items():

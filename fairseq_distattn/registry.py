@@ -145,13 +145,14 @@ def option_flag(field: dataclasses.Field) -> OptionFlag:
     return field.metadata[OPTION_METADATA]
 
 
-def _is_integer(value) -> bool:
+def is_integer(value) -> bool:
+    """An int that is not a bool (argparse and omegaconf give both)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def positive_integer(flag: str) -> Callable[[Any, OptionContext], int]:
     def convert(value, context):
-        if not _is_integer(value) or value <= 0:
+        if not is_integer(value) or value <= 0:
             raise SpecError(flag, value, "must be a positive integer", "an integer >= 1")
         return value
 

@@ -31,6 +31,7 @@ from .registry import (  # noqa: F401 (SpecError and FLOAT32_MAX are re-exported
     TRAINED,
     OptionContext,
     SpecError,
+    is_integer,
     one_of,
     option,
     option_classes,
@@ -57,6 +58,11 @@ class AttentionKind:
     new_model: bool = dataclasses.field(default=True, compare=False)
 
     @property
+    def attr(self) -> str:
+        """The parsed arguments' attribute of its SPEC flag (``encoder_self_attention``)."""
+        return self.flag[2:].replace("-", "_")
+
+    @property
     def allowed(self) -> FrozenSet[str]:
         """ "vanilla" and the mechanisms that declare this kind."""
         return frozenset({"vanilla", *(info.name for info in registered() if self.key in info.kinds)})
@@ -69,10 +75,6 @@ ENCODER_SELF = AttentionKind(ENCODER_SELF_KIND, "--encoder-self-attention", "enc
 DECODER_SELF = AttentionKind(DECODER_SELF_KIND, "--decoder-self-attention", "decoder self-attention", causal=True)
 CROSS = AttentionKind(CROSS_KIND, "--cross-attention", "encoder-decoder cross-attention", causal=False)
 KINDS = (ENCODER_SELF, DECODER_SELF, CROSS)
-
-
-def _is_integer(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def exit_on_spec_error(error: SpecError):
@@ -254,7 +256,7 @@ def parse_spec(kind: AttentionKind, spec: Optional[str], num_layers: int) -> Lis
 
 
 def _recompute_length(value, context):
-    if not _is_integer(value) or value < 0:
+    if not is_integer(value) or value < 0:
         raise SpecError(
             "--attention-recompute-length",
             value,

@@ -26,6 +26,7 @@ from .spec import (
     DECODER_SELF,
     ENCODER_SELF,
     OPTION_CLASSES,
+    MechanismOptions,
     _option_fields,
     option_users,
     parse_spec,
@@ -51,15 +52,11 @@ def canonical_spec(layers: List[str]) -> str:
     return ",".join(runs)
 
 
-def _kinds_of(model: str):
+def attention_kinds(model: str):
     """``(kind, the config attribute holding its layer count)`` of a model's attention kinds."""
     if model in LANGUAGE_MODELS:
         return ((DECODER_SELF, "decoder_layers"),)
     return ((ENCODER_SELF, "encoder_layers"), (DECODER_SELF, "decoder_layers"), (CROSS, "decoder_layers"))
-
-
-def _spec_attr(kind) -> str:
-    return kind.flag[2:].replace("-", "_")
 
 
 def _position_settings(config, model: str) -> Dict[str, Any]:
@@ -77,8 +74,8 @@ def trained_settings(config, model: str) -> Dict[str, Any]:
     everywhere, so a plugin checkpoint and a fairseq command compare too."""
     settings: Dict[str, Any] = {MODEL: model}
     specs = {}
-    for kind, layers_attr in _kinds_of(model):
-        spec, num_layers = getattr(config, _spec_attr(kind), None), getattr(config, layers_attr, None)
+    for kind, layers_attr in attention_kinds(model):
+        spec, num_layers = getattr(config, kind.attr, None), getattr(config, layers_attr, None)
         if spec in (None, "vanilla") or num_layers is None:
             specs[kind.flag] = "vanilla"
         else:
@@ -92,19 +89,22 @@ def trained_settings(config, model: str) -> Dict[str, Any]:
             continue
         if flag.only_with is not None:
             attr, needed = flag.only_with
-            if _value(config, attr) != needed:
+            if option_value(config, attr) != needed:
                 continue
-        settings[flag.flag] = _value(config, flag.attr)
+        settings[flag.flag] = option_value(config, flag.attr)
     return settings
 
 
-def _value(config, attr: str):
+# attribute -> the value fairseq's namespace holds when the flag is absent, of every option
+_DEFAULTS = {option_flag(field).attr: option_flag(field).arg_default for field in dataclasses.fields(MechanismOptions)}
+
+
+def option_value(config, attr: str):
     """An option's value in ``config``; a checkpoint from before the option existed ran with its default."""
-    defaults = {option_flag(field).attr: option_flag(field).arg_default for field in _option_fields()}
     value = getattr(config, attr, None)
     if value is None:
-        return defaults[attr]
-    if isinstance(defaults[attr], float) and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return _DEFAULTS[attr]
+    if isinstance(_DEFAULTS[attr], float) and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)  # 1 and 1.0 are the same alpha
     return value
 

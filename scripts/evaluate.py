@@ -341,26 +341,17 @@ def score_generate_output(generate_file: Path, setup: Setup, args, out_dir: Path
 
 
 def load_checkpoint_state(path: Path):
-    """A checkpoint's contents, loaded the safe way (``weights_only=True`` with the
-    plugin's allow-list of fairseq's config classes, as fairseq_distattn.check does);
-    its tensors are memory-mapped, not read."""
+    """A checkpoint's contents, loaded as fairseq_distattn.check loads them (weights-only,
+    with the plugin's allow-list of fairseq's config classes; tensors memory-mapped)."""
     if str(REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(REPO_ROOT))  # fairseq_distattn, also where it is not installed
-    import torch
-
     from fairseq_distattn.check import failure_reason
-    from fairseq_distattn.checkpoint_loading import allow_fairseq_checkpoints
+    from fairseq_distattn.checkpoint_guards import read_checkpoint
 
     if not path.is_file():
         raise EvalError(f"checkpoint {path} not found")
-    allow_fairseq_checkpoints()
     try:
-        try:
-            return torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
-        except (RuntimeError, TypeError) as error:  # mmap needs torch's zip format (and torch >= 2.1)
-            if "mmap" not in str(error):
-                raise
-            return torch.load(str(path), map_location="cpu", weights_only=True)
+        return read_checkpoint(path)
     except Exception as error:  # any reason a checkpoint cannot be read is reported the same way
         raise EvalError(f"cannot read checkpoint {path}: {failure_reason(error)}")
 

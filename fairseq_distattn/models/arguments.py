@@ -9,7 +9,7 @@ import torch
 from fairseq import options
 from fairseq.models import register_model_architecture
 
-from ..registry import option_flag
+from ..registry import is_integer, option_flag
 from ..spec import (
     CROSS,
     DECODER_SELF,
@@ -75,7 +75,7 @@ def show_flags_in_fairseq_help():
     options.add_model_args = add_model_args
 
 
-SPEC_ATTRIBUTES = {kind.flag[2:].replace("-", "_"): kind for kind in KINDS}
+SPEC_ATTRIBUTES = {kind.attr: kind for kind in KINDS}
 # the command-line side of every field of MechanismOptions
 OPTION_FLAGS = tuple(option_flag(field) for field in dataclasses.fields(MechanismOptions))
 # attribute -> default of every option flag (the SPEC flags default to "vanilla")
@@ -164,10 +164,6 @@ def plugin_architecture_for(fairseq_arch: str) -> str:
     )
 
 
-def _is_integer(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _divisors(n: int) -> str:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return ", ".join(str(d) for d in sorted({*small, *(n // d for d in small)}))
@@ -183,7 +179,7 @@ def check_attention_heads(args, sides=("encoder", "decoder")):
         dim_flag, heads_flag = f"--{side}-embed-dim", f"--{side}-attention-heads"
         dim = getattr(args, f"{side}_embed_dim", None)
         heads = getattr(args, f"{side}_attention_heads", None)
-        if dim is not None and (not _is_integer(dim) or dim < 1):
+        if dim is not None and (not is_integer(dim) or dim < 1):
             raise SpecError(
                 dim_flag,
                 dim,
@@ -192,7 +188,7 @@ def check_attention_heads(args, sides=("encoder", "decoder")):
             )
         if dim is None or heads is None:
             continue
-        if not _is_integer(heads) or heads < 1 or dim % heads:
+        if not is_integer(heads) or heads < 1 or dim % heads:
             raise SpecError(
                 heads_flag,
                 heads,
@@ -245,8 +241,8 @@ def check_model_and_task(args, model):
         issubclass(model, FairseqLanguageModel)
         and _task_is(args, {"LanguageModelingTask"})
         and getattr(args, "sample_break_mode", None) in (None, "none")
-        and _is_integer(positions)
-        and _is_integer(block)
+        and is_integer(positions)
+        and is_integer(block)
         and positions < block
     ):
         raise SpecError(
@@ -303,7 +299,7 @@ def check_evaluation_args(args):
     window that is not smaller leaves no block (fairseq then fails deep in its
     data code, with a ZeroDivisionError or a negative block size)."""
     window, block = getattr(args, "context_window", None), getattr(args, "tokens_per_sample", None)
-    if _is_integer(window) and _is_integer(block) and window > 0 and window >= block:
+    if is_integer(window) and is_integer(block) and window > 0 and window >= block:
         raise SpecError(
             "--context-window",
             window,

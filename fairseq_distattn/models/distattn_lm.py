@@ -60,7 +60,7 @@ class DistAttnLanguageModel(TransformerLanguageModel):
         check_attention_heads(args, ("decoder",))
         set_distattn_defaults(args)
         for kind in (ENCODER_SELF, CROSS):  # listed by --help for every model, but the LM has neither
-            spec = getattr(args, kind.flag[2:].replace("-", "_"))
+            spec = getattr(args, kind.attr)
             if spec != "vanilla":
                 raise SpecError(
                     kind.flag,
