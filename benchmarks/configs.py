@@ -232,7 +232,7 @@ LM_FLOORS = [
 def mechanism_config(mechanism: str) -> Config:
     """``distattn_transformer_wmt_en_de`` with ``mechanism`` in every layer of
     every attention kind that allows it (the rest stays vanilla)."""
-    from fairseq_distattn.spec import CROSS, DECODER_SELF, ENCODER_SELF
+    from fairseq_distattn.registry import CROSS, DECODER_SELF, ENCODER_SELF
 
     flags: List[str] = []
     where = []

@@ -45,7 +45,7 @@ from benchmarks.quality import (  # noqa: E402
     tool,
     translation_args,
 )
-from benchmarks.readme_blocks import update_readme  # noqa: E402
+from fairseq_distattn.tools.generated_blocks import update_readme  # noqa: E402
 
 sys.path.insert(0, str(REPO_ROOT / "scripts" / "lib"))
 import mt_eval  # noqa: E402

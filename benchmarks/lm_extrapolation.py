@@ -50,7 +50,7 @@ from benchmarks.common import (  # noqa: E402
 )
 from benchmarks.lm_quality import DEFAULT_WORK, eval_lm, lm_configs, run_env  # noqa: E402
 from benchmarks.quality import log, mean_std  # noqa: E402
-from benchmarks.readme_blocks import update_readme  # noqa: E402
+from fairseq_distattn.tools.generated_blocks import update_readme  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "lm_extrapolation"
 LENGTHS = (64, 128, 256, 512)

@@ -76,7 +76,7 @@ from benchmarks.quality import (  # noqa: E402
     tool,
     training_wall_seconds,
 )
-from benchmarks.readme_blocks import update_readme  # noqa: E402
+from fairseq_distattn.tools.generated_blocks import update_readme  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "lm_quality"
 DEFAULT_WORK = REPO_ROOT / "work" / "lm_quality"

@@ -67,7 +67,7 @@ def movement(checkpoint: Path, data_dir: Optional[str] = None) -> Dict[str, Dict
     from fairseq import checkpoint_utils
 
     import fairseq_distattn.models  # noqa: F401  (registers the models, allow-lists checkpoint objects)
-    from fairseq_distattn.check import failure_reason
+    from fairseq_distattn.tools.check import failure_reason
 
     try:
         state = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint))

@@ -238,7 +238,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     markdown = report()
     print(markdown)
     if args.write:
-        from .readme_blocks import update_readme
+        from fairseq_distattn.tools.generated_blocks import update_readme
 
         RESULTS.write_text(markdown, encoding="utf-8")
         update_readme(RESULTS)

@@ -47,7 +47,7 @@ from benchmarks.common import (  # noqa: E402
     git_revision,
     scale_results,
 )
-from benchmarks.readme_blocks import update_readme  # noqa: E402
+from fairseq_distattn.tools.generated_blocks import update_readme  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "quality"
 DEFAULT_WORK = REPO_ROOT / "work" / "quality"

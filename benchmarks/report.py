@@ -687,7 +687,7 @@ def write_summary(results_path, out_dir=None) -> str:
     import json
     from pathlib import Path
 
-    from .readme_blocks import update_readme
+    from fairseq_distattn.tools.generated_blocks import update_readme
 
     results_path = Path(results_path)
     results = json.loads(results_path.read_text(encoding="utf-8"))

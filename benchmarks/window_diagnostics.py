@@ -232,7 +232,7 @@ class SiteStatistics:
 
     def add(self, probs: Tensor, window, inputs: Optional[WindowInputs]):
         """``probs`` ``[H, Tq, Tk]`` as the model weighted the values; ``window``
-        the recorder's :class:`fairseq_distattn.inspect.WindowInternals` or None."""
+        the recorder's :class:`fairseq_distattn.tools.inspection.WindowInternals` or None."""
         heads, tgt_len, src_len = probs.shape
         visible = visible_keys(self.kind, tgt_len, src_len)
         if bool((probs.masked_fill(visible, 0.0) != 0).any()):
@@ -307,7 +307,7 @@ class SiteStatistics:
 
 @dataclass
 class Example:
-    """One sentence pair, reference target forced (see :class:`fairseq_distattn.inspect.Example`)."""
+    """One sentence pair, reference target forced (see :class:`fairseq_distattn.tools.inspection.Example`)."""
 
     source: Tensor
     decoder_input: Tensor
@@ -316,8 +316,8 @@ class Example:
 
 def measure(model, examples: Sequence) -> List[Dict[str, object]]:
     """Per attention site (encoder self, decoder self, cross; by layer), the pooled diagnostics."""
-    from fairseq_distattn import inspect as tool
-    from fairseq_distattn.summary import attention_sites
+    from fairseq_distattn.modules.summary import attention_sites
+    from fairseq_distattn.tools import inspection as tool
 
     sites = attention_sites(model)
     statistics_by_site = {site: SiteStatistics.of_site(site) for site in sites}
@@ -356,8 +356,8 @@ def masking_checks(model, examples: Sequence[Example], pad: int, left_pad_source
     own training path), ``fused_vs_recorded`` (need_weights=False paths, fused
     for AW, vs the weights-returning path the diagnostics read),
     ``incremental_vs_forced`` (step-by-step decoding with the cache vs teacher forcing)."""
-    from fairseq_distattn import inspect as tool
-    from fairseq_distattn.summary import attention_sites
+    from fairseq_distattn.modules.summary import attention_sites
+    from fairseq_distattn.tools import inspection as tool
 
     examples = list(examples)[:CHECK_SENTENCES]
     result = {"batched_vs_single": 0.0, "fused_vs_recorded": 0.0, "incremental_vs_forced": 0.0}
@@ -407,7 +407,7 @@ def load_pair(checkpoint: Path, data: Path):
     from fairseq import checkpoint_utils
 
     from benchmarks.parameter_movement import initial_state
-    from fairseq_distattn import inspect as tool
+    from fairseq_distattn.tools import inspection as tool
 
     options = argparse.Namespace(data=data, source_lang=None, target_lang=None, device=torch.device("cpu"))
     loaded = tool.load_model(checkpoint, options)
@@ -419,7 +419,7 @@ def load_pair(checkpoint: Path, data: Path):
 
 def split_examples(model, task, split: str, count: int) -> List[Example]:
     """The first ``count`` sentence pairs of ``split``, reference targets forced."""
-    from fairseq_distattn import inspect as tool
+    from fairseq_distattn.tools import inspection as tool
 
     loaded = tool.LoadedModel(model, task, "")
     return [Example(e.source, e.decoder_input, e.target) for e in tool.subset_examples(loaded, split, count)]
@@ -507,7 +507,7 @@ def tiny_examples(dictionary, count: int, seed: int = 2) -> List[Example]:
 
 def window_layer_share(model) -> Dict[str, Tuple[int, int]]:
     """``{kind: (window layers, layers)}``."""
-    from fairseq_distattn.summary import attention_sites
+    from fairseq_distattn.modules.summary import attention_sites
 
     share: Dict[str, Tuple[int, int]] = {}
     for site in attention_sites(model):

@@ -27,12 +27,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional, Tuple
 
+# The attention kinds by key: what a mechanism declares it supports (``kinds=SELF_ATTENTION``);
+# everything else about a kind is in its AttentionKind below.
 ENCODER_SELF_KIND = "encoder-self"
 DECODER_SELF_KIND = "decoder-self"
 CROSS_KIND = "cross"
-KINDS = (ENCODER_SELF_KIND, DECODER_SELF_KIND, CROSS_KIND)
 SELF_ATTENTION = frozenset({ENCODER_SELF_KIND, DECODER_SELF_KIND})
-ALL_KINDS = frozenset(KINDS)
+ALL_KINDS = frozenset({ENCODER_SELF_KIND, DECODER_SELF_KIND, CROSS_KIND})
 # why a mechanism that needs query and key positions on one axis has no cross-attention form
 DIFFERENT_SEQUENCES = "queries and keys come from different sequences"
 
@@ -300,48 +301,69 @@ def option_classes() -> Tuple[type, ...]:
     return tuple(classes)
 
 
-# --------------------------------------------------------------------------- README table
-
-KIND_LABELS = {ENCODER_SELF_KIND: "encoder self", DECODER_SELF_KIND: "decoder self", CROSS_KIND: "cross"}
-MECHANISM_TABLE = "docs/mechanisms.md"  # relative to the repository; copied into README.md
+# --------------------------------------------------------------------------- attention kinds
 
 
-def mechanism_table() -> str:
-    """The mechanism table of the README, from the registry (Markdown, with a title)."""
-    lines = [
-        "# Mechanisms",
-        "",
-        "| MECH | mechanism | paper | attention kinds | fused path (SDPA) | flex_attention (CUDA) "
-        "| recomputed in row blocks | options |",
-        "|---|---|---|---|---|---|---|---|",
-        "| `vanilla` | fairseq's scaled dot-product attention | Vaswani et al. 2017 | all | fairseq's | - | - | - |",
-    ]
-    for info in registered():
-        kinds = ", ".join(KIND_LABELS[kind] for kind in KINDS if kind in info.kinds)
-        kinds += "".join(f"; not {KIND_LABELS[kind]}: {reason}" for kind, reason in sorted(info.unsupported.items()))
-        flags = ", ".join(f"`{option_flag(field).flag}`" for field in info.option_fields()) or "-"
-        cells = [
-            f"`{info.name}`",
-            info.description,
-            info.paper,
-            kinds,
-            info.fused or "no",
-            info.flex or "no",
-            ("only with weights" if info.small_fused_bias else "yes") if info.row_wise else "no (not row-wise)",
-            flags,
-        ]
-        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
-    lines += [
-        "",
-        "*Fused path*: with `need_weights=False` (training, generation) the mechanism runs as one "
-        "`F.scaled_dot_product_attention` with an additive bias. *flex_attention*: on CUDA, for full sequences "
-        "without weights and without attention dropout, the mechanism's bias or score modification, a table "
-        "read inside `score_mod`, runs in compiled `torch.nn.attention.flex_attention` (no attention matrix "
-        "is kept, only what the mechanism itself builds, such as MW's window M; it takes precedence over the "
-        "fused path). *Recomputed in row blocks*: from "
-        "`--attention-recompute-length` on, a training step recomputes the mechanism in blocks of query rows "
-        "instead of keeping `[B, H, Tq, Tk]` tensors for backward: row-wise mechanisms only, and not where the "
-        "fused path keeps only a bias without a batch dimension (so only when the weights are needed) nor where "
-        "the flex path runs.",
-    ]
-    return "\n".join(lines) + "\n"
+@dataclass(frozen=True)
+class AttentionKind:
+    """One attention kind, everything the package says of it: its key (what mechanisms
+    declare, and the file-name form), SPEC flag, names, causality, the config attribute
+    holding its layer count, and whether the language model has it."""
+
+    key: str
+    flag: str
+    description: str  # "encoder self-attention"
+    label: str  # "encoder self": a table column's name
+    causal: bool
+    layers_attr: str  # the model config's number of layers of this kind
+    in_language_model: bool
+    # The stack of this kind that MechanismOptions.check_kind checks: the longest sequence its layers
+    # attend over and the flag that sets it (None: unknown). Not part of the kind's identity.
+    max_positions: Optional[int] = dataclasses.field(default=None, compare=False)
+    positions_flag: str = dataclasses.field(default="", compare=False)
+    # Whether the model is new (fairseq-train's flags) rather than rebuilt from a checkpoint: checks
+    # added after checkpoints were trained refuse only new models, so that those checkpoints still load.
+    new_model: bool = dataclasses.field(default=True, compare=False)
+
+    @property
+    def attr(self) -> str:
+        """The parsed arguments' attribute of its SPEC flag (``encoder_self_attention``)."""
+        return self.flag[2:].replace("-", "_")
+
+    @property
+    def allowed(self) -> FrozenSet[str]:
+        """ "vanilla" and the mechanisms that declare this kind."""
+        return frozenset({"vanilla", *(info.name for info in registered() if self.key in info.kinds)})
+
+    def disallowed_reason(self, mechanism: str) -> str:
+        return REGISTRY[mechanism].unsupported[self.key]
+
+
+ENCODER_SELF = AttentionKind(
+    ENCODER_SELF_KIND,
+    "--encoder-self-attention",
+    "encoder self-attention",
+    "encoder self",
+    causal=False,
+    layers_attr="encoder_layers",
+    in_language_model=False,
+)
+DECODER_SELF = AttentionKind(
+    DECODER_SELF_KIND,
+    "--decoder-self-attention",
+    "decoder self-attention",
+    "decoder self",
+    causal=True,
+    layers_attr="decoder_layers",
+    in_language_model=True,
+)
+CROSS = AttentionKind(
+    CROSS_KIND,
+    "--cross-attention",
+    "encoder-decoder cross-attention",
+    "cross",
+    causal=False,
+    layers_attr="decoder_layers",
+    in_language_model=False,
+)
+KINDS = (ENCODER_SELF, DECODER_SELF, CROSS)

@@ -15,20 +15,12 @@ import sys
 from dataclasses import dataclass
 from typing import Any, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
-# registers every mechanism module; the ablations' names live with their math (pure torch, no fairseq imports)
-from . import mechanisms as _mechanisms  # noqa: F401
-from .functional.distance_aware import DA_ADJUSTINGS, DA_MAPPINGS  # noqa: F401 (re-exported)
-from .functional.query_value_interaction import QVI_INTERACTIONS  # noqa: F401 (re-exported)
-from .mechanisms.distance_mask import DISTANCE_MASK_DIRECTIONS  # noqa: F401 (re-exported)
-from .registry import (  # noqa: F401 (SpecError and FLOAT32_MAX are re-exported)
-    CROSS_KIND,
-    DECODER_SELF_KIND,
-    ENCODER_SELF_KIND,
-    EVALUATION,
-    FLOAT32_MAX,
+from . import mechanisms as _mechanisms  # noqa: F401 (discovers and registers every mechanism module)
+from .registry import (
+    KINDS,
     REGISTRY,
     RUNTIME,
-    TRAINED,
+    AttentionKind,
     OptionContext,
     SpecError,
     is_integer,
@@ -41,40 +33,6 @@ from .registry import (  # noqa: F401 (SpecError and FLOAT32_MAX are re-exported
 
 # "vanilla" (fairseq's own attention) and every registered mechanism, in listing order
 MECHANISMS = ("vanilla", *(info.name for info in registered()))
-
-
-@dataclass(frozen=True)
-class AttentionKind:
-    key: str  # the registry's name of the kind (what mechanisms declare they support)
-    flag: str
-    description: str
-    causal: bool
-    # The stack of this kind that MechanismOptions.check_kind checks: the longest sequence its layers
-    # attend over and the flag that sets it (None: unknown). Not part of the kind's identity.
-    max_positions: Optional[int] = dataclasses.field(default=None, compare=False)
-    positions_flag: str = dataclasses.field(default="", compare=False)
-    # Whether the model is new (fairseq-train's flags) rather than rebuilt from a checkpoint: checks
-    # added after checkpoints were trained refuse only new models, so that those checkpoints still load.
-    new_model: bool = dataclasses.field(default=True, compare=False)
-
-    @property
-    def attr(self) -> str:
-        """The parsed arguments' attribute of its SPEC flag (``encoder_self_attention``)."""
-        return self.flag[2:].replace("-", "_")
-
-    @property
-    def allowed(self) -> FrozenSet[str]:
-        """ "vanilla" and the mechanisms that declare this kind."""
-        return frozenset({"vanilla", *(info.name for info in registered() if self.key in info.kinds)})
-
-    def disallowed_reason(self, mechanism: str) -> str:
-        return REGISTRY[mechanism].unsupported[self.key]
-
-
-ENCODER_SELF = AttentionKind(ENCODER_SELF_KIND, "--encoder-self-attention", "encoder self-attention", causal=False)
-DECODER_SELF = AttentionKind(DECODER_SELF_KIND, "--decoder-self-attention", "decoder self-attention", causal=True)
-CROSS = AttentionKind(CROSS_KIND, "--cross-attention", "encoder-decoder cross-attention", causal=False)
-KINDS = (ENCODER_SELF, DECODER_SELF, CROSS)
 
 
 def exit_on_spec_error(error: SpecError):
@@ -92,50 +50,6 @@ def exit_with_error(message: str):
 
 def _ordered(names) -> str:
     return ", ".join(m for m in MECHANISMS if m in names)
-
-
-SPEC_GRAMMAR = "docs/spec-grammar.md"  # relative to the repository; copied into README.md
-
-
-def spec_grammar(width: int = 80) -> str:
-    """The README's SPEC grammar and the mechanisms each attention flag accepts,
-    from the registry (Markdown, with a title), so that a new mechanism appears
-    in both without an edit."""
-    lead = "    MECH   := "
-    lines, line = [], lead + MECHANISMS[0]
-    for name in MECHANISMS[1:]:
-        if len(line) + len(" | " + name) > width:
-            lines.append(line)
-            line = " " * (len(lead) - 2) + "| " + name
-        else:
-            line += " | " + name
-    lines.append(line)
-    table = ["| flag | accepts | refuses |", "|---|---|---|"]
-    for kind in KINDS:
-        refused = {}
-        for name in MECHANISMS:
-            if name not in kind.allowed:
-                refused.setdefault(kind.disallowed_reason(name), []).append(f"`{name}`")
-        accepts = ", ".join(f"`{name}`" for name in MECHANISMS if name in kind.allowed)
-        refuses = "; ".join(f"{', '.join(names)}: {reason}" for reason, names in refused.items()) or "-"
-        table.append(f"| `{kind.flag}` | {accepts} | {refuses} |")
-    return (
-        "\n".join(
-            [
-                "# SPEC grammar",
-                "",
-                '    SPEC   := ITEM ( "," ITEM )*',
-                '    ITEM   := MECH [ "@" LAYERS ]',
-                "    LAYERS := i | i-j            0-based layer indices, inclusive",
-                *lines,
-                "",
-                "What each attention flag accepts (`distattn_lm` has only `--decoder-self-attention`):",
-                "",
-                *table,
-            ]
-        )
-        + "\n"
-    )
 
 
 def accepted_by(kinds) -> List[str]:
@@ -303,54 +217,6 @@ class AttentionModuleOptions:
 
 # the options classes whose fields make up MechanismOptions, in listing order
 OPTION_CLASSES = (*option_classes(), AttentionModuleOptions)
-
-
-FLAG_TABLE = "docs/flags.md"  # relative to the repository; copied into README.md
-# which models take each attention flag (the LM is a decoder only)
-_KIND_MODELS = {
-    ENCODER_SELF_KIND: "`distattn_transformer` only",
-    DECODER_SELF_KIND: "both models; the LM's only attention",
-    CROSS_KIND: "`distattn_transformer` only",
-}
-_DEFAULT_IN_HELP = re.compile(r" \(default: [^)]*\)|; default: [^)]*(?=\))")
-
-
-# what a trained model allows of an option (the last column of the flag table)
-ON_A_TRAINED_MODEL = {
-    TRAINED: "fixed",
-    EVALUATION: "`--model-overrides`",
-    RUNTIME: "any command",
-}
-
-
-def flag_table() -> str:
-    """The README's table of the plugin's flags, from the registry and the
-    flags' own help (Markdown, with a title): what ``--help`` says, with the
-    default in a column of its own, and what a trained model allows of each:
-    fixed (resuming, averaging and ``--model-overrides`` keep the trained value),
-    changed by ``--model-overrides`` (parameter-free), or by any command."""
-    rows = [
-        "# Flags",
-        "",
-        "| flag | default | meaning | on a trained model |",
-        "|---|---|---|---|",
-    ]
-    for kind in KINDS:
-        rows.append(
-            f"| `{kind.flag} SPEC` | `vanilla` | mechanism per layer of {kind.description} "
-            f"({_KIND_MODELS[kind.key]}; the SPEC grammar below) | {ON_A_TRAINED_MODEL[TRAINED]} |"
-        )
-    for options_class in OPTION_CLASSES:
-        for field in dataclasses.fields(options_class):
-            flag = option_flag(field)
-            switch = flag.argparse.get("action") == "store_true"
-            metavar = flag.argparse.get("metavar") or ("" if switch else field.name.split("_")[-1].upper())
-            usage = f"{flag.flag} {metavar}".strip()
-            default = "off" if switch else f"`{flag.arg_default}`"
-            meaning = _DEFAULT_IN_HELP.sub("", flag.help)
-            cells = (f"`{usage}`", default, meaning, ON_A_TRAINED_MODEL[flag.role])
-            rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
-    return "\n".join(rows) + "\n"
 
 
 def _from_args(

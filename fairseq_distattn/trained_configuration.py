@@ -20,18 +20,8 @@ plugin compares these settings instead:
 import dataclasses
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from .registry import EVALUATION, RUNTIME, SpecError, option_flag
-from .spec import (
-    CROSS,
-    DECODER_SELF,
-    ENCODER_SELF,
-    OPTION_CLASSES,
-    MechanismOptions,
-    _option_fields,
-    option_users,
-    parse_spec,
-    specs_name,
-)
+from .registry import EVALUATION, KINDS, RUNTIME, AttentionKind, SpecError, option_flag
+from .spec import OPTION_CLASSES, MechanismOptions, _option_fields, option_users, parse_spec, specs_name
 
 LANGUAGE_MODELS = ("distattn_lm",)
 MODEL = "model"  # the setting naming the registered model
@@ -52,11 +42,9 @@ def canonical_spec(layers: List[str]) -> str:
     return ",".join(runs)
 
 
-def attention_kinds(model: str):
-    """``(kind, the config attribute holding its layer count)`` of a model's attention kinds."""
-    if model in LANGUAGE_MODELS:
-        return ((DECODER_SELF, "decoder_layers"),)
-    return ((ENCODER_SELF, "encoder_layers"), (DECODER_SELF, "decoder_layers"), (CROSS, "decoder_layers"))
+def attention_kinds(model: str) -> Tuple[AttentionKind, ...]:
+    """The attention kinds of a registered model (a language model is a decoder only)."""
+    return tuple(kind for kind in KINDS if kind.in_language_model or model not in LANGUAGE_MODELS)
 
 
 def _position_settings(config, model: str) -> Dict[str, Any]:
@@ -74,8 +62,8 @@ def trained_settings(config, model: str) -> Dict[str, Any]:
     everywhere, so a plugin checkpoint and a fairseq command compare too."""
     settings: Dict[str, Any] = {MODEL: model}
     specs = {}
-    for kind, layers_attr in attention_kinds(model):
-        spec, num_layers = getattr(config, kind.attr, None), getattr(config, layers_attr, None)
+    for kind in attention_kinds(model):
+        spec, num_layers = getattr(config, kind.attr, None), getattr(config, kind.layers_attr, None)
         if spec in (None, "vanilla") or num_layers is None:
             specs[kind.flag] = "vanilla"
         else:

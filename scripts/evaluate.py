@@ -345,8 +345,8 @@ def load_checkpoint_state(path: Path):
     with the plugin's allow-list of fairseq's config classes; tensors memory-mapped)."""
     if str(REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(REPO_ROOT))  # fairseq_distattn, also where it is not installed
-    from fairseq_distattn.check import failure_reason
-    from fairseq_distattn.checkpoint_guards import read_checkpoint
+    from fairseq_distattn.patches.checkpoint_guards import read_checkpoint
+    from fairseq_distattn.tools.check import failure_reason
 
     if not path.is_file():
         raise EvalError(f"checkpoint {path} not found")

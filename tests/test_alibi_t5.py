@@ -13,7 +13,8 @@ import torch
 
 from fairseq_distattn import functional as DF
 from fairseq_distattn.functional.t5_bias import relative_position_bucket_table
-from fairseq_distattn.spec import DECODER_SELF, ENCODER_SELF, MechanismOptions, SpecError
+from fairseq_distattn.registry import DECODER_SELF, ENCODER_SELF
+from fairseq_distattn.spec import MechanismOptions, SpecError
 
 from .model_helpers import TINY, TINY_LM, language_model, random_tokens, translation_model
 from .test_functional import paper_alibi_slopes, t5_relative_position_bucket

@@ -4,7 +4,7 @@ fairseq 0.12's known start-up warnings (hydra deprecations, pin_memory, amp), an
 
 import re
 
-from fairseq_distattn.quiet_warnings import KNOWN_WARNINGS
+from fairseq_distattn.patches.quiet_warnings import KNOWN_WARNINGS
 
 try:  # tests/ is a package (tests/__init__.py)
     from .conftest import run_cli

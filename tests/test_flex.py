@@ -591,8 +591,7 @@ def _flex_declared(name):
 
 def _registered_self_attention():
     import fairseq_distattn.mechanisms  # noqa: F401 (discovers the registry)
-    from fairseq_distattn.registry import registered
-    from fairseq_distattn.spec import ENCODER_SELF
+    from fairseq_distattn.registry import ENCODER_SELF, registered
 
     return [info.name for info in registered() if info.name in ENCODER_SELF.allowed]
 

@@ -20,8 +20,8 @@ from fairseq.tasks.language_modeling import LanguageModelingTask
 from fairseq.tasks.translation import TranslationTask
 from omegaconf import OmegaConf
 
-from fairseq_distattn import inspect as tool
 from fairseq_distattn.mechanisms import DifferentiableWindow, DistanceAware, RelativePosition
+from fairseq_distattn.tools import inspection as tool
 
 from .conftest import REPO_ROOT, cli_env
 from .model_helpers import TINY, TINY_LM, dictionary, parse, perturb_parameters
@@ -199,7 +199,7 @@ def test_the_summary_names_each_layer_with_the_model_s_hyperparameters_and_learn
 
 
 def test_building_a_model_logs_each_layer_s_mechanism_and_the_model_print_shows_hyperparameters(translation, caplog):
-    with caplog.at_level(logging.INFO, logger="fairseq_distattn.summary"):
+    with caplog.at_level(logging.INFO, logger="fairseq_distattn.modules.summary"):
         model, _ = build(
             "translation",
             "distattn_transformer",
@@ -207,7 +207,7 @@ def test_building_a_model_logs_each_layer_s_mechanism_and_the_model_print_shows_
             lambda args: TranslationTask(args, translation["dictionary"], translation["dictionary"]),
             seed=0,
         )
-    logged = [record.getMessage() for record in caplog.records if record.name == "fairseq_distattn.summary"]
+    logged = [record.getMessage() for record in caplog.records if record.name == "fairseq_distattn.modules.summary"]
     assert logged == [
         "encoder self-attention (4 layers, 2 heads): layers 0 rpr (k=3, relative_values=True), 1 da (heads=2), "
         "2 window-aw-seg (AW, segment_size=2), 3 vanilla",
@@ -229,7 +229,7 @@ def test_building_a_model_logs_each_layer_s_mechanism_and_the_model_print_shows_
 
 
 def test_the_language_model_summary_groups_equal_layers(caplog):
-    with caplog.at_level(logging.INFO, logger="fairseq_distattn.summary"):
+    with caplog.at_level(logging.INFO, logger="fairseq_distattn.modules.summary"):
         build(
             "language_modeling",
             "distattn_lm",
@@ -237,7 +237,7 @@ def test_the_language_model_summary_groups_equal_layers(caplog):
             lambda args: LanguageModelingTask(args, dictionary(), output_dictionary=dictionary()),
             seed=0,
         )
-    assert [record.getMessage() for record in caplog.records if record.name == "fairseq_distattn.summary"] == [
+    assert [record.getMessage() for record in caplog.records if record.name == "fairseq_distattn.modules.summary"] == [
         "decoder self-attention (3 layers, 2 heads): layers 0-1 rpr (k=3, relative_values=False), 2 vanilla"
     ]
 

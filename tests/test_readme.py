@@ -60,7 +60,7 @@ def test_the_architecture_table_lists_every_registered_architecture():
 
 
 def test_generated_results_in_the_readme_equal_their_results_files():
-    from benchmarks.readme_blocks import generated_blocks, readme_copy
+    from fairseq_distattn.tools.generated_blocks import generated_blocks, readme_copy
 
     blocks = generated_blocks(README.read_text(encoding="utf-8"))
     assert {

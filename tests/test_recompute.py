@@ -5,9 +5,8 @@ blocks of query rows. Values and gradients must not change, dropout included."""
 import pytest
 import torch
 
-from fairseq_distattn import attention
-from fairseq_distattn.registry import registered
-from fairseq_distattn.spec import CROSS, DECODER_SELF, ENCODER_SELF
+from fairseq_distattn.modules import multihead_attention as attention
+from fairseq_distattn.registry import CROSS, DECODER_SELF, ENCODER_SELF, registered
 
 from .model_helpers import TINY, left_pad, random_tokens, right_pad, translation_model
 

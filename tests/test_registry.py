@@ -18,25 +18,22 @@ import torch
 from fairseq_distattn import functional as DF
 from fairseq_distattn.mechanisms import MECHANISM_REGISTRY
 from fairseq_distattn.registry import (
-    KINDS,
-    MECHANISM_TABLE,
-    REGISTRY,
-    OptionContext,
-    mechanism_table,
-    option_flag,
-    registered,
-)
-from fairseq_distattn.spec import (
     CROSS,
     DECODER_SELF,
     ENCODER_SELF,
+    KINDS,
+    REGISTRY,
+    OptionContext,
+    option_flag,
+    registered,
+)
+from fairseq_distattn.spec import MECHANISMS, OPTION_CLASSES, MechanismOptions, accepted_by
+from fairseq_distattn.tools.docs import (
     FLAG_TABLE,
-    MECHANISMS,
-    OPTION_CLASSES,
+    MECHANISM_TABLE,
     SPEC_GRAMMAR,
-    MechanismOptions,
-    accepted_by,
     flag_table,
+    mechanism_table,
     spec_grammar,
 )
 
@@ -190,8 +187,9 @@ def test_a_mechanism_registered_from_outside_appears_everywhere():
                 return DF.softmax_attention(queries["query"], keys["key"], keys["value"], **shared_arguments(
                     key_padding_mask, causal, query_offset, dropout_p, need_weights))
 
-        from fairseq_distattn.spec import DECODER_SELF, MECHANISMS, MechanismOptions, SpecError
-        from fairseq_distattn.registry import mechanism_table
+        from fairseq_distattn.spec import MECHANISMS, MechanismOptions
+        from fairseq_distattn.registry import DECODER_SELF, SpecError
+        from fairseq_distattn.tools.docs import mechanism_table
         import argparse
         assert MECHANISMS[-1] == "toy" and "toy" in DECODER_SELF.allowed
         assert MechanismOptions().toy_width == 3
@@ -201,7 +199,8 @@ def test_a_mechanism_registered_from_outside_appears_everywhere():
         except SpecError as error:
             assert str(error).startswith("argument --toy-width: invalid value '0'")
         assert "| `toy` | a toy |" in mechanism_table()
-        from fairseq_distattn.spec import accepted_by, flag_table, spec_grammar
+        from fairseq_distattn.spec import accepted_by
+        from fairseq_distattn.tools.docs import flag_table, spec_grammar
         assert "| toy\\n" in spec_grammar() and "| `--toy-width W` | `3` | toy: width |" in flag_table()
         assert accepted_by(["decoder-self"])[-1] == "toy" and "toy" not in accepted_by(["cross"])
         from fairseq_distattn.models.arguments import OPTION_DEFAULTS
@@ -273,7 +272,7 @@ def test_need_weights_false_returns_no_probabilities_and_the_same_output(name, c
 
 
 def test_kinds_are_the_registrys():
-    assert [kind.key for kind in (ENCODER_SELF, DECODER_SELF, CROSS)] == list(KINDS)
+    assert (ENCODER_SELF, DECODER_SELF, CROSS) == KINDS
 
 
 @pytest.mark.skipif(

@@ -12,7 +12,8 @@ import torch
 
 from fairseq_distattn import functional as DF
 from fairseq_distattn.functional.relative_position import rows_within_reach
-from fairseq_distattn.spec import DECODER_SELF, ENCODER_SELF, MechanismOptions, SpecError
+from fairseq_distattn.registry import DECODER_SELF, ENCODER_SELF
+from fairseq_distattn.spec import MechanismOptions, SpecError
 
 from .model_helpers import TINY, translation_model
 

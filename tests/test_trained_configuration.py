@@ -19,8 +19,17 @@ import sys
 import pytest
 import torch
 
-from fairseq_distattn.registry import EVALUATION, RUNTIME, SpecError, option_flag, registered
-from fairseq_distattn.spec import CROSS, DECODER_SELF, ENCODER_SELF, MechanismOptions, option_users
+from fairseq_distattn.registry import (
+    CROSS,
+    DECODER_SELF,
+    ENCODER_SELF,
+    EVALUATION,
+    RUNTIME,
+    SpecError,
+    option_flag,
+    registered,
+)
+from fairseq_distattn.spec import MechanismOptions, option_users
 from fairseq_distattn.trained_configuration import (
     canonical_spec,
     check_overrides,

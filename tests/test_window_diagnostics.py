@@ -13,8 +13,8 @@ import torch
 
 from benchmarks import window_diagnostics as wd
 from fairseq_distattn import functional as DF
-from fairseq_distattn.inspect import WindowInternals
-from fairseq_distattn.summary import attention_sites
+from fairseq_distattn.modules.summary import attention_sites
+from fairseq_distattn.tools.inspection import WindowInternals
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

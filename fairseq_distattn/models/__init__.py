@@ -1,24 +1,14 @@
-"""The fairseq side of the plugin: importing this module registers the models
-and architectures and installs the plugin's hooks into fairseq and torch."""
+"""The fairseq side of the plugin: importing this module installs the plugin's
+patches to fairseq and torch (:mod:`fairseq_distattn.patches`), registers the
+models and architectures, and puts the plugin's flags into fairseq's ``--help``
+and its checks after parsing."""
 
-from ..quiet_warnings import silence_known_fairseq_warnings
+from .. import patches
 
-# before fairseq composes its hydra configuration (the plugin is imported while the
-# command line is parsed), so that its known start-up warnings stay off stderr
-silence_known_fairseq_warnings()
+patches.install()
 
-from ..checkpoint_loading import allow_fairseq_checkpoints  # noqa: E402
-
-allow_fairseq_checkpoints()
-
-from ..checkpoint_guards import guard_checkpoints  # noqa: E402
-
-guard_checkpoints()
-
-from ..torchrun_on_cpu import allow_torchrun_on_cpu  # noqa: E402
 from . import distattn_lm, distattn_transformer  # noqa: E402,F401 (registers models and architectures)
 from .arguments import check_flags_after_parsing, show_flags_in_fairseq_help  # noqa: E402
 
 show_flags_in_fairseq_help()
 check_flags_after_parsing()
-allow_torchrun_on_cpu()

@@ -9,18 +9,8 @@ import torch
 from fairseq import options
 from fairseq.models import register_model_architecture
 
-from ..registry import is_integer, option_flag
-from ..spec import (
-    CROSS,
-    DECODER_SELF,
-    ENCODER_SELF,
-    KINDS,
-    MECHANISMS,
-    MechanismOptions,
-    SpecError,
-    exit_on_spec_error,
-    unused_options,
-)
+from ..registry import CROSS, DECODER_SELF, ENCODER_SELF, is_integer, option_flag
+from ..spec import KINDS, MECHANISMS, MechanismOptions, SpecError, exit_on_spec_error, unused_options
 
 logger = logging.getLogger(__name__)
 

@@ -10,9 +10,9 @@ from fairseq.models import transformer_lm as fairseq_lm
 from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig
 
-from ..encoder_decoder import DistAttnTransformerDecoder, decoder_plans
+from ..modules.summary import log_attention
+from ..modules.transformer import DistAttnTransformerDecoder, decoder_plans
 from ..spec import SpecError
-from ..summary import log_attention
 from .arguments import (
     CROSS,
     DECODER_SELF,

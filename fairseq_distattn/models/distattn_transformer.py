@@ -4,8 +4,8 @@ from fairseq.models import register_model
 from fairseq.models.transformer import TransformerConfig, TransformerModel
 from fairseq.models.transformer import transformer_legacy as fairseq_transformer
 
-from ..encoder_decoder import DistAttnTransformerDecoder, DistAttnTransformerEncoder, decoder_plans, encoder_plans
-from ..summary import log_attention
+from ..modules.summary import log_attention
+from ..modules.transformer import DistAttnTransformerDecoder, DistAttnTransformerEncoder, decoder_plans, encoder_plans
 from .arguments import (
     CROSS,
     DECODER_SELF,

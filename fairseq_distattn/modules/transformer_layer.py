@@ -8,9 +8,9 @@ from fairseq.distributed import fsdp_wrap
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
-from .attention import DistanceAwareMultiheadAttention
-from .mechanisms import Stack
-from .spec import MechanismOptions
+from ..mechanisms import Stack
+from ..spec import MechanismOptions
+from .multihead_attention import DistanceAwareMultiheadAttention
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,10 @@ from typing import List, Optional
 
 from torch import nn
 
-from .mechanisms import DistanceAware, Mechanism, RelativePosition
-from .spec import CROSS, DECODER_SELF, ENCODER_SELF, AttentionKind
+from ..mechanisms import DistanceAware, Mechanism, RelativePosition
+from ..registry import CROSS, DECODER_SELF, ENCODER_SELF, KINDS, AttentionKind
 
 logger = logging.getLogger(__name__)
-
-# file-name form of each attention kind
-KIND_SLUGS = {ENCODER_SELF: "encoder-self", DECODER_SELF: "decoder-self", CROSS: "cross"}
-
 
 @dataclass(frozen=True)
 class AttentionSite:
@@ -47,7 +43,7 @@ class AttentionSite:
 
     @property
     def slug(self) -> str:
-        return f"{KIND_SLUGS[self.kind]}-layer{self.layer}"
+        return f"{self.kind.key}-layer{self.layer}"
 
     @property
     def title(self) -> str:
@@ -92,7 +88,7 @@ def attention_log_lines(model: nn.Module) -> List[str]:
     layers 0-2 window-aw (AW, token-level), 3-5 vanilla``."""
     lines = []
     sites = attention_sites(model)
-    for kind in KIND_SLUGS:
+    for kind in KINDS:
         of_kind = [site for site in sites if site.kind is kind]
         if of_kind:
             heads = of_kind[0].module.num_heads
@@ -152,7 +148,7 @@ def attention_summary(model: nn.Module) -> List[str]:
         )
     )
     sites = attention_sites(model)
-    for kind in KIND_SLUGS:
+    for kind in KINDS:
         of_kind = [site for site in sites if site.kind is kind]
         if not of_kind:
             continue

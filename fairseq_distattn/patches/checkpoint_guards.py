@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
+from ..spec import SpecError, exit_on_spec_error, exit_with_error
+from ..trained_configuration import check_overrides, describe_differences, differences, trained_settings
 from .checkpoint_loading import allow_fairseq_checkpoints
-from .spec import SpecError, exit_on_spec_error, exit_with_error
-from .trained_configuration import check_overrides, describe_differences, differences, trained_settings
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Dict
 
-from benchmarks.common import REPO_ROOT
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the repository of a checkout
 
 README = REPO_ROOT / "README.md"
 BLOCK = re.compile(

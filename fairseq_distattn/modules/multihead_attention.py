@@ -15,9 +15,9 @@ from fairseq.modules.quant_noise import quant_noise
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from .functional.flex import flex_mode
-from .mechanisms import MechanismConfig, Stack, build_mechanism
-from .spec import MechanismOptions
+from ..functional.flex import flex_mode
+from ..mechanisms import MechanismConfig, Stack, build_mechanism
+from ..spec import MechanismOptions
 
 # Elements of one [B, H, rows, Tk] tensor of a recomputed query chunk (1 MiB in
 # float32): small beside a layer's activations, large enough to keep matmuls efficient.

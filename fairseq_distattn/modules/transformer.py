@@ -7,9 +7,10 @@ from an iterator prepared beforehand (no layer is ever built twice).
 
 from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase, TransformerEncoderBase
 
-from .layers import DistAttnDecoderLayer, DistAttnEncoderLayer, LayerAttentionPlan, wrap_layer
-from .mechanisms import Stack
-from .spec import CROSS, DECODER_SELF, ENCODER_SELF, MechanismOptions, SpecError, parse_spec
+from ..mechanisms import Stack
+from ..registry import CROSS, DECODER_SELF, ENCODER_SELF
+from ..spec import MechanismOptions, SpecError, parse_spec
+from .transformer_layer import DistAttnDecoderLayer, DistAttnEncoderLayer, LayerAttentionPlan, wrap_layer
 
 SOURCE_POSITIONS, TARGET_POSITIONS = "--max-source-positions", "--max-target-positions"
 

@@ -1,0 +1,28 @@
+"""Every change the plugin makes to fairseq and torch, one module each, installed
+together by :func:`install` (which :mod:`fairseq_distattn.models` calls):
+
+- :mod:`.quiet_warnings`: the start-up warnings every fairseq 0.12 command prints;
+- :mod:`.checkpoint_loading`: torch>=2.6 loads fairseq checkpoints weights-only;
+- :mod:`.checkpoint_guards`: a checkpoint keeps the attention it was trained with
+  (resume, ``--model-overrides``);
+- :mod:`.torchrun_on_cpu`: ``torchrun`` launches ``fairseq-train`` without a GPU.
+
+Nothing here is imported until :func:`install` runs: the warning filters go in
+before the modules that import fairseq do.
+"""
+
+
+def install() -> None:
+    from .quiet_warnings import silence_known_fairseq_warnings
+
+    # before fairseq composes its hydra configuration (the plugin is imported while the
+    # command line is parsed), so that its known start-up warnings stay off stderr
+    silence_known_fairseq_warnings()
+
+    from .checkpoint_guards import guard_checkpoints
+    from .checkpoint_loading import allow_fairseq_checkpoints
+    from .torchrun_on_cpu import allow_torchrun_on_cpu
+
+    allow_fairseq_checkpoints()
+    guard_checkpoints()
+    allow_torchrun_on_cpu()

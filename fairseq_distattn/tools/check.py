@@ -1,0 +1,176 @@
+"""Tell what a fairseq checkpoint needs: ``python -m fairseq_distattn.check CHECKPOINT``.
+
+Run without ``--user-dir fairseq_distattn``, every fairseq command fails on a
+plugin checkpoint with torch's ``UnpicklingError`` and its advice to pass
+``weights_only=False``, which would let the file run code. fairseq cannot say
+more, because it never imports the plugin. This tool loads the checkpoint the
+safe way (``weights_only=True`` with the plugin's allow-list of fairseq's
+config classes), then says which model it holds, whether it needs the plugin,
+the ``--user-dir`` to pass, and its attention per layer.
+
+Exit status: 0 when the checkpoint loads, 1 when it does not (one line on
+stderr says why), 2 for a bad command line.
+"""
+
+import argparse
+import ast
+import dataclasses
+import sys
+from pathlib import Path
+
+from ..patches.checkpoint_guards import PLUGIN_MODELS, model_config, model_name, read_checkpoint, settings_of
+from ..registry import EVALUATION, RUNTIME, TRAINED, SpecError, option_flag
+from ..spec import MechanismOptions
+from ..trained_configuration import MODEL, attention_kinds, check_overrides, option_value, shown
+
+PLUGIN_DIR = Path(__file__).resolve().parents[1]  # the package: what --user-dir names
+COMMANDS = "fairseq-generate, fairseq-interactive, fairseq-validate, fairseq-eval-lm and fairseq-train (to resume)"
+
+
+def attention_summary(config):
+    """Lines naming the mechanism of every layer of each attention kind, the absolute
+    positions and every option it runs with, by what they are to the trained model."""
+    from ..spec import parse_spec
+
+    lines = []
+    for kind in attention_kinds(model_name(config)):
+        spec, num_layers = getattr(config, kind.attr, None), getattr(config, kind.layers_attr, None)
+        if num_layers is None:
+            continue
+        layers = parse_spec(kind, spec or "vanilla", num_layers)
+        lines.append(f"  {kind.description}: " + ", ".join(f"{i}={mechanism}" for i, mechanism in enumerate(layers)))
+    settings = settings_of(config)
+    positions = "none" if settings["--no-token-positional-embeddings"] else None
+    sides = [side for side in ("encoder", "decoder") if f"--{side}-learned-pos" in settings]
+    lines.append(
+        "  absolute positions: "
+        + ", ".join(
+            f"{side} {positions or ('learned' if settings[f'--{side}-learned-pos'] else 'sinusoidal')}"
+            for side in sides
+        )
+    )
+    by_role = {TRAINED: [], EVALUATION: [], RUNTIME: []}
+    for field in dataclasses.fields(MechanismOptions):
+        flag = option_flag(field)
+        if flag.role == RUNTIME:
+            by_role[RUNTIME].append(f"{flag.flag} {shown(option_value(config, flag.attr))}")
+        elif flag.flag in settings:
+            by_role[flag.role].append(f"{flag.flag} {shown(settings[flag.flag])}")
+    for role, heading in ROLE_HEADINGS.items():
+        lines.append(f"  {heading}: " + (", ".join(by_role[role]) or "none"))
+    lines.append("  its flags: " + " ".join(resume_flags(config, settings)))
+    return lines
+
+
+ROLE_HEADINGS = {
+    TRAINED: "trained options (its parameters depend on them; resuming and averaging keep them, "
+    "--model-overrides may not change them)",
+    EVALUATION: "parameter-free options (resuming and averaging keep them; --model-overrides may change them "
+    "to evaluate it another way)",
+    RUNTIME: "runtime options (how it is computed, not what; any command may change them)",
+}
+
+
+def resume_flags(config, settings):
+    """The plugin's flags (and --arch) that build this model again, for a resume."""
+    flags = ["--arch", str(getattr(config, "arch", None) or settings[MODEL])]
+    for name, value in settings.items():
+        if name == MODEL or value is False:
+            continue
+        flags += [name] if value is True else [name, shown(value)]
+    return flags
+
+
+def apply_overrides(config, overrides):
+    """The model configuration ``--model-overrides`` would give, refused as fairseq's
+    commands refuse it (:func:`~fairseq_distattn.trained_configuration.check_overrides`)."""
+    changed = argparse.Namespace(**{**vars(config), **overrides})
+    check_overrides(settings_of(config), settings_of(changed), overrides)
+    return changed
+
+
+def describe(path: Path, overrides=None) -> str:
+    state = read_checkpoint(path)
+    config = model_config(state)
+    if config is None:
+        raise ValueError("it holds no fairseq model configuration (no 'cfg' or 'args'): not a fairseq checkpoint")
+    name = model_name(config)
+    arch = getattr(config, "arch", None) or name
+    updates = (state.get("optimizer_history") or [{}])[-1].get("num_updates", "?")
+    lines = [f"{path}: fairseq model {name} (--arch {arch}), {updates} updates"]
+    if name in PLUGIN_MODELS:
+        if overrides:
+            config = apply_overrides(config, overrides)
+            lines[0] += f", with --model-overrides {overrides}"
+        lines.append(f"needs the plugin: pass --user-dir {PLUGIN_DIR} to {COMMANDS}")
+        lines.extend(attention_summary(config))
+    else:
+        lines.append(
+            "not a fairseq_distattn model; fairseq 0.12 still cannot load it under torch >= 2.6 on its own "
+            f"(weights_only loading): pass --user-dir {PLUGIN_DIR}, which allow-lists fairseq's config classes"
+        )
+    return "\n".join(lines)
+
+
+def failure_reason(error: Exception) -> str:
+    """One line. torch's weights-only refusal opens with advice to load with
+    weights_only=False, which we must not repeat; what it found is on the line
+    that names the WeightsUnpickler (or the next one): a global outside the
+    allow-list (a checkpoint holding code or foreign classes), or bytes that
+    are no pickle at all (not a checkpoint, or a damaged one)."""
+    text = str(error)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        after = [line.strip() for line in text.split(marker, 1)[1].splitlines()]
+        finding = next((line for line in after if line), "").split(". Please")[0].strip()
+        if finding.startswith("Unsupported global"):
+            # keep torch's finding, not its advice to allow-list whatever the file names
+            return (
+                f"it holds an object outside the allow-list of fairseq's config classes ({finding}); "
+                "do not load it with weights_only=False unless you trust its source"
+            )
+        return f"it is not a PyTorch checkpoint, or it is damaged (torch's unpickler: {finding or 'no detail'})"
+    if isinstance(error, EOFError):
+        return "it ends before a checkpoint does: empty or cut short (EOFError)"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
+def _overrides(text: str) -> dict:
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError) as error:
+        raise argparse.ArgumentTypeError(f"not a Python dict literal: {error}")
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("not a dict")
+    return value
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m fairseq_distattn.check",
+        description="Say whether a fairseq checkpoint needs --user-dir fairseq_distattn, and what model it holds.",
+    )
+    parser.add_argument("checkpoint", type=Path, help="a checkpoint written by fairseq-train")
+    parser.add_argument(
+        "--model-overrides",
+        type=_overrides,
+        default={},
+        metavar="DICT",
+        help="show the model as fairseq-generate --model-overrides DICT would run it (refused as it refuses it)",
+    )
+    args = parser.parse_args(argv)
+    if not args.checkpoint.is_file():
+        parser.error(f"argument checkpoint: no such file: {args.checkpoint}")
+    try:
+        print(describe(args.checkpoint, args.model_overrides))
+    except SpecError as error:
+        parser.error(str(error))
+    except Exception as error:  # any reason a checkpoint cannot be read is reported the same way
+        sys.stderr.write(f"{parser.prog}: error: cannot read {args.checkpoint}: {failure_reason(error)}\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
