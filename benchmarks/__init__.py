@@ -1,7 +1,14 @@
-"""Benchmark harness for fairseq-distattn (``python -m benchmarks.run``).
+"""Benchmarks of fairseq-distattn against vanilla fairseq, one subpackage per question
+(benchmarks/README.md lists every harness with its command and outputs):
 
-Compares fairseq's vanilla ``transformer`` / ``transformer_lm`` with every
-distance-aware mechanism and paper preset of the plugin: training throughput,
-beam-5 generation, peak memory and attention-op microbenchmarks. See
-``benchmarks/README.md``.
+- :mod:`benchmarks.speed`: how fast? Training and generation throughput, peak memory
+  and attention ops (``python -m benchmarks.run``);
+- :mod:`benchmarks.quality`: how good? BLEU and perplexity of trained models, and how
+  they hold up on longer inputs than they were trained on;
+- :mod:`benchmarks.diagnostics`: what did it learn? How far the mechanisms' parameters
+  moved, what the trained window attends to, and the error of each op in half precision;
+- ``benchmarks/gpu/``: the shell scripts that run the above on a lent GPU machine.
+
+:mod:`benchmarks.common` holds what they share: paths, command-line checks and the
+machine description.
 """

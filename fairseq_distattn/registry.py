@@ -6,24 +6,28 @@ A mechanism declares everything about itself in its own module file
     @dataclass(frozen=True)
     class MyOptions:
         my_width: int = option(4, "--my-width", "my: window width (default: {default})",
-                               convert=positive_integer, type=int, metavar="W")
+                               convert=positive_integer("--my-width"), type=int, metavar="W")
 
-    @register_attention("my-mech", MyOptions, kinds=SELF_ATTENTION,
-                        unsupported={CROSS_KIND: "queries and keys come from different sequences"},
-                        description="...", paper="...")
+    @register_attention("my-mech", MyOptions, op=DF.my_attention,
+                        example=lambda draw, options: ((options.my_width,), {}),
+                        kinds=SELF_ATTENTION, unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
+                        description="...", paper="Authors 2024, *Title*")
     class MyMechanism(Mechanism):
         ...
 
 and everything else derives from here: the SPEC names and the mechanisms each
 attention kind allows (:mod:`fairseq_distattn.spec`), the options dataclass
 and its validation, the command-line flags and ``--help``
-(:mod:`fairseq_distattn.models.arguments`), the README's mechanism table
-(``python -m fairseq_distattn.mechanisms``), and the tests' and benchmarks'
-mechanism lists. No fairseq imports.
+(:mod:`fairseq_distattn.models.arguments`), the generated docs
+(:mod:`fairseq_distattn.tools.docs`), and the lists of the tests and
+benchmarks, which run every op through its ``example``. The attention kinds
+are one table here too (:class:`AttentionKind`). docs/adding-a-mechanism.md
+walks through a whole example. No fairseq imports.
 """
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional, Tuple
 
@@ -195,6 +199,10 @@ def one_of(flag: str, names: Tuple[str, ...]) -> Callable[[Any, OptionContext], 
 # --------------------------------------------------------------------------- mechanisms
 
 
+# "Authors YEAR, *Title*": the listing order is the papers' (year, then name)
+PAPER_PATTERN = re.compile(r"(?P<authors>.+) (?P<year>[12][0-9]{3}), \*(?P<title>.+)\*")
+
+
 @dataclass(frozen=True)
 class MechanismInfo:
     """One registered SPEC name and what it declares."""
@@ -202,6 +210,12 @@ class MechanismInfo:
     name: str
     module: type  # the nn.Module (a fairseq_distattn.mechanisms.Mechanism)
     options: Optional[type]  # its options dataclass (shared by names of one family), or None
+    # The functional op the module calls, and example arguments for it: example(draw, options)
+    # -> (args, kwargs), so that op(q, k, v, *args, **kwargs, **shared) runs it, where draw makes
+    # random tensors (mechanisms.examples.ExampleDraw) and options is this mechanism's options
+    # (None without an options class). The tests and benchmarks that run every op use these.
+    op: Callable[..., Any]
+    example: Callable[[Any, Any], Tuple[tuple, Dict[str, Any]]]
     kinds: FrozenSet[str]  # the attention kinds it applies to
     unsupported: Mapping[str, str]  # kind -> why it does not apply there
     row_wise: bool  # every query row depends on that row's queries alone (recomputable in row blocks)
@@ -210,12 +224,31 @@ class MechanismInfo:
     flex: str  # when the flex_attention path runs (functional.flex: an OffsetTable; "" never)
     extra_queries: Tuple[str, ...]  # extra per-head query projections of the attention module
     extra_keys: Tuple[str, ...]  # extra per-head key projections (cached like fairseq's prev_key)
-    description: str  # the README table's "mechanism" column
-    paper: str
-    order: int  # position in listings (SPEC grammar, --help, README)
+    description: str  # the mechanism table's "mechanism" column
+    paper: str  # "Authors YEAR, *Title*"
+
+    @property
+    def year(self) -> int:
+        return int(PAPER_PATTERN.fullmatch(self.paper)["year"])
 
     def option_fields(self) -> Tuple[dataclasses.Field, ...]:
         return dataclasses.fields(self.options) if self.options is not None else ()
+
+    def default_options(self):
+        """Its options at their defaults (None without an options class)."""
+        return None if self.options is None else self.options()
+
+    def own_options(self, options):
+        """Its own options dataclass from an object with (at least) its fields as
+        attributes, such as the model-wide MechanismOptions (None without an options class)."""
+        if self.options is None:
+            return None
+        return self.options(**{field.name: getattr(options, field.name) for field in self.option_fields()})
+
+
+def no_example_arguments(draw, options) -> Tuple[tuple, Dict[str, Any]]:
+    """The example of an op that takes nothing beyond q, k, v and the shared arguments."""
+    return (), {}
 
 
 REGISTRY: Dict[str, MechanismInfo] = {}
@@ -225,9 +258,10 @@ def register_attention(
     name: str,
     options: Optional[type] = None,
     *,
+    op: Callable[..., Any],
     description: str,
     paper: str,
-    order: int,
+    example: Callable[[Any, Any], Tuple[tuple, Dict[str, Any]]] = no_example_arguments,
     kinds: FrozenSet[str] = ALL_KINDS,
     unsupported: Optional[Mapping[str, str]] = None,
     row_wise: bool = True,
@@ -239,7 +273,8 @@ def register_attention(
 ):
     """Class decorator registering a mechanism module under the SPEC ``name``
     (a class may be registered under several names, each with its own
-    declarations). Every kind it does not support needs a reason."""
+    declarations). Every kind it does not support needs a reason; ``paper``
+    is ``"Authors YEAR, *Title*"``."""
     unsupported = dict(unsupported or {})
 
     def decorate(cls):
@@ -249,6 +284,10 @@ def register_attention(
             raise ValueError(
                 f"{name}: give a reason for exactly the kinds it does not support, {sorted(ALL_KINDS - set(kinds))}"
             )
+        if PAPER_PATTERN.fullmatch(paper) is None:
+            raise ValueError(f"{name}: paper must read 'Authors YEAR, *Title*', got {paper!r}")
+        if not callable(op) or not callable(example):
+            raise TypeError(f"{name}: op and example must be callables")
         if options is not None:
             if not dataclasses.is_dataclass(options):
                 raise TypeError(f"{name}: options must be a dataclass")
@@ -269,6 +308,8 @@ def register_attention(
             name=name,
             module=cls,
             options=options,
+            op=op,
+            example=example,
             kinds=frozenset(kinds),
             unsupported=unsupported,
             row_wise=row_wise,
@@ -279,7 +320,6 @@ def register_attention(
             extra_keys=tuple(extra_keys),
             description=description,
             paper=paper,
-            order=order,
         )
         return cls
 
@@ -287,9 +327,9 @@ def register_attention(
 
 
 def registered() -> Tuple[MechanismInfo, ...]:
-    """Every registered mechanism in listing order (after discovery:
-    ``import fairseq_distattn.mechanisms``)."""
-    return tuple(sorted(REGISTRY.values(), key=lambda info: (info.order, info.name)))
+    """Every registered mechanism in listing order, the papers' (year, then name)
+    (after discovery: ``import fairseq_distattn.mechanisms``)."""
+    return tuple(sorted(REGISTRY.values(), key=lambda info: (info.year, info.name)))
 
 
 def option_classes() -> Tuple[type, ...]:

@@ -235,7 +235,9 @@ def _from_args(
     for options_class in OPTION_CLASSES:
         check_together = getattr(options_class, "check_together", None)
         if check_together is not None:
-            check_together(options)
+            check_together(
+                options_class(**{f.name: getattr(options, f.name) for f in dataclasses.fields(options_class)})
+            )
     return options
 
 
@@ -254,7 +256,8 @@ def _check_kind(
     kind = dataclasses.replace(kind, max_positions=max_positions, positions_flag=positions_flag, new_model=new_model)
     for name in dict.fromkeys(layers):
         if name != "vanilla":
-            REGISTRY[name].module.check_options(self, kind, layers)
+            info = REGISTRY[name]
+            info.module.check_options(info.own_options(self), kind, layers)
 
 
 # Hyperparameters shared by every layer, validated once per model: the fields of

@@ -58,8 +58,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 SCRIPTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = SCRIPTS_DIR.parent
-sys.path.insert(0, str(SCRIPTS_DIR / "lib"))
-sys.path.insert(0, str(SCRIPTS_DIR))
+# mt_eval and average_checkpoints are this file's neighbours: on sys.path when it runs as a
+# script, not when it is loaded from its path (the tests do)
+if str(SCRIPTS_DIR) not in sys.path:
+    sys.path.insert(0, str(SCRIPTS_DIR))
 
 import mt_eval  # noqa: E402
 

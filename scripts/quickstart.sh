@@ -149,7 +149,7 @@ if [ ! -f "$BIN/.done" ]; then
         || { tail -20 "$WORK/preprocess.log" >&2; exit 1; }
     touch "$BIN/.done"
 fi
-if [ -n "${PREPARE_ONLY:-}" ]; then  # benchmarks/quality.py prepares its data this way
+if [ -n "${PREPARE_ONLY:-}" ]; then  # benchmarks/quality/mt.py prepares its data this way
     log "prepared $PREP and $BIN (PREPARE_ONLY: no training)"
     exit 0
 fi

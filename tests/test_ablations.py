@@ -8,7 +8,7 @@
   multiply softmax(ReLU(QK^T) f / sqrt(d)) (eq. 6, the default).
 * Wu et al. (QVI) sec. 4.3, Fig. 2: g(Q, V) (``--qvi-interaction``): V, Q^ * VW,
   Q^ * VW + V, gated (eqs. 8-9, the default), Q^ the query mix of eq. 7.
-* Nguyen et al. 2020 Tables 2-3: SPEC recipes (benchmarks/ablations.py,
+* Nguyen et al. 2020 Tables 2-3: SPEC recipes (benchmarks/quality/ablations.py,
   examples/ablations/README.md).
 
 Every variant is checked against a float64 reference written here from the
@@ -31,11 +31,12 @@ import torch
 from torch.autograd import gradcheck
 from torch.testing import assert_close
 
-from benchmarks.ablations import ABLATION_NAMES, REFERENCE_CONFIGS, ablations, partial_layers
+from benchmarks.quality.ablations import ABLATION_NAMES, REFERENCE_CONFIGS, ablations, partial_layers
 from fairseq_distattn import functional as DF
 from fairseq_distattn.functional.distance_aware import DA_ADJUSTINGS, DA_MAPPINGS, distance_coefficients
 from fairseq_distattn.functional.query_value_interaction import QVI_INTERACTIONS
-from fairseq_distattn.mechanisms import DistanceAware, QueryValueInteraction
+from fairseq_distattn.mechanisms.distance_aware import DistanceAware
+from fairseq_distattn.mechanisms.query_value_interaction import QueryValueInteraction
 from fairseq_distattn.models.arguments import OPTION_DEFAULTS
 from fairseq_distattn.spec import MechanismOptions, SpecError
 
@@ -895,7 +896,7 @@ def test_every_ablation_builds_the_model_it_names(layers):
 
 
 def test_the_listing_prints_every_ablation(capsys):
-    from benchmarks.ablations import main
+    from benchmarks.quality.ablations import main
 
     assert main(["--layers", "6"]) == 0
     lines = [line.split("\t") for line in capsys.readouterr().out.splitlines()]

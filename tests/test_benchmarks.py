@@ -1,4 +1,4 @@
-"""Smoke test of the benchmark harness (benchmarks/): it runs end to end at
+"""Smoke test of the speed harness (benchmarks/speed/): it runs end to end at
 tiny sizes (--quick) and writes well-formed outputs. No timing assertions:
 the harness reports targets, it never asserts them."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -15,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import configs as C
-from benchmarks.common import Summary, fit_exponent, run_paired
-from benchmarks.configs import LM_FLOORS, LM_PRESETS, MT_FLOORS, MT_PRESETS, mt_mechanism_configs
-from benchmarks.floor import TRANSLATION_WINDOW_FLOOR, WINDOW_FLOOR_LAYERS, WINDOW_SEGMENT_SIZE
-from benchmarks.report import TRAIN_TARGETS, md_table
+from benchmarks.speed import configs as C
+from benchmarks.speed.configs import LM_FLOORS, LM_PRESETS, MT_FLOORS, MT_PRESETS, mt_mechanism_configs
+from benchmarks.speed.floor import TRANSLATION_WINDOW_FLOOR, WINDOW_FLOOR_LAYERS, WINDOW_SEGMENT_SIZE
+from benchmarks.speed.report import TRAIN_TARGETS, md_table
+from benchmarks.speed.timing import Summary, fit_exponent, run_paired
+from fairseq_distattn.registry import registered
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 QUICK_TIMEOUT = 300  # seconds; the quick run itself takes well under 90 s on 2 cores
@@ -153,7 +155,10 @@ def test_targets_table(quick_run):
     assert sorted(by_section["generate"]) == sorted(presets)
     assert sorted(by_section["memory"]) == sorted(presets)
     ops = json.loads((out / "results.json").read_text())["ops"]
-    assert len(by_section["ops"]) == len([k for k, r in ops.items() if r["op"] != "sdpa"]) == 18
+    # the plugin's softmax attention and every registered mechanism's op, forward and forward + backward
+    assert (
+        len(by_section["ops"]) == len([k for k, r in ops.items() if r["op"] != "sdpa"]) == 2 * (1 + len(registered()))
+    )
     for row in rows:
         if row["section"] in ("train", "generate", "memory"):
             assert number(row["measured (median)"]) > 0, row
@@ -312,7 +317,7 @@ def test_translation_window_floor_is_vanilla_plus_work_in_training():
     mode, dropout included), and the window's work is in the graph: its projections get gradients."""
     import torch
 
-    from benchmarks.train import TrainStep
+    from benchmarks.speed.train import TrainStep
 
     dictionary = _floor_dictionary()
     vanilla, floor = _vanilla_and_floor(dictionary)
@@ -431,7 +436,13 @@ def test_report_computes_the_floor_ratios_per_round():
     """preset / floor is, per round, the preset's ratio to vanilla over the floor's (both paired
     with vanilla in the same round); the window preset's targets become >= 0.97 of its floor,
     the LM preset's stay relative to vanilla; the summary shows both ratios and the floors' rows."""
-    from benchmarks.report import FLOOR_TARGET, evaluate_targets, floor_comparisons, floors_section, render_summary
+    from benchmarks.speed.report import (
+        FLOOR_TARGET,
+        evaluate_targets,
+        floor_comparisons,
+        floors_section,
+        render_summary,
+    )
 
     results = _hand_made_results()
     comparisons = {(c.section, c.preset): c for c in floor_comparisons(results)}
@@ -486,7 +497,7 @@ def test_report_computes_the_floor_ratios_per_round():
 
 def test_report_without_the_floor_keeps_the_vanilla_targets():
     """A run without window-floor (or an older results.json) is judged as before."""
-    from benchmarks.report import evaluate_targets, floor_comparisons, render_summary
+    from benchmarks.speed.report import evaluate_targets, floor_comparisons, render_summary
 
     results = _hand_made_results(with_floor=False)
     targets = {(t.section, t.candidate): t for t in evaluate_targets(results)}
@@ -583,13 +594,59 @@ def test_results_json_matches_report(quick_run):
 
 def test_fallback_plot_is_a_valid_png(quick_run, tmp_path):
     """Without matplotlib the harness still writes a PNG (no labels)."""
-    from benchmarks.plot import _fallback_plot
+    from benchmarks.speed.plot import _fallback_plot
 
     out, _ = quick_run
     results = json.loads((out / "results.json").read_text())
     path = tmp_path / "fallback.png"
     _fallback_plot(results, path)
     assert png_info(path.read_bytes()) == (800, 600)
+
+
+# --------------------------------------------------------------------------- aliases
+
+# The speed harness's code is benchmarks/speed/run.py; these commands, which the
+# documentation and the project's instructions name, must keep running it.
+SPEED_ALIASES = [["-m", "benchmarks"], ["-m", "benchmarks.run"], ["benchmarks/run.py"]]
+
+
+@pytest.fixture(scope="module")
+def speed_help():
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.speed.run", "--help"],
+        cwd=str(REPO_ROOT),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("alias", SPEED_ALIASES, ids=" ".join)
+def test_each_alias_of_the_speed_harness_runs_it(alias, speed_help, tmp_path):
+    # from another directory too: `python benchmarks/run.py` finds the package by its own path
+    cwd = tmp_path if alias[0].endswith(".py") else REPO_ROOT
+    command = [str(REPO_ROOT / alias[0])] if alias[0].endswith(".py") else alias
+    done = subprocess.run(
+        [sys.executable, *command, "--help"], cwd=str(cwd), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == speed_help and "usage: python -m benchmarks.run" in done.stdout
+
+
+def test_the_old_path_of_gpu_fetch_wheels_runs_the_script_with_its_arguments(tmp_path):
+    """benchmarks/gpu_fetch_wheels.sh forwards to benchmarks/gpu/fetch_wheels.sh, here a
+    stand-in (the real one downloads from PyPI), from any working directory."""
+    script = REPO_ROOT / "benchmarks" / "gpu" / "fetch_wheels.sh"
+    assert subprocess.run(["bash", "-n", str(script)], timeout=60).returncode == 0
+    repo = tmp_path / "repo"
+    (repo / "benchmarks" / "gpu").mkdir(parents=True)
+    shutil.copy(REPO_ROOT / "benchmarks" / "gpu_fetch_wheels.sh", repo / "benchmarks")
+    (repo / "benchmarks" / "gpu" / "fetch_wheels.sh").write_text('echo "fetch_wheels [$1] [$2]"\n')
+    for cwd, path in ((repo, "benchmarks/gpu_fetch_wheels.sh"), (tmp_path, "repo/benchmarks/gpu_fetch_wheels.sh")):
+        done = subprocess.run(["bash", path, "a b", "c"], cwd=str(cwd), capture_output=True, text=True, timeout=60)
+        assert (done.returncode, done.stdout) == (0, "fetch_wheels [a b] [c]\n"), done.stderr
 
 
 # --------------------------------------------------------------------------- pieces
@@ -663,14 +720,14 @@ def test_committed_results_name_no_directory_of_the_machine_that_made_them():
 
 
 def test_data_descriptions_are_relative_to_the_repository(tmp_path):
-    from benchmarks.data import shown
+    from benchmarks.common import shown
 
     assert shown(REPO_ROOT / "data" / "multi30k") == "data/multi30k"
     assert shown(REPO_ROOT.parent / "shared" / "data") == "../shared/data"
 
 
 def test_attention_flex_never_runs_the_whole_harness_off_flex(monkeypatch):
-    from benchmarks import run
+    from benchmarks.speed import run
     from fairseq_distattn.functional import flex
 
     modes = []

@@ -246,7 +246,7 @@ def test_generation_takes_attention_flex_as_a_checked_model_override(mt_data, wo
     checkpoint = save_dir / "checkpoint_last.pt"
     models, _ = checkpoint_utils.load_model_ensemble([str(checkpoint)], arg_overrides={"attention_flex": "never"})
     attentions = [m for m in models[0].modules() if hasattr(m, "mechanism")]
-    assert attentions and {m.mechanism.config.options.attention_flex for m in attentions} == {"never"}
+    assert attentions and {m.attention_flex for m in attentions} == {"never"}
 
     generate = [
         "fairseq-generate",

@@ -667,7 +667,7 @@ def test_attention_flex_never_keeps_every_layer_off_flex(flex_calls):
                 setting,
             ]
         )
-        assert model.encoder.layers[0].self_attn.mechanism.config.options.attention_flex == setting
+        assert model.encoder.layers[0].self_attn.attention_flex == setting
         src_tokens, prev_output_tokens = random_tokens(d, 2, 5, seed=1), random_tokens(d, 2, 4, seed=2)
         calls.clear()
         with torch.no_grad(), flex.flex_mode("always"):

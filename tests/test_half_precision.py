@@ -5,7 +5,7 @@ float16 and give no probability to padding."""
 import pytest
 import torch
 
-from benchmarks import precision
+from benchmarks.diagnostics import precision
 from fairseq_distattn import functional as DF
 from fairseq_distattn.spec import MECHANISMS
 
@@ -126,27 +126,25 @@ def test_every_op_in_half_precision_is_within_2x_of_vanilla_error(dtype, scale):
 
 @pytest.mark.parametrize("scale", precision.SCALES, ids=lambda s: f"logits_x{s:g}")
 @pytest.mark.parametrize("dtype", precision.HALF, ids=str)
-@pytest.mark.parametrize("mechanism", list(precision.op_table()))
+@pytest.mark.parametrize("mechanism", precision.op_names())
 def test_every_op_in_half_precision_has_finite_outputs_and_gradients(mechanism, dtype, scale):
     """Finite wherever the exact value fits the dtype: the float64 gradient of the
     same rounded inputs says which (QVI's values grow with its queries, so at
     logits x1e4 the true gradient of v exceeds 65504 and float16 rightly says inf)."""
 
     def run(compute_dtype):
-        inputs = {
-            name: tensor.to(dtype).to(compute_dtype).requires_grad_()
-            for name, tensor in precision.make_inputs(scale).items()
-        }
-        out = precision.op_table()[mechanism](inputs, precision.padding_mask())
+        call, draw = precision.op_call(mechanism, compute_dtype, scale, rounded_to=dtype, requires_grad=True)
+        out = call(key_padding_mask=precision.padding_mask())[0]
         out.float().square().mean().backward()
-        return out, {name: tensor.grad for name, tensor in inputs.items() if tensor.grad is not None}
+        return out, [leaf.grad for leaf in draw.leaves]
 
     out, gradients = run(dtype)
     _, exact = run(torch.float64)
     assert out.dtype == dtype and torch.isfinite(out).all()
-    for name, gradient in gradients.items():
-        representable = exact[name].abs() < torch.finfo(dtype).max
-        assert torch.isfinite(gradient[representable]).all(), f"gradient of {name} is not finite"
+    for index, (gradient, exact_gradient) in enumerate(zip(gradients, exact)):
+        if gradient is not None:
+            representable = exact_gradient.abs() < torch.finfo(dtype).max
+            assert torch.isfinite(gradient[representable]).all(), f"gradient of argument {index} is not finite"
 
 
 def test_distance_aware_logits_beyond_the_float16_range_stay_finite():
@@ -178,17 +176,17 @@ def test_distance_mask_with_a_huge_alpha_gives_no_nan(dtype, alpha, need_weights
         assert torch.equal(probs[1, 0], torch.eye(5, dtype=dtype))
 
 
-# Measured with benchmarks/precision.py: a tiny model, weights rounded to the
+# Measured with benchmarks/diagnostics/precision.py: a tiny model, weights rounded to the
 # dtype in both runs, the ratio of each mechanism's logit error to vanilla's
 # averaged over 5 weight draws (one draw alone moves a ratio by up to 2x, so a
 # single model flips between machines). The bounds, and why qvi and window-mw
-# have their own, are benchmarks.precision.MODEL_ERROR_BOUNDS (the README's
+# have their own, are benchmarks.diagnostics.precision.MODEL_ERROR_BOUNDS (the README's
 # half-precision section is generated from the same).
 
 
 @pytest.mark.parametrize("dtype", precision.HALF, ids=str)
 def test_whole_model_in_half_precision_against_float64(dtype):
-    errors = precision.mean_model_errors(dtype)  # what `python -m benchmarks.precision` prints
+    errors = precision.mean_model_errors(dtype)  # what `python -m benchmarks.diagnostics.precision` prints
     ratios = {name: error / max(errors["vanilla"], UNIT_ROUNDOFF[dtype]) for name, error in errors.items()}
     worse = {
         name: round(ratio, 2)

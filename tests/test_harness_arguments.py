@@ -8,7 +8,11 @@ import json
 
 import pytest
 
-from benchmarks import extrapolation, lm_extrapolation, lm_quality, parameter_movement, quality
+from benchmarks.diagnostics import parameter_movement
+from benchmarks.quality import lm as lm_quality
+from benchmarks.quality import lm_extrapolation
+from benchmarks.quality import mt as quality
+from benchmarks.quality import mt_extrapolation as extrapolation
 
 CASES = [
     (quality.parse_args, ["--seeds", "1,x"], "argument --seeds: '1,x' is not a comma-separated list of integers"),
@@ -61,7 +65,7 @@ def test_an_unreadable_checkpoint_or_data_directory_is_one_error_line(tmp_path, 
         parameter_movement.main([str(broken)])
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 1 and len(err.splitlines()) == 1
-    assert err.startswith(f"python -m benchmarks.parameter_movement: error: cannot read {broken}: ")
+    assert err.startswith(f"python -m benchmarks.diagnostics.parameter_movement: error: cannot read {broken}: ")
 
 
 def write_run(out, name, **fields):

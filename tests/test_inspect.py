@@ -20,7 +20,9 @@ from fairseq.tasks.language_modeling import LanguageModelingTask
 from fairseq.tasks.translation import TranslationTask
 from omegaconf import OmegaConf
 
-from fairseq_distattn.mechanisms import DifferentiableWindow, DistanceAware, RelativePosition
+from fairseq_distattn.mechanisms.differentiable_window import DifferentiableWindow
+from fairseq_distattn.mechanisms.distance_aware import DistanceAware
+from fairseq_distattn.mechanisms.relative_position import RelativePosition
 from fairseq_distattn.tools import inspection as tool
 
 from .conftest import REPO_ROOT, cli_env
@@ -273,8 +275,16 @@ def test_every_layer_and_head_is_plotted_and_every_png_is_valid(translation, tmp
         "window-decoder-self-layer0.png",
         "window-cross-layer1.png",
         "da-coefficients-encoder-self-layer1.png",
+        "distance-mask-decoder-self-layer2.png",
     }
-    model_level = {"da-parameters.png", "da-coefficient-curves.png", "rpr-table-norms.png", "window-spans.png"}
+    model_level = {
+        "learned-rpr.png",
+        "learned-da.png",
+        "da-coefficients-curves.png",
+        "learned-qvi.png",
+        "distance-mask-curves.png",
+        "window-spans.png",
+    }
     assert {p.name for p in tmp_path.glob("*.png")} == model_level
     for sentence in ("sentence-0", "sentence-1"):
         assert {p.name for p in (tmp_path / sentence).iterdir()} == per_sentence
@@ -313,9 +323,9 @@ def test_a_language_model_shows_its_decoder_layers(language_model_checkpoint, tm
         "window-decoder-self-layer1.png",
     }
     assert {p.name for p in tmp_path.glob("*.png")} == {
-        "da-parameters.png",
-        "da-coefficient-curves.png",
-        "rpr-table-norms.png",
+        "learned-da.png",
+        "da-coefficients-curves.png",
+        "learned-rpr.png",
         "window-spans.png",
     }
     for path in tmp_path.rglob("*.png"):
@@ -447,10 +457,10 @@ def test_window_masks_follow_from_the_plotted_boundaries_and_widths_are_their_ma
             torch.testing.assert_close(window.widths(), expected, atol=1e-5, rtol=1e-5)
 
 
-def test_da_coefficients_are_eq_5(translation):
+def test_da_s_position_term_is_eq_5(translation):
     da = translation["model"].encoder.layers[1].self_attn.mechanism
     assert isinstance(da, DistanceAware)
-    coefficients = tool.da_coefficients(da, 5, 7)
+    coefficients = da.position_term(5, 7, causal=False).values
     w, v = da.distance_weight.detach().double(), da.sharpness.detach().double()
     distance = (torch.arange(5)[:, None] - torch.arange(7)[None, :]).abs().double()
     reference = (1 + torch.exp(v))[:, None, None] / (1 + torch.exp(v[:, None, None] - w[:, None, None] * distance))
@@ -475,10 +485,10 @@ def test_a_da_ablation_shows_the_parameters_its_mapping_has(tmp_path):
         )
     w, k, b = (p.detach().double()[:, None, None] for p in (da.distance_weight, da.linear_slope, da.linear_intercept))
     distance = (torch.arange(4)[:, None] - torch.arange(4)[None, :]).abs().double()
-    torch.testing.assert_close(tool.da_coefficients(da, 4, 4), k * w * distance + b, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(da.position_term(4, 4, False).values, k * w * distance + b, rtol=1e-6, atol=1e-6)
     written = []
     tool.plot_model(model, {}, "", 10, tmp_path, written)
-    assert [path.name for path in written] == ["da-parameters.png", "da-coefficient-curves.png"]
+    assert [path.name for path in written] == ["learned-da.png", "da-coefficients-curves.png"]
     for path in written:
         assert_valid_png(path)
 
@@ -547,8 +557,8 @@ def test_rpr_table_norms_are_plotted_for_keys_only_models_too(tmp_path, capsys):
     )
     assert status == 0
     assert "value table" not in out and "key table row norms" in out
-    assert {p.name for p in (tmp_path / "out").glob("*.png")} == {"rpr-table-norms.png"}
-    assert_valid_png(tmp_path / "out" / "rpr-table-norms.png")
+    assert {p.name for p in (tmp_path / "out").glob("*.png")} == {"learned-rpr.png"}
+    assert_valid_png(tmp_path / "out" / "learned-rpr.png")
 
 
 # ----------------------------------------------------------------------------- input

@@ -10,7 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks import lm_extrapolation, lm_quality
+from benchmarks.quality import lm as lm_quality
+from benchmarks.quality import lm_extrapolation
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -237,8 +238,8 @@ def test_the_reports_print_no_debug_logging(tmp_path):
     }
     (extrapolation_out / "runs" / "transformer_lm_gbw-seed1-L64.json").write_text(json.dumps(record), encoding="utf-8")
     for module, out, plot in (
-        ("benchmarks.lm_quality", quality_out, "valid_loss.png"),
-        ("benchmarks.lm_extrapolation", extrapolation_out, "ppl_vs_length.png"),
+        ("benchmarks.quality.lm", quality_out, "valid_loss.png"),
+        ("benchmarks.quality.lm_extrapolation", extrapolation_out, "ppl_vs_length.png"),
     ):
         done = subprocess.run(
             [sys.executable, "-m", module, "--report", "--out", str(out)],

@@ -11,9 +11,9 @@ import copy
 import pytest
 import torch
 
-from fairseq_distattn.mechanisms import MECHANISM_REGISTRY
 from fairseq_distattn.modules.multihead_attention import DistanceAwareMultiheadAttention
 from fairseq_distattn.registry import CROSS, DECODER_SELF, ENCODER_SELF
+from fairseq_distattn.registry import REGISTRY as MECHANISM_REGISTRY
 from fairseq_distattn.spec import MECHANISMS, MechanismOptions
 
 from .model_helpers import TINY, TINY_LM, language_model, left_pad, random_tokens, right_pad, translation_model

@@ -1,4 +1,4 @@
-"""``benchmarks.parameter_movement`` rebuilds fairseq-train's initial model
+"""``benchmarks.diagnostics.parameter_movement`` rebuilds fairseq-train's initial model
 exactly: with a zero learning rate nothing moves, with a real one every
 mechanism parameter group moves."""
 
@@ -11,7 +11,7 @@ try:  # tests/ is a package (tests/__init__.py)
 except ImportError:  # rootdir-relative import mode without the package
     from conftest import run_cli
 
-from benchmarks import parameter_movement
+from benchmarks.diagnostics import parameter_movement
 
 ARCH = [
     "--arch",
@@ -136,7 +136,7 @@ LM_ARCH = [
 
 @pytest.mark.parametrize("lr", ["0", "1e-2"])
 def test_a_language_models_initial_model_is_rebuilt_exactly(lm_data, tmp_path, lr):
-    """The same for ``--task language_modeling`` (benchmarks.lm_quality records it
+    """The same for ``--task language_modeling`` (benchmarks.quality.lm records it
     for every LM run): the LM task builds its model from its dictionary alone."""
     result = _movement_after_training(lm_data["bin"], [*LM_ARCH, *TINY[TINY.index("--optimizer") :]], lr, tmp_path)
     assert {

@@ -39,14 +39,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import pytest
 
+from scripts import mt_eval
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO_ROOT / "scripts"
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 BIN_DIR = Path(sys.executable).parent  # the virtualenv's bin (not resolved: see conftest)
-
-sys.path.insert(0, str(SCRIPTS / "lib"))
-sys.path.insert(0, str(SCRIPTS))
-import mt_eval  # noqa: E402
 
 
 def require_shared_data() -> None:
@@ -947,7 +945,7 @@ def test_evaluate_fails_loudly_on_a_dropped_sentence(tmp_path):
 
 
 def test_last_checkpoints_are_chosen_by_number(tmp_path):
-    import average_checkpoints
+    from scripts import average_checkpoints
 
     for name in (
         "checkpoint1.pt",

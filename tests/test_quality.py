@@ -11,7 +11,7 @@ try:  # tests/ is a package (tests/__init__.py)
 except ImportError:  # rootdir-relative import mode without the package
     from conftest import read_lines, write_lines
 
-from benchmarks import quality
+from benchmarks.quality import mt as quality
 
 SPLITS = ("train", "val", "test_2016_flickr")
 
@@ -88,7 +88,7 @@ def test_quality_and_extrapolation_harnesses_write_one_json_per_run_skip_done_ru
     assert [line.split(" | ")[3] for line in ablations.splitlines() if line.startswith("| da-map-clip |")] == ["da"]
 
     # length extrapolation of the same models: one JSON per (run, factor), table and plot
-    from benchmarks import extrapolation
+    from benchmarks.quality import mt_extrapolation as extrapolation
 
     extra = tmp_path / "extrapolation"
     assert (

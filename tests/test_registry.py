@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from fairseq_distattn import functional as DF
-from fairseq_distattn.mechanisms import MECHANISM_REGISTRY
+from fairseq_distattn.mechanisms.examples import ExampleDraw, example_call
 from fairseq_distattn.registry import (
     CROSS,
     DECODER_SELF,
@@ -27,7 +27,7 @@ from fairseq_distattn.registry import (
     option_flag,
     registered,
 )
-from fairseq_distattn.spec import MECHANISMS, OPTION_CLASSES, MechanismOptions, accepted_by
+from fairseq_distattn.spec import MECHANISMS, MechanismOptions, accepted_by
 from fairseq_distattn.tools.docs import (
     FLAG_TABLE,
     MECHANISM_TABLE,
@@ -83,7 +83,10 @@ def test_importing_fairseq_after_the_package_registers_the_fairseq_side():
 
 def test_the_lists_derive_from_the_registry():
     assert MECHANISMS == ("vanilla", *(info.name for info in registered()))
-    assert set(MECHANISM_REGISTRY) == set(REGISTRY) and {"alibi", "t5-bias"} <= set(REGISTRY)
+    assert {"alibi", "t5-bias"} <= set(REGISTRY)
+    assert [info.name for info in registered()] == [
+        info.name for info in sorted(REGISTRY.values(), key=lambda info: (info.year, info.name))
+    ], "listed in the papers' order"
     for kind in (ENCODER_SELF, DECODER_SELF, CROSS):
         assert kind.allowed == {"vanilla"} | {info.name for info in registered() if kind.key in info.kinds}
         for info in registered():
@@ -112,29 +115,24 @@ def test_every_declared_option_is_a_flag_in_help_and_has_its_default():
         assert flag in help_text
 
 
+def pages():
+    """The README and every page under docs/ (what a user reads), by path."""
+    paths = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("**/*.md"))]
+    return {path.relative_to(REPO_ROOT).as_posix(): path.read_text(encoding="utf-8") for path in paths}
+
+
 @pytest.mark.parametrize(
     "path, generate", [(MECHANISM_TABLE, mechanism_table), (FLAG_TABLE, flag_table), (SPEC_GRAMMAR, spec_grammar)]
 )
-def test_the_readme_tables_are_the_registrys(path, generate):
-    """(tests/test_readme.py checks that each README block equals its file.)"""
+def test_the_generated_docs_are_the_registrys_and_shown_where_a_user_looks(path, generate):
+    """(tests/test_readme.py checks that each copy equals its file.)"""
     assert (REPO_ROOT / path).read_text(encoding="utf-8") == generate(), (
         f"{path} is stale: run python -m fairseq_distattn.mechanisms --write"
     )
-    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    assert f"<!-- generated from {path} by " in readme
-
-
-def test_the_readme_names_every_mechanism_and_flag_where_a_user_looks_for_it():
-    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    grammar = readme.split("### SPEC grammar", 1)[1]
-    mech_rule = grammar[grammar.index("MECH   :=") : grammar.index("What each attention flag accepts")]
-    for info in registered():
-        assert f"| `{info.name}` |" in readme
-        assert f"| {info.name}\n" in mech_rule + "\n" or f"| {info.name} " in mech_rule, info.name
-    flags = readme.split("### Flags", 1)[1].split("### SPEC grammar", 1)[0]
-    for options_class in OPTION_CLASSES:
-        for field in dataclasses.fields(options_class):
-            assert f"| `{option_flag(field).flag}" in flags, option_flag(field).flag
+    showing = [page for page, text in pages().items() if f"<!-- generated from {path} by " in text]
+    assert showing, f"no page shows {path}"
+    if path == MECHANISM_TABLE:
+        assert "README.md" in showing, "the README shows the mechanism table"
 
 
 def test_the_generated_docs_say_what_each_flag_accepts_and_why_it_refuses():
@@ -166,91 +164,24 @@ def test_the_generated_docs_say_what_each_flag_accepts_and_why_it_refuses():
     )
 
 
-def test_a_mechanism_registered_from_outside_appears_everywhere():
-    """What adding a mechanism takes: its functional op and its module file (here
-    inline, registered before the package's lists are built). Nothing else."""
-    proc = run_python("""
-        import dataclasses, torch
-        from fairseq_distattn.registry import SELF_ATTENTION, CROSS_KIND, option, positive_integer, register_attention
-        from fairseq_distattn.mechanisms.base import Mechanism, shared_arguments
-        import fairseq_distattn.functional as DF
-
-        @dataclasses.dataclass(frozen=True)
-        class ToyOptions:
-            toy_width: int = option(3, "--toy-width", "toy: width (default: {default})",
-                                    convert=positive_integer("--toy-width"), type=int, metavar="W")
-
-        @register_attention("toy", ToyOptions, order=99, kinds=SELF_ATTENTION, unsupported={CROSS_KIND: "no"},
-                            fused="without weights", description="a toy", paper="none")
-        class Toy(Mechanism):
-            def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
-                return DF.softmax_attention(queries["query"], keys["key"], keys["value"], **shared_arguments(
-                    key_padding_mask, causal, query_offset, dropout_p, need_weights))
-
-        from fairseq_distattn.spec import MECHANISMS, MechanismOptions
-        from fairseq_distattn.registry import DECODER_SELF, SpecError
-        from fairseq_distattn.tools.docs import mechanism_table
-        import argparse
-        assert MECHANISMS[-1] == "toy" and "toy" in DECODER_SELF.allowed
-        assert MechanismOptions().toy_width == 3
-        try:
-            MechanismOptions.from_args(argparse.Namespace(toy_width=0))
-            raise AssertionError("no error")
-        except SpecError as error:
-            assert str(error).startswith("argument --toy-width: invalid value '0'")
-        assert "| `toy` | a toy |" in mechanism_table()
-        from fairseq_distattn.spec import accepted_by
-        from fairseq_distattn.tools.docs import flag_table, spec_grammar
-        assert "| toy\\n" in spec_grammar() and "| `--toy-width W` | `3` | toy: width |" in flag_table()
-        assert accepted_by(["decoder-self"])[-1] == "toy" and "toy" not in accepted_by(["cross"])
-        from fairseq_distattn.models.arguments import OPTION_DEFAULTS
-        assert OPTION_DEFAULTS["toy_width"] == 3
-        from tests.model_helpers import TINY_LM, language_model
-        model, d = language_model(extra=[*TINY_LM, "--decoder-self-attention", "toy@1", "--toy-width", "4"])
-        assert type(model.decoder.layers[1].self_attn.mechanism).__name__ == "Toy"
-        assert model.decoder.layers[1].self_attn.mechanism.config.options.toy_width == 4
-        print("ok")
-    """)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
-
-
 SHARED = ("key_padding_mask", "causal", "query_offset", "dropout_p", "need_weights")
-B, H, T, D = 2, 2, 4, 3
+# every attention op of the functional API, and every registered mechanism's op (one added from outside too)
+OPS = {
+    **{name: getattr(DF, name) for name in DF.__all__ if name.endswith("_attention")},
+    **{info.op.__name__: info.op for info in registered()},
+}
 
 
-def attention_ops():
-    """Every public attention op of the functional API, with a call on small tensors."""
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(B, H, T, D, generator=g) for _ in range(3))
-    window = DF.window_mask(q, k, q, k)
-    rel_keys, rel_values, t5_table = (torch.randn(*shape, generator=g) for shape in ((5, D), (5, D), (32, H)))
-    return {
-        "softmax_attention": lambda **kw: DF.softmax_attention(q, k, v, **kw),
-        "relative_position_attention": lambda **kw: DF.relative_position_attention(
-            q, k, v, rel_keys, rel_values, 2, **kw
-        ),
-        "distance_aware_attention": lambda **kw: DF.distance_aware_attention(
-            q, k, v, torch.zeros(H), torch.zeros(H), **kw
-        ),
-        "multiplicative_window_attention": lambda **kw: DF.multiplicative_window_attention(q, k, v, window, **kw),
-        "additive_window_attention": lambda **kw: DF.additive_window_attention(q, k, q, k, v, window, **kw),
-        "query_value_interaction_attention": lambda **kw: DF.query_value_interaction_attention(
-            q, k, v, torch.eye(D).repeat(H, 1, 1), torch.zeros(H, 2 * D), torch.zeros(H), **kw
-        ),
-        "distance_mask_attention": lambda **kw: DF.distance_mask_attention(q, k, v, 0.5, **kw),
-        "alibi_attention": lambda **kw: DF.alibi_attention(q, k, v, **kw),
-        "t5_bias_attention": lambda **kw: DF.t5_bias_attention(q, k, v, t5_table, **kw),
-    }
+def test_every_op_of_the_package_s_mechanisms_is_part_of_the_functional_api():
+    public = {getattr(DF, name) for name in DF.__all__}
+    for info in registered():
+        if info.module.__module__.startswith("fairseq_distattn."):
+            assert info.op in public, f"{info.name}'s op {info.op.__name__} is not in fairseq_distattn.functional"
 
 
-def test_the_table_covers_every_attention_op_of_the_api():
-    ops = {name for name in DF.__all__ if name.endswith("_attention")}
-    assert ops == set(attention_ops())
-
-
-@pytest.mark.parametrize("name", sorted(attention_ops()))
+@pytest.mark.parametrize("name", sorted(OPS))
 def test_shared_arguments_are_keyword_only_and_identical(name):
-    parameters = inspect.signature(getattr(DF, name)).parameters
+    parameters = inspect.signature(OPS[name]).parameters
     defaults = {"key_padding_mask": None, "causal": False, "query_offset": 0, "dropout_p": 0.0, "need_weights": True}
     for argument in SHARED:
         assert parameters[argument].kind is inspect.Parameter.KEYWORD_ONLY, argument
@@ -259,16 +190,28 @@ def test_shared_arguments_are_keyword_only_and_identical(name):
     assert not set(positional) & set(SHARED)
 
 
-@pytest.mark.parametrize("name", sorted(attention_ops()))
+@pytest.mark.parametrize("name", [info.name for info in registered()])
 @pytest.mark.parametrize("causal", [False, True])
 def test_need_weights_false_returns_no_probabilities_and_the_same_output(name, causal):
-    call = attention_ops()[name]
-    padding = torch.zeros(B, T, dtype=torch.bool)
+    """Every registered op, called as its registration's example says."""
+    call = example_call(REGISTRY[name], ExampleDraw(batch=2, heads=2, tgt_len=4, head_dim=3, dtype=torch.float32))
+    padding = torch.zeros(2, 4, dtype=torch.bool)
     padding[1, 0] = True
     out, probs = call(key_padding_mask=padding, causal=causal)
     out_without, none = call(key_padding_mask=padding, causal=causal, need_weights=False)
-    assert probs is not None and probs.shape == (B, H, T, T) and none is None
+    assert probs is not None and probs.shape == (2, 2, 4, 4) and none is None
     torch.testing.assert_close(out_without, out, rtol=1e-5, atol=1e-6)
+
+
+def test_a_registration_says_where_its_paper_puts_it_and_what_its_op_is():
+    from fairseq_distattn.mechanisms.base import Mechanism
+    from fairseq_distattn.registry import register_attention
+
+    with pytest.raises(ValueError, match="paper must read 'Authors YEAR, \\*Title\\*'"):
+        register_attention("nameless", op=DF.softmax_attention, description="d", paper="somebody")(Mechanism)
+    with pytest.raises(TypeError, match="op and example must be callables"):
+        register_attention("opless", op=None, description="d", paper="A 2001, *T*")(Mechanism)
+    assert "nameless" not in REGISTRY and "opless" not in REGISTRY
 
 
 def test_kinds_are_the_registrys():
@@ -354,5 +297,5 @@ def test_option_users_follow_the_options_class_and_its_narrowing():
 
     by_flag = {option_flag(field).flag: option_users(field) for field in MECHANISM_OPTION_FIELDS}
     assert by_flag["--max-relative-position"] == ("rpr",)
-    assert by_flag["--window-segment-size"] == ("window-mw-seg", "window-aw-seg")
-    assert by_flag["--window-expected-mask"] == ("window-mw", "window-aw", "window-mw-seg", "window-aw-seg")
+    assert by_flag["--window-segment-size"] == ("window-aw-seg", "window-mw-seg")
+    assert by_flag["--window-expected-mask"] == ("window-aw", "window-aw-seg", "window-mw", "window-mw-seg")

@@ -123,7 +123,7 @@ def test_a_short_source_side_bounds_k_of_the_encoder(capsys):
 def test_rpr_clipping_benchmark_reports_a_ratio_against_its_target(tmp_path, capsys):
     import json
 
-    from benchmarks import rpr_clipping
+    from benchmarks.speed import rpr_clipping
 
     out = tmp_path / "rpr.json"
     assert (

@@ -1,4 +1,4 @@
-"""``python -m benchmarks.window_diagnostics``: its statistics are the textbook
+"""``python -m benchmarks.diagnostics.window``: its statistics are the textbook
 ones (entropy of known distributions, the width of known masks, eq. 9 for
 uniform boundaries), its --tiny run writes well-formed results, and what it
 measures on a model matches an independent computation from the model's own
@@ -11,7 +11,7 @@ import shutil
 import pytest
 import torch
 
-from benchmarks import window_diagnostics as wd
+from benchmarks.diagnostics import window as wd
 from fairseq_distattn import functional as DF
 from fairseq_distattn.modules.summary import attention_sites
 from fairseq_distattn.tools.inspection import WindowInternals

@@ -334,4 +334,58 @@ def additive_window_attention(
     )
 
 
-__all__ = ["additive_window_attention", "multiplicative_window_attention", "window_mask"]
+def differentiable_window_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_left: Tensor,
+    k_left: Tensor,
+    q_right: Tensor,
+    k_right: Tensor,
+    q_local: Optional[Tensor] = None,
+    k_local: Optional[Tensor] = None,
+    *,
+    segment_size: int = 0,
+    expected: bool = False,
+    key_padding_mask: Optional[Tensor] = None,
+    causal: bool = False,
+    query_offset: int = 0,
+    dropout_p: float = 0.0,
+    need_weights: bool = True,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """The whole mechanism in one call: the soft mask of eq. 9 (or eq. 11 with
+    ``segment_size`` > 0; ``expected`` as in :func:`window_mask`) from the
+    boundary projections, then MW (eqs. 12-13), or AW (eqs. 14-17) when the
+    local projections ``q_local``, ``k_local`` are given. Returns ``(out, probs)``
+    as :func:`multiplicative_window_attention` and :func:`additive_window_attention` do."""
+    if (q_local is None) != (k_local is None):
+        raise ValueError("q_local and k_local are given together (AW) or not at all (MW)")
+    mask = window_mask(
+        q_left,
+        k_left,
+        q_right,
+        k_right,
+        segment_size,
+        key_padding_mask=key_padding_mask,
+        causal=causal,
+        query_offset=query_offset,
+        expected=expected,
+    )
+    shared = dict(
+        key_padding_mask=key_padding_mask,
+        causal=causal,
+        query_offset=query_offset,
+        dropout_p=dropout_p,
+        need_weights=need_weights,
+    )
+    if q_local is None:
+        return multiplicative_window_attention(q, k, v, mask, **shared)
+    return additive_window_attention(q, k, q_local, k_local, v, mask, **shared)
+
+
+__all__ = [
+    "additive_window_attention",
+    "differentiable_window_attention",
+    "multiplicative_window_attention",
+    "window_mask",
+]

@@ -24,6 +24,7 @@ from .masking import (
     relative_distance,
 )
 
+# the directional masks M_dir (None: no mask)
 DIRECTIONS = (None, "forward", "backward")
 
 
@@ -37,11 +38,6 @@ def distance_mask_table(tgt_len: int, src_len: int, alpha: float, query_offset: 
     distance = offsets(tgt_len, src_len, query_offset, device, torch.float64).abs_()
     floor = torch.finfo(dtype).max / 2
     return OffsetTable((distance * (-alpha)).clamp_(min=-floor).to(dtype)[None], tgt_len)
-
-
-def distance_mask_bias(tgt_len: int, src_len: int, alpha: float, query_offset: int, device, dtype) -> Tensor:
-    """``-alpha |i - j|`` as ``[Tq, Tk]`` (see :func:`distance_mask_table`)."""
-    return distance_mask_table(tgt_len, src_len, alpha, query_offset, device, dtype).dense()[0]
 
 
 @position_tensor

@@ -29,12 +29,11 @@ training, scoring, the encoder; one-token decoding steps gain nothing and would
 recompile per step) without attention weights and without attention dropout
 (FlexAttention has none), on CUDA with a head size flex compiles for. Elsewhere
 the mechanisms take the eager path of :func:`masking.attend`, to which this one
-is equal to float32 rounding (``tests/test_flex.py``). :func:`flex_mode` forces
-it on or off. On CPU, "always" runs flex's eager (uncompiled) form without
-gradients (flex has no CPU backward), which checks the score and mask
-functions but is not fast; the compiled CPU kernel of this torch gave wrong
-outputs for lengths that are not a multiple of 128 (measured: max error 0.7 at
-L = 40 for plain attention), so it is never used.
+is equal to float32 rounding. :func:`flex_mode` forces it on or off. On CPU,
+"always" runs flex's eager (uncompiled) form without gradients (flex has no
+CPU backward), which checks the score and mask functions but is not fast; the
+compiled CPU kernel is never used, because it is wrong for lengths that are
+not a multiple of its block size in the torch this plugin pins.
 """
 
 import collections

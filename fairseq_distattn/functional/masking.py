@@ -75,12 +75,6 @@ def relative_distance(tgt_len: int, src_len: int, query_offset: int, device) -> 
 
 
 @position_tensor
-def absolute_distance(tgt_len: int, src_len: int, query_offset: int, device, dtype) -> Tensor:
-    """``|i - j|`` (query and key positions) as a ``[Tq, Tk]`` floating tensor."""
-    return _relative_distance(tgt_len, src_len, query_offset, device).abs().to(dtype)
-
-
-@position_tensor
 def causal_visibility(tgt_len: int, src_len: int, query_offset: int, device) -> Optional[Tensor]:
     """``[Tq, Tk]`` bool, True where key ``j`` is not after its query; None when
     no key is (one-token incremental steps)."""

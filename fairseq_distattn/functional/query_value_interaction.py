@@ -108,7 +108,7 @@ def query_aware_values(
     For half inputs g is computed in float32 and rounded once: in bfloat16 the
     product Q^ * (V W), the gate and the mix each round to 8 bits, which made
     a QVI model's output several times less exact than a vanilla one's
-    (``python -m benchmarks.precision``). It is [B, H, Tv, D] work, small
+    (``python -m benchmarks.diagnostics.precision``). It is [B, H, Tv, D] work, small
     beside the attention. ``interaction`` picks g of sec. 4.3 (default: eq. 8-9)."""
     # eq. 7 attends from values over queries: the queries are its keys
     names = ("v", "queries", None, "query_padding_mask")

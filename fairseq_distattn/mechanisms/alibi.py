@@ -1,13 +1,15 @@
 """``alibi``: attention with linear biases (Press, Smith, Lewis 2022)."""
 
+import torch
+
 from .. import functional as DF
 from ..registry import CROSS_KIND, DIFFERENT_SEQUENCES, SELF_ATTENTION, register_attention
-from .base import Mechanism, shared_arguments
+from .base import Mechanism, PositionTerm, shared_arguments
 
 
 @register_attention(
     "alibi",
-    order=60,
+    op=DF.alibi_attention,
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     fused="without weights",
@@ -26,6 +28,10 @@ class ALiBi(Mechanism):
     def extra_repr(self) -> str:
         slopes = DF.alibi_slopes(self.config.num_heads)
         return f"heads={self.config.num_heads}, slopes={slopes[0]:.4g}..{slopes[-1]:.4g}"
+
+    def position_term(self, tgt_len, src_len, causal):
+        bias = DF.alibi_bias(tgt_len, src_len, self.config.num_heads, 0, "cpu", torch.float64)
+        return PositionTerm("alibi-bias", "ALiBi bias -m_h |i-j|", bias)
 
     def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
         return DF.alibi_attention(

@@ -9,7 +9,7 @@ exactly like fairseq caches ``prev_key``).
 """
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from torch import Tensor, nn
 
@@ -38,9 +38,80 @@ class MechanismConfig:
     name: str
     num_heads: int
     head_dim: int
-    options: Any  # fairseq_distattn.spec.MechanismOptions
+    options: Any  # its own options dataclass (MechanismInfo.options), or None
     # the layer's stack (None: a lone attention module, which shares nothing)
     stack: Optional[Stack] = field(default=None, compare=False, hash=False, repr=False)
+
+
+@dataclass(frozen=True)
+class LearnedValues:
+    """One series of values a trained mechanism learned, one line of the checkpoint
+    summary and one panel of ``python -m fairseq_distattn.inspect``'s plot of it."""
+
+    name: str  # "w per head", "key table row norms"
+    values: Tensor  # 1-D, detached, on the CPU
+    positions: Optional[Tuple[int, ...]] = None  # each value's position on the x axis (None: one per head)
+    axis: str = "head"  # what the positions are
+    symbol: str = "d"  # the positions' symbol in the summary line
+    shown: Optional[Tuple[int, ...]] = None  # the positions the summary line shows (None: every value)
+    note: str = ""  # what the values mean (the plot panel's title)
+
+    def summary_line(self) -> str:
+        if self.positions is None:
+            return f"{self.name}: " + " ".join(f"{value:+.4f}" for value in self.values.tolist())
+        shown = self.positions if self.shown is None else self.shown
+        index = [self.positions.index(position) for position in shown]
+        at = ", ".join("0" if position == 0 else f"{position:+d}" for position in shown)
+        return f"{self.name} at {self.symbol} = {at}: " + " ".join(
+            f"{value:.4f}" for value in self.values[index].tolist()
+        )
+
+
+@dataclass(frozen=True)
+class PositionTerm:
+    """What a mechanism puts on (or multiplies into) the attention as a function of
+    the positions alone, per head: ``values`` ``[H or 1, Tq, Tk]`` float64 on the CPU;
+    ``name`` is the file-name form, ``title`` the plots'."""
+
+    name: str
+    title: str
+    values: Tensor
+
+
+@dataclass(frozen=True)
+class SoftWindow:
+    """A mechanism's soft window over the keys, ``[B, H, Tq, Tk]`` each: the left and
+    right boundary distributions and the mask they make; ``equation`` names it."""
+
+    left_pointer: Tensor
+    right_pointer: Tensor
+    mask: Tensor
+    equation: str
+
+
+def parameter_values(module: nn.Module, num_heads: int) -> List[LearnedValues]:
+    """Every parameter of ``module`` as learned values: one of ``num_heads`` values
+    as they are, any other by the norms of its rows (its first dimension)."""
+    found = []
+    for name, parameter in module.named_parameters():
+        values = parameter.detach().double().cpu()
+        if values.dim() == 1 and values.numel() == num_heads:
+            found.append(LearnedValues(f"{name} per head", values))
+            continue
+        norms = values.reshape(values.size(0), -1).norm(dim=-1) if values.dim() > 1 else values.abs()
+        rows = tuple(range(norms.numel()))
+        shown = rows if len(rows) <= 8 else (rows[0], rows[len(rows) // 2], rows[-1])
+        found.append(
+            LearnedValues(
+                f"{name} {list(values.shape)} row norms",
+                norms,
+                positions=rows,
+                axis=f"row of {name}",
+                symbol="row",
+                shown=shown,
+            )
+        )
+    return found
 
 
 class Mechanism(nn.Module):
@@ -61,8 +132,9 @@ class Mechanism(nn.Module):
 
     @classmethod
     def check_options(cls, options, kind, layers) -> None:
-        """Raise SpecError where ``options`` cannot work in attention ``kind``
-        (a :class:`fairseq_distattn.spec.AttentionKind` whose ``layers`` use this mechanism)."""
+        """Raise SpecError where ``options`` (its own options dataclass) cannot work in
+        attention ``kind`` (a :class:`fairseq_distattn.registry.AttentionKind` whose
+        ``layers`` use this mechanism)."""
 
     # whether the flex path still keeps [B, H, Tq, Tk] tensors of its own for backward
     flex_keeps_attention_tensors = False
@@ -86,6 +158,30 @@ class Mechanism(nn.Module):
         ):
             return False
         return self.info.row_wise and (need_weights or not self.info.small_fused_bias)
+
+    def learned_values(self, causal: bool) -> List[LearnedValues]:
+        """What this layer learned, for the checkpoint summary and the plots of
+        ``python -m fairseq_distattn.inspect`` (``causal``: decoder self-attention,
+        where no key is after its query). By default every parameter
+        (:func:`parameter_values`); a mechanism names what its values mean."""
+        return parameter_values(self, self.config.num_heads)
+
+    def position_term(self, tgt_len: int, src_len: int, causal: bool) -> Optional[PositionTerm]:
+        """What this layer adds to (or multiplies into) the attention as a function
+        of the positions alone, per head; None where that depends on the content."""
+        return None
+
+    def soft_window(
+        self,
+        queries: Dict[str, Tensor],
+        keys: Dict[str, Tensor],
+        key_padding_mask: Optional[Tensor],
+        causal: bool,
+        query_offset: int,
+    ) -> Optional[SoftWindow]:
+        """The soft window this layer computes from its forward's inputs, for the
+        inspection plots (None: it has none)."""
+        return None
 
     def forward(
         self,

@@ -2,10 +2,14 @@
 differentiable window (Nguyen, Nguyen, Joty, Li 2020)."""
 
 from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
 
 from .. import functional as DF
 from ..registry import ALL_KINDS, DECODER_SELF_KIND, EVALUATION, option, positive_integer, register_attention
-from .base import Mechanism, MechanismConfig, shared_arguments
+from .base import Mechanism, MechanismConfig, SoftWindow, shared_arguments
 
 
 @dataclass(frozen=True)
@@ -38,12 +42,25 @@ POINTERS = ("left", "right")
 UNFINISHED_SEGMENTS = {DECODER_SELF_KIND: "segments are undefined for keys that are still being generated"}
 
 
-def _window(name, order, additive, segments, description):
+def _example(additive: bool, segments: bool):
+    """Example arguments of :func:`~fairseq_distattn.functional.differentiable_window_attention`."""
+
+    def example(draw, options):
+        pointers = (draw.query(), draw.key(), draw.query(), draw.key())
+        local = (draw.query(), draw.key()) if additive else ()
+        segment_size = options.window_segment_size if segments else 0
+        return (*pointers, *local), dict(segment_size=segment_size, expected=options.window_expected_mask)
+
+    return example
+
+
+def _window(name, additive, segments, description):
     sides = POINTERS + (("local",) if additive else ())
     return register_attention(
         name,
         WindowOptions,
-        order=order,
+        op=DF.differentiable_window_attention,
+        example=_example(additive, segments),
         kinds=ALL_KINDS - set(UNFINISHED_SEGMENTS) if segments else ALL_KINDS,
         unsupported=UNFINISHED_SEGMENTS if segments else {},
         fused="without weights" if additive else "",
@@ -56,10 +73,10 @@ def _window(name, order, additive, segments, description):
     )
 
 
-@_window("window-aw-seg", 33, True, True, "AW with segment-based windows of `--window-segment-size` tokens")
-@_window("window-mw-seg", 32, False, True, "MW with segment-based windows of `--window-segment-size` tokens")
-@_window("window-aw", 31, True, False, "differentiable window, additive (AW): masked local scores on the logits")
-@_window("window-mw", 30, False, False, "differentiable window, multiplicative (MW): the soft window times the weights")
+@_window("window-aw-seg", True, True, "AW with segment-based windows of `--window-segment-size` tokens")
+@_window("window-mw-seg", False, True, "MW with segment-based windows of `--window-segment-size` tokens")
+@_window("window-aw", True, False, "differentiable window, additive (AW): masked local scores on the logits")
+@_window("window-mw", False, False, "differentiable window, multiplicative (MW): the soft window times the weights")
 class DifferentiableWindow(Mechanism):
     """Nguyen et al. 2020: left/right boundary pointers (eqs. 7-8) give the soft
     mask (eq. 9, or eq. 11 with segments); MW multiplies it into the attention
@@ -80,7 +97,7 @@ class DifferentiableWindow(Mechanism):
         expected = ", expected_mask=True (departs from eq. 9 as written)" if self.expected_mask else ""
         return f"{'AW' if self.additive else 'MW'}, {segments}{expected}"
 
-    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
+    def soft_window(self, queries, keys, key_padding_mask, causal, query_offset):
         mask = DF.window_mask(
             queries["left_query"],
             keys["left_key"],
@@ -92,15 +109,41 @@ class DifferentiableWindow(Mechanism):
             query_offset=query_offset,
             expected=self.expected_mask,
         )
-        shared = shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights)
-        if self.additive:
-            return DF.additive_window_attention(
-                queries["query"],
-                keys["key"],
-                queries["local_query"],
-                keys["local_key"],
-                keys["value"],
-                mask,
-                **shared,
-            )
-        return DF.multiplicative_window_attention(queries["query"], keys["key"], keys["value"], mask, **shared)
+        pointers = [
+            boundary_pointer(queries[f"{side}_query"], keys[f"{side}_key"], key_padding_mask, causal, query_offset)
+            for side in POINTERS
+        ]
+        return SoftWindow(*pointers, mask.double(), "eq. 11" if self.segment_size else "eq. 9")
+
+    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
+        local = (queries["local_query"], keys["local_key"]) if self.additive else ()
+        return DF.differentiable_window_attention(
+            queries["query"],
+            keys["key"],
+            keys["value"],
+            queries["left_query"],
+            keys["left_key"],
+            queries["right_query"],
+            keys["right_key"],
+            *local,
+            segment_size=self.segment_size,
+            expected=self.expected_mask,
+            **shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights),
+        )
+
+
+def boundary_pointer(
+    query: Tensor, key: Tensor, key_padding_mask: Optional[Tensor], causal: bool, query_offset: int
+) -> Tensor:
+    """Eqs. 7-8 in float64: ``softmax(q W^Q (K W^K)^T / sqrt d)`` over the keys a
+    query may see (not padding, not in the future when causal), ``[B, H, Tq, Tk]``."""
+    scores = query.double() @ key.double().transpose(-2, -1) / query.size(-1) ** 0.5
+    tgt_len, src_len = scores.shape[-2:]
+    hidden = torch.zeros(tgt_len, src_len, dtype=torch.bool, device=scores.device)
+    if causal:
+        query_positions = torch.arange(tgt_len, device=scores.device)[:, None] + query_offset
+        hidden = hidden | (torch.arange(src_len, device=scores.device)[None, :] > query_positions)
+    hidden = hidden[None, None]
+    if key_padding_mask is not None:
+        hidden = hidden | key_padding_mask.to(torch.bool)[:, None, None, :]
+    return torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)

@@ -17,7 +17,7 @@ from ..registry import (
     option,
     register_attention,
 )
-from .base import Mechanism, MechanismConfig, shared_arguments
+from .base import LearnedValues, Mechanism, MechanismConfig, PositionTerm, shared_arguments
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,17 @@ class DistanceAwareOptions:
 @register_attention(
     "da",
     DistanceAwareOptions,
-    order=20,
+    op=DF.distance_aware_attention,
+    example=lambda draw, options: (
+        (draw(draw.heads, std=0.5), draw(draw.heads, mean=1.0) if options.da_mapping == "learnable-sigmoid" else None),
+        dict(
+            mapping=options.da_mapping,
+            adjusting=options.da_adjusting,
+            linear_slope=draw(draw.heads, mean=1.0, std=0.1) if options.da_mapping == "linear" else None,
+            linear_intercept=draw(draw.heads, mean=1.0, std=0.1) if options.da_mapping == "linear" else None,
+            clip_threshold=options.da_clip_threshold if options.da_mapping == "clip" else None,
+        ),
+    ),
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     fused="`--da-adjusting early-add`, without weights",
@@ -112,6 +122,26 @@ class DistanceAware(Mechanism):
         return distance_coefficients(
             self.distance_weight, self.sharpness, tgt_len, src_len, query_offset, **self._mapping_arguments()
         )
+
+    # each per-head parameter by attribute, with the paper's symbol and what it means
+    PARAMETERS = {
+        "distance_weight": ("w", "w: w > 0, the head prefers long distances; w < 0, short ones (Figs. 6-7)"),
+        "sharpness": ("v", "v (eq. 5): larger v, a higher upper bound 1 + e^v and a steeper curve"),
+        "linear_slope": ("k", "k: slope of the linear mapping f(x) = k x + b (sec. 4.3)"),
+        "linear_intercept": ("b", "b: intercept of the linear mapping f(x) = k x + b (sec. 4.3)"),
+    }
+
+    def learned_values(self, causal):
+        return [
+            LearnedValues(f"{symbol} per head", getattr(self, name).detach().double().cpu(), note=note)
+            for name, (symbol, note) in self.PARAMETERS.items()
+            if getattr(self, name) is not None
+        ]
+
+    def position_term(self, tgt_len, src_len, causal):
+        with torch.no_grad():
+            values = self.coefficients(tgt_len, src_len).double().cpu()
+        return PositionTerm("da-coefficients", "DA coefficients f(w |i-j|) (eq. 5 or its sec. 4.3 mapping)", values)
 
     def may_take_flex_path(self) -> bool:
         return self.adjusting in ("early-multiply", "early-add")

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .. import functional as DF
+from ..functional.distance_mask import DIRECTIONS
 from ..registry import (
     CROSS_KIND,
     DIFFERENT_SEQUENCES,
@@ -14,9 +15,10 @@ from ..registry import (
     option,
     register_attention,
 )
-from .base import Mechanism, shared_arguments
+from .base import Mechanism, PositionTerm, shared_arguments
 
-DISTANCE_MASK_DIRECTIONS = ("none", "forward", "backward")
+# the flag's names of the functional API's directions (None: "none")
+DISTANCE_MASK_DIRECTIONS = tuple(direction or "none" for direction in DIRECTIONS)
 
 
 def _direction(value, context):
@@ -56,7 +58,11 @@ class DistanceMaskOptions:
 @register_attention(
     "distance-mask",
     DistanceMaskOptions,
-    order=50,
+    op=DF.distance_mask_attention,
+    example=lambda draw, options: (
+        (options.distance_mask_alpha,),
+        dict(direction=options.distance_mask_direction),
+    ),
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     fused="without weights",
@@ -78,6 +84,12 @@ class DistanceMask(Mechanism):
                 f"{kind.flag} uses distance-mask, and a backward mask leaves a causal query no key",
                 "none, forward",
             )
+
+    def position_term(self, tgt_len, src_len, causal):
+        distance = DF.relative_distance(tgt_len, src_len, 0, "cpu").abs().double()
+        return PositionTerm(
+            "distance-mask", "distance mask -alpha |i-j|", -self.config.options.distance_mask_alpha * distance[None]
+        )
 
     def extra_repr(self) -> str:
         options = self.config.options

@@ -28,7 +28,17 @@ class QueryValueInteractionOptions:
     # eq. 7 would mix every target query (including future ones) into each value of a cross-attention
     "qvi",
     QueryValueInteractionOptions,
-    order=40,
+    op=DF.query_value_interaction_attention,
+    example=lambda draw, options: (
+        (
+            draw(draw.heads, draw.head_dim, draw.head_dim, std=0.2, mean=torch.eye(draw.head_dim))
+            if options.qvi_interaction != "values-only"
+            else None,
+            draw(draw.heads, 2 * draw.head_dim, std=0.3) if options.qvi_interaction == "gated" else None,
+            draw(draw.heads, std=0.3) if options.qvi_interaction == "gated" else None,
+        ),
+        dict(interaction=options.qvi_interaction),
+    ),
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     row_wise=False,  # eq. 7 mixes every query into each value: no row-wise blocks

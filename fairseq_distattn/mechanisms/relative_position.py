@@ -15,7 +15,7 @@ from ..registry import (
     positive_integer,
     register_attention,
 )
-from .base import Mechanism, MechanismConfig, shared_arguments
+from .base import LearnedValues, Mechanism, MechanismConfig, shared_arguments
 
 
 def _clipping_distance(value, context):
@@ -55,7 +55,15 @@ class RelativePositionOptions:
 @register_attention(
     "rpr",
     RelativePositionOptions,
-    order=10,
+    op=DF.relative_position_attention,
+    example=lambda draw, options: (
+        (
+            draw(2 * options.max_relative_position + 1, draw.head_dim),
+            draw(2 * options.max_relative_position + 1, draw.head_dim) if options.relative_values else None,
+            options.max_relative_position,
+        ),
+        {},
+    ),
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     fused="keys only (`--no-relative-values`), without weights",
@@ -95,6 +103,26 @@ class RelativePosition(Mechanism):
     def extra_repr(self) -> str:
         options = self.config.options
         return f"k={options.max_relative_position}, relative_values={options.relative_values}"
+
+    def learned_values(self, causal):
+        k = self.config.options.max_relative_position
+        distances = tuple(range(-k, k + 1))
+        # rows j - i > 0 of a causal layer are never used (they keep their initial values)
+        shown = (-k, 0) if causal else (-k, 0, k)
+        tables = [("key", self.relative_keys, "relative keys a^K (eq. 4)")]
+        tables.append(("value", self.relative_values, "relative values a^V (eq. 3)"))
+        return [
+            LearnedValues(
+                f"{name} table row norms",
+                table.detach().double().norm(dim=-1).cpu(),
+                positions=distances,
+                axis="relative distance j - i (clipped at +-k)",
+                shown=shown,
+                note=f"{note}: L2 norm of each row",
+            )
+            for name, table, note in tables
+            if table is not None
+        ]
 
     def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
         return DF.relative_position_attention(

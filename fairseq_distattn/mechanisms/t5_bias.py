@@ -17,7 +17,7 @@ from ..registry import (
     positive_integer,
     register_attention,
 )
-from .base import Mechanism, MechanismConfig, shared_arguments
+from .base import Mechanism, MechanismConfig, PositionTerm, shared_arguments
 
 
 def _buckets(value, context):
@@ -76,7 +76,11 @@ class T5BiasOptions:
 @register_attention(
     "t5-bias",
     T5BiasOptions,
-    order=70,
+    op=DF.t5_bias_attention,
+    example=lambda draw, options: (
+        (draw(options.t5_bias_buckets, draw.heads),),
+        dict(max_distance=options.t5_bias_max_distance),
+    ),
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     fused="without weights",
@@ -135,6 +139,11 @@ class T5Bias(Mechanism):
             f"buckets={self.relative_attention_bias.size(0)}, max_distance={self.max_distance}, "
             f"heads={self.config.num_heads}, {sharing}"
         )
+
+    def position_term(self, tgt_len, src_len, causal):
+        table = self.relative_attention_bias.detach().double().cpu()
+        bias = DF.t5_relative_bias(table, tgt_len, src_len, self.max_distance, not causal)
+        return PositionTerm("t5-bias", "T5 relative attention bias b_h(bucket(j - i))", bias)
 
     def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
         # T5: bidirectional buckets in the encoder, unidirectional in the (causal) decoder

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..functional.flex import flex_mode
-from ..mechanisms import MechanismConfig, Stack, build_mechanism
+from ..mechanisms import Stack, build_mechanism
 from ..spec import MechanismOptions
 
 # Elements of one [B, H, rows, Tk] tensor of a recomputed query chunk (1 MiB in
@@ -54,7 +54,10 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
         )
         self.causal = causal
         # stack: the layers of this attention kind, across which a mechanism may share parameters
-        self.mechanism = build_mechanism(MechanismConfig(mechanism, num_heads, self.head_dim, options, stack))
+        self.mechanism = build_mechanism(mechanism, num_heads, self.head_dim, options, stack)
+        # the attention module's own options (the mechanism gets only its own options dataclass)
+        self.attention_flex = options.attention_flex
+        self.recompute_length = options.attention_recompute_length
 
         def projection(input_dim):
             layer = nn.Linear(input_dim, embed_dim)
@@ -140,7 +143,7 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
 
         dropout_p = self.dropout_module.p if self.training else 0.0
         # --attention-flex never: this layer keeps off flex_attention (the recompute decision included)
-        never_flex = self.mechanism.config.options.attention_flex == "never"
+        never_flex = self.attention_flex == "never"
         with flex_mode("never") if never_flex else contextlib.nullcontext():
             if saved_state is None and self._recomputes(queries["query"], keys["key"], need_weights, dropout_p):
                 out, probs = self._attend_in_recomputed_chunks(queries, keys, key_padding_mask, dropout_p, need_weights)
@@ -160,7 +163,7 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
         return out, weights
 
     def _recomputes(self, query: Tensor, key: Tensor, need_weights: bool, dropout_p: float) -> bool:
-        threshold = self.mechanism.config.options.attention_recompute_length
+        threshold = self.recompute_length
         return (
             0 < threshold <= key.size(2)
             and torch.is_grad_enabled()

@@ -3,9 +3,10 @@
 Two readings of one walk over the model: :func:`attention_log_lines`, one
 line per attention kind with each layer's mechanism and hyperparameters
 (logged when a model is built, so ``fairseq-train`` shows it at training
-start), and :func:`attention_summary`, one entry per layer with the learned
-values a mechanism has (DA's ``w`` and ``v`` per head, rpr table norms),
-printed by ``python -m fairseq_distattn.inspect``. Hyperparameters come from
+start), and :func:`attention_summary`, one entry per layer with what its
+mechanism learned (``Mechanism.learned_values``: DA's ``w`` and ``v`` per head,
+rpr table norms, any other mechanism's parameters), printed by
+``python -m fairseq_distattn.inspect``. Hyperparameters come from
 each mechanism's ``extra_repr``, the text the model print shows.
 """
 
@@ -15,10 +16,11 @@ from typing import List, Optional
 
 from torch import nn
 
-from ..mechanisms import DistanceAware, Mechanism, RelativePosition
+from ..mechanisms import Mechanism
 from ..registry import CROSS, DECODER_SELF, ENCODER_SELF, KINDS, AttentionKind
 
 logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class AttentionSite:
@@ -96,46 +98,6 @@ def attention_log_lines(model: nn.Module) -> List[str]:
     return lines
 
 
-def _numbers(values, digits: int) -> str:
-    return " ".join(f"{value:+.{digits}f}" for value in values.tolist())
-
-
-# DA's per-head parameters by attribute and the paper's symbol: w (sec. 3.1), v of
-# eq. 5 (learnable sigmoid), k and b of the linear mapping (sec. 4.3); a mapping
-# holds only those it uses
-DA_PARAMETERS = {"distance_weight": "w", "sharpness": "v", "linear_slope": "k", "linear_intercept": "b"}
-
-
-def da_parameters(mechanism: DistanceAware):
-    """``(symbol, [H] tensor)`` of each per-head parameter this DA layer has."""
-    return [
-        (symbol, getattr(mechanism, name).detach())
-        for name, symbol in DA_PARAMETERS.items()
-        if getattr(mechanism, name, None) is not None
-    ]
-
-
-def learned_values(mechanism: Optional[Mechanism], causal: bool = False) -> List[str]:
-    """The values a trained mechanism learned that one line can show
-    (``causal``: decoder self-attention, where no key is after its query)."""
-    if isinstance(mechanism, DistanceAware):
-        # Wu et al. Figs. 6-7: a head with w > 0 prefers long distances, w < 0 short ones;
-        # v sets the curve's upper bound and steepness
-        return [f"{symbol} per head: {_numbers(values, 4)}" for symbol, values in da_parameters(mechanism)]
-    if isinstance(mechanism, RelativePosition):
-        k = mechanism.config.options.max_relative_position
-        # rows j - i > 0 of a causal layer are never used (they keep their initial values)
-        distances, rows = (f"-{k}, 0", [0, k]) if causal else (f"-{k}, 0, +{k}", [0, k, 2 * k])
-        tables = [("key", mechanism.relative_keys), ("value", mechanism.relative_values)]
-        return [
-            f"{name} table row norms at d = {distances}: "
-            + " ".join(f"{norm:.4f}" for norm in table.detach().norm(dim=-1)[rows].tolist())
-            for name, table in tables
-            if table is not None
-        ]
-    return []
-
-
 def attention_summary(model: nn.Module) -> List[str]:
     """Per attention kind and layer: the mechanism, its hyperparameters and what it learned."""
     lines = []
@@ -156,7 +118,8 @@ def attention_summary(model: nn.Module) -> List[str]:
         lines.append(f"{kind.description}: {len(of_kind)} layers, {module.num_heads} heads of {module.head_dim} dims")
         for site in of_kind:
             lines.append(f"  layer {site.layer}: {_described(site)}")
-            lines.extend(f"      {line}" for line in learned_values(site.mechanism, kind.causal))
+            if site.mechanism is not None:
+                lines.extend(f"      {values.summary_line()}" for values in site.mechanism.learned_values(kind.causal))
     return lines
 
 

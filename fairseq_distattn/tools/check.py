@@ -27,7 +27,7 @@ PLUGIN_DIR = Path(__file__).resolve().parents[1]  # the package: what --user-dir
 COMMANDS = "fairseq-generate, fairseq-interactive, fairseq-validate, fairseq-eval-lm and fairseq-train (to resume)"
 
 
-def attention_summary(config):
+def layer_lines(config):
     """Lines naming the mechanism of every layer of each attention kind, the absolute
     positions and every option it runs with, by what they are to the trained model."""
     from ..spec import parse_spec
@@ -103,7 +103,7 @@ def describe(path: Path, overrides=None) -> str:
             config = apply_overrides(config, overrides)
             lines[0] += f", with --model-overrides {overrides}"
         lines.append(f"needs the plugin: pass --user-dir {PLUGIN_DIR} to {COMMANDS}")
-        lines.extend(attention_summary(config))
+        lines.extend(layer_lines(config))
     else:
         lines.append(
             "not a fairseq_distattn model; fairseq 0.12 still cannot load it under torch >= 2.6 on its own "

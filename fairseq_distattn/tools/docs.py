@@ -1,8 +1,8 @@
 """``python -m fairseq_distattn.mechanisms``: the documentation the registry gives.
 
 It prints the mechanism table, the flag table and the SPEC grammar; ``--write``
-writes them to docs/ and copies them into the pages that show them (between
-their markers), from the repository root; ``--accepted-by KIND ...`` prints, one
+writes them to docs/ and copies them into the pages of README.md and docs/
+that show them (between their markers); ``--accepted-by KIND ...`` prints, one
 per line, the mechanisms that every given attention kind accepts (what
 ``scripts/quickstart.sh`` offers as MECH)."""
 
@@ -10,10 +10,10 @@ import argparse
 import dataclasses
 import re
 import sys
-from pathlib import Path
 
 from ..registry import EVALUATION, KINDS, RUNTIME, TRAINED, option_flag, registered
 from ..spec import MECHANISMS, OPTION_CLASSES, accepted_by
+from .generated_blocks import REPO_ROOT, update_pages
 
 MECHANISM_TABLE = "docs/mechanisms.md"  # relative to the repository; copied into README.md
 
@@ -158,7 +158,7 @@ def main(argv=None) -> int:
     action.add_argument(
         "--write",
         action="store_true",
-        help=f"write {MECHANISM_TABLE}, {FLAG_TABLE} and {SPEC_GRAMMAR} and their README.md blocks",
+        help=f"write {MECHANISM_TABLE}, {FLAG_TABLE} and {SPEC_GRAMMAR} and their copies in README.md and docs/",
     )
     action.add_argument(
         "--accepted-by",
@@ -175,17 +175,16 @@ def main(argv=None) -> int:
     if not args.write:
         sys.stdout.write("\n".join(generated.values()))
         return 0
-    root = Path(__file__).resolve().parents[2]
-    from .generated_blocks import update_readme
-
     for relative, text in generated.items():
-        path = root / relative
+        path = REPO_ROOT / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
-        if not update_readme(path, root / "README.md"):
-            print(f"README.md has no block generated from {relative}", file=sys.stderr)
+        pages = update_pages(path)
+        if not pages:
+            print(f"no page of README.md and docs/ shows {relative}", file=sys.stderr)
             return 1
-        print(f"wrote {relative} and its README.md block")
+        shown = ", ".join(page.relative_to(REPO_ROOT).as_posix() for page in pages)
+        print(f"wrote {relative} and its copy in {shown}")
     return 0
 
 

@@ -1,17 +1,19 @@
-"""Results in the README are generated, never typed: each lives between two
-markers that name the results file it is copied from, and a harness's
-``--report`` rewrites its block. ``tests/test_readme.py`` checks every block
-still equals its file.
+"""Results in the documentation are generated, never typed: each lives between
+two markers that name the file it is copied from, and the command that writes
+that file rewrites its block. A block may sit in ``README.md`` or in any page
+under ``docs/``, and one file may be copied into several pages.
+``tests/test_readme.py`` checks every block still equals its file.
 
-The copy drops the file's own title (the README section has one) and moves
-its headings two levels down, under the README's ``###`` section.
+The copy drops the file's own title (the page's section has one) and moves its
+other headings down so that the highest of them sits one level under the
+section the block is in (``####`` under a ``###`` section).
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Iterator, List, Optional, Tuple
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the repository of a checkout
 
@@ -22,28 +24,70 @@ BLOCK = re.compile(
     r"<!-- end of generated (?P=source) -->\n",
     re.S,
 )
+HEADING = re.compile(r"(#{1,6}) ")
 
 
-def readme_copy(markdown: str) -> str:
-    """What the README shows of a results file."""
+def documentation_pages(root: Path = REPO_ROOT) -> List[Path]:
+    """README.md and every Markdown page under docs/: the pages that may hold blocks."""
+    readme = [root / "README.md"] if (root / "README.md").is_file() else []
+    return readme + sorted((root / "docs").rglob("*.md"))
+
+
+def _headings(lines: List[str]) -> Iterator[Tuple[int, int]]:
+    """``(index, level)`` of each Markdown heading outside code fences."""
+    fence = False
+    for index, line in enumerate(lines):
+        if line.startswith("```"):
+            fence = not fence
+        elif not fence and HEADING.match(line):
+            yield index, len(HEADING.match(line)[1])
+
+
+def section_level(page_text: str, position: int) -> int:
+    """Level of the heading that the text at ``position`` sits under (1 for none),
+    not counting the headings inside generated blocks."""
+    level = 1
+    before = BLOCK.sub("", page_text[:position])
+    for _, heading_level in _headings(before.splitlines()):
+        level = heading_level
+    return level
+
+
+def readme_copy(markdown: str, section: int = 3) -> str:
+    """What a page shows of a results file, in a block under a heading of level ``section``."""
     lines = markdown.strip("\n").splitlines()
     if lines and lines[0].startswith("# "):
         lines = lines[1:]
-    demoted = ["##" + line if re.match(r"#{1,4} ", line) else line for line in lines]
-    return "\n".join(demoted).strip("\n") + "\n"
+    headings = list(_headings(lines))
+    if headings:
+        shift = section + 1 - min(level for _, level in headings)
+        for index, level in headings:
+            lines[index] = "#" * min(6, max(1, level + shift)) + lines[index][level:]
+    return "\n".join(lines).strip("\n") + "\n"
 
 
 def generated_blocks(readme_text: str) -> Dict[str, str]:
-    """``{results file relative to the repository: the README's copy}``."""
+    """``{results file relative to the repository: the page's copy}``."""
     return {match["source"]: match["body"] for match in BLOCK.finditer(readme_text)}
 
 
-def update_readme(source: Path, readme: Path = README) -> bool:
-    """Rewrite the README block copied from ``source`` (a file under the
-    repository); False when the README has no block for it."""
+def stale_blocks(page: Path) -> List[str]:
+    """The files whose copy in ``page`` differs from what their file gives now."""
+    text = page.read_text(encoding="utf-8")
+    return [
+        match["source"]
+        for match in BLOCK.finditer(text)
+        if match["body"]
+        != readme_copy((REPO_ROOT / match["source"]).read_text(encoding="utf-8"), section_level(text, match.start()))
+    ]
+
+
+def update_page(source: Path, page: Path) -> bool:
+    """Rewrite the blocks of ``page`` copied from ``source`` (a file under the
+    repository); False when the page has none."""
     relative = source.resolve().relative_to(REPO_ROOT).as_posix()
-    text = readme.read_text(encoding="utf-8")
-    body = readme_copy(source.read_text(encoding="utf-8"))
+    text = page.read_text(encoding="utf-8")
+    markdown = source.read_text(encoding="utf-8")
     found = False
 
     def replace(match):
@@ -51,10 +95,27 @@ def update_readme(source: Path, readme: Path = README) -> bool:
         if match["source"] != relative:
             return match.group(0)
         found = True
+        body = readme_copy(markdown, section_level(text, match.start()))
         start, end = match.start("body") - match.start(), match.end("body") - match.start()
         return match.group(0)[:start] + body + match.group(0)[end:]
 
     updated = BLOCK.sub(replace, text)
     if found and updated != text:
-        readme.write_text(updated, encoding="utf-8")
+        page.write_text(updated, encoding="utf-8")
     return found
+
+
+def update_pages(source: Path, pages: Optional[List[Path]] = None) -> List[Path]:
+    """Rewrite the blocks copied from ``source`` in ``pages`` (default: README.md
+    and docs/**/*.md); the pages that have one."""
+    return [page for page in (documentation_pages() if pages is None else pages) if update_page(source, page)]
+
+
+def update_readme(source: Path, readme: Path = README) -> bool:
+    """Rewrite the blocks copied from ``source`` (a file under the repository);
+    False when no page has one. With the repository's README.md (the default)
+    that is every page that may hold blocks, README.md and docs/**/*.md; any
+    other ``readme`` is that file only."""
+    if Path(readme).resolve() == README.resolve():
+        return bool(update_pages(source))
+    return update_page(source, Path(readme))

@@ -9,15 +9,20 @@ the hub refuse it):
 
 - the attention probabilities of every head of every layer of each attention
   kind (encoder self, decoder self, cross);
-- for window layers (Nguyen et al. 2020) the left and right boundary
-  distributions (eqs. 7-8), the soft mask M (eq. 9, or eq. 11 with segments)
-  and each query's expected boundaries;
-- for DA layers (Wu et al. 2021) the coefficients f(w_h |i-j|; v_h) of eq. 5.
+- for a layer whose mechanism has a soft window (``Mechanism.soft_window``:
+  Nguyen et al. 2020) the left and right boundary distributions (eqs. 7-8),
+  the soft mask M (eq. 9, or eq. 11 with segments) and each query's expected
+  boundaries;
+- for a layer whose mechanism depends on the positions alone
+  (``Mechanism.position_term``: DA's coefficients f(w_h |i-j|) of eq. 5,
+  ALiBi's, T5's and the distance mask's biases) that term per head.
 
-Model-level plots: DA's learned w and v per head and layer (the paper's
-Figs. 6-7) and its f(d) curves per head, the norms of the rpr key and value
-tables by relative distance, and the window spans of each layer (the mean
-soft-mask width, over the sentences given or a whole ``--subset``).
+Model-level plots, per mechanism the model uses: what its layers learned
+(``Mechanism.learned_values``: DA's w and v per head, as the paper's Figs.
+6-7; the norms of the rpr tables by distance; any other mechanism's
+parameters), its position term against the distance, and the window spans
+of each layer (the mean soft-mask width, over the sentences given or a whole
+``--subset``).
 
 The printed summary (also written to ``OUT/summary.txt``) gives, per layer
 and attention kind, the mechanism, its hyperparameters and learned values.
@@ -43,8 +48,8 @@ import torch
 from torch import Tensor
 
 from .. import functional as DF
-from ..mechanisms import DifferentiableWindow, DistanceAware, RelativePosition
-from ..modules.summary import AttentionSite, attention_sites, attention_summary, da_parameters
+from ..mechanisms.base import LearnedValues
+from ..modules.summary import AttentionSite, attention_sites, attention_summary
 from ..registry import CROSS, DECODER_SELF, ENCODER_SELF, AttentionKind
 
 PROG = "python -m fairseq_distattn.inspect"
@@ -141,11 +146,22 @@ def load_model(checkpoint: Path, args) -> LoadedModel:
 
 @dataclass
 class WindowInternals:
-    """Per head, ``[H, Tq, Tk]``: the boundary distributions and the soft mask."""
+    """Per head, ``[H, Tq, Tk]``: the boundary distributions and the soft mask
+    of one sentence (a mechanism's :class:`~fairseq_distattn.mechanisms.base.SoftWindow`)."""
 
     left_pointer: Tensor
     right_pointer: Tensor
     mask: Tensor
+    equation: str = "eq. 9"  # the mask's equation in Nguyen et al. 2020
+
+    @classmethod
+    def of_first_sentence(cls, window) -> "WindowInternals":
+        return cls(
+            window.left_pointer[0].double().cpu(),
+            window.right_pointer[0].double().cpu(),
+            window.mask[0].double().cpu(),
+            window.equation,
+        )
 
     def expected_boundaries(self) -> Tuple[Tensor, Tensor]:
         """E[l] and E[r] per head and query, ``[H, Tq]``, in key positions."""
@@ -166,48 +182,6 @@ class AttentionRecord:
     site: AttentionSite
     probs: Tensor  # [H, Tq, Tk] float64 (MW: softmax * M, rows need not sum to 1)
     window: Optional[WindowInternals] = None
-
-
-def boundary_pointers(
-    query: Tensor, key: Tensor, key_padding_mask: Optional[Tensor], causal: bool, query_offset: int
-) -> Tensor:
-    """Eqs. 7-8: ``softmax(q W^Q (K W^K)^T / sqrt d)`` over the keys a query may
-    see (not padding, not in the future when causal), ``[B, H, Tq, Tk]``."""
-    scores = query.double() @ key.double().transpose(-2, -1) / query.size(-1) ** 0.5
-    tgt_len, src_len = scores.shape[-2:]
-    hidden = torch.zeros(tgt_len, src_len, dtype=torch.bool, device=scores.device)
-    if causal:
-        query_positions = torch.arange(tgt_len, device=scores.device)[:, None] + query_offset
-        hidden = hidden | (torch.arange(src_len, device=scores.device)[None, :] > query_positions)
-    hidden = hidden[None, None]
-    if key_padding_mask is not None:
-        hidden = hidden | key_padding_mask.to(torch.bool)[:, None, None, :]
-    return torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
-
-
-def window_internals(
-    mechanism: DifferentiableWindow,
-    queries: Dict[str, Tensor],
-    keys: Dict[str, Tensor],
-    key_padding_mask: Optional[Tensor],
-    causal: bool,
-    query_offset: int,
-) -> WindowInternals:
-    """The window of the first sentence of a batch, from the mechanism's own inputs."""
-    mask = DF.window_mask(
-        queries["left_query"],
-        keys["left_key"],
-        queries["right_query"],
-        keys["right_key"],
-        segment_size=mechanism.segment_size,
-        key_padding_mask=key_padding_mask,
-        causal=causal,
-        query_offset=query_offset,
-        expected=mechanism.expected_mask,
-    )
-    left = boundary_pointers(queries["left_query"], keys["left_key"], key_padding_mask, causal, query_offset)
-    right = boundary_pointers(queries["right_query"], keys["right_key"], key_padding_mask, causal, query_offset)
-    return WindowInternals(left[0].cpu(), right[0].cpu(), mask[0].double().cpu())
 
 
 def _heads(module, x: Tensor) -> Tensor:
@@ -254,8 +228,7 @@ class AttentionRecorder:
                 continue
             self._handles.append(site.module.register_forward_pre_hook(_ask_for_head_weights, with_kwargs=True))
             self._handles.append(site.module.register_forward_hook(self._weights_hook(site)))
-            if isinstance(site.mechanism, DifferentiableWindow):
-                self._handles.append(site.mechanism.register_forward_hook(self._window_hook(site), with_kwargs=True))
+            self._handles.append(site.mechanism.register_forward_hook(self._window_hook(site), with_kwargs=True))
         return self
 
     def __exit__(self, *exc_info):
@@ -298,26 +271,21 @@ class AttentionRecorder:
     def _window_hook(self, site):
         def hook(mechanism, args, kwargs, output):
             inputs = signature(mechanism.forward).bind(*args, **kwargs).arguments
-            self._windows[site] = window_internals(
-                mechanism,
+            window = mechanism.soft_window(
                 inputs["queries"],
                 inputs["keys"],
                 inputs["key_padding_mask"],
                 inputs["causal"],
                 inputs["query_offset"],
             )
+            if window is not None:
+                self._windows[site] = WindowInternals.of_first_sentence(window)
 
         return hook
 
 
 def _ask_for_head_weights(module, args, kwargs):
     return args, {**kwargs, "need_weights": True, "need_head_weights": True}
-
-
-def da_coefficients(mechanism: DistanceAware, tgt_len: int, src_len: int) -> Tensor:
-    """The layer's f(w_h |i - j|) per head (eq. 5, or its sec. 4.3 mapping), ``[H, Tq, Tk]``."""
-    with torch.no_grad():
-        return mechanism.coefficients(tgt_len, src_len).double().cpu()
 
 
 # ----------------------------------------------------------------------------- sentences
@@ -591,21 +559,18 @@ def plot_sentence(
         )
         if record.window is not None:
             plot_window(record, axes, directory / f"window-{site.slug}.png", written)
-        if isinstance(site.mechanism, DistanceAware):
-            coefficients = da_coefficients(site.mechanism, *record.probs.shape[-2:])
-            parameters = da_parameters(site.mechanism)
-            titles = [
-                f"head {h}: " + ", ".join(f"{symbol}={values[h]:+.3f}" for symbol, values in parameters)
-                for h in range(heads)
-            ]
+        term = (
+            None if site.mechanism is None else site.mechanism.position_term(*record.probs.shape[-2:], site.kind.causal)
+        )
+        if term is not None:
             _heatmaps(
-                coefficients,
-                titles,
-                f"DA coefficients f(w |i-j|), {site.title}{described}",
+                term.values,
+                [f"head {h}" for h in range(term.values.size(0))],
+                f"{term.title}, {site.title}{described}",
                 axes.queries,
                 axes.keys,
                 axes.names,
-                directory / f"da-coefficients-{site.slug}.png",
+                directory / f"{term.name}-{site.slug}.png",
                 written,
                 cmap="magma",
             )
@@ -618,7 +583,7 @@ def plot_window(record: AttentionRecord, axes: Axes, path: Path, written: List[P
     figure, grid = _figure(heads, 3, width, height)
     left, right = window.expected_boundaries()
     rows = range(len(axes.queries))
-    equation = "eq. 11" if record.site.mechanism.segment_size else "eq. 9"
+    equation = window.equation
     for head in range(heads):
         panels = (
             (window.left_pointer, "left boundary phi_l (eq. 7)"),
@@ -656,12 +621,57 @@ def _grouped_bars(ax, groups: Sequence[str], values: Sequence[Sequence[float]], 
     ax.set_ylabel(ylabel)
 
 
-DA_PARAMETER_NOTES = {
-    "w": "w: w > 0, the head prefers long distances; w < 0, short ones",
-    "v": "v (eq. 5): larger v, a higher upper bound 1 + e^v and a steeper curve",
-    "k": "k: slope of the linear mapping f(x) = k x + b (sec. 4.3)",
-    "b": "b: intercept of the linear mapping f(x) = k x + b (sec. 4.3)",
-}
+def _plot_learned_values(name: str, sites: Sequence[AttentionSite], out: Path, written: List[Path]):
+    series: Dict[str, List[Tuple[AttentionSite, LearnedValues]]] = {}
+    for site in sites:
+        for values in site.mechanism.learned_values(site.kind.causal):
+            series.setdefault(values.name, []).append((site, values))
+    if not series:
+        return
+    figure, axes = _figure(len(series), 1, max(8.0, 1.2 * len(sites)), 3.0)
+    for ax, (label, rows) in zip(axes.flat, series.items()):
+        if rows[0][1].positions is None:
+            _grouped_bars(ax, [_site_label(site) for site, _ in rows], [v.values.tolist() for _, v in rows], label)
+        else:
+            for site, values in rows:
+                ax.plot(values.positions, values.values.numpy(), marker=".", label=site.title)
+            ax.set_xlabel(rows[0][1].axis)
+            ax.set_ylabel(label)
+            ax.legend(fontsize=6)
+        ax.set_title(rows[0][1].note or label, fontsize=9)
+    if rows[0][1].positions is None:
+        _legend_beside(axes[0, 0])
+    _save(
+        figure,
+        f"{name}: what each layer learned ({sites[0].mechanism.info.paper})",
+        out / f"learned-{name}.png",
+        written,
+    )
+
+
+def _plot_position_term_curves(sites: Sequence[AttentionSite], max_distance: int, out: Path, written: List[Path]):
+    """Each layer's position term per head against the distance to an earlier key."""
+    length = max_distance + 1
+    terms = [(site, site.mechanism.position_term(length, length, site.kind.causal)) for site in sites]
+    terms = [(site, term) for site, term in terms if term is not None]
+    if not terms:
+        return
+    columns = min(len(terms), 3)
+    figure, axes = _figure((len(terms) + columns - 1) // columns, columns, 4.0, 3.0)
+    distances = torch.arange(length)
+    for index, ax in enumerate(axes.flat):
+        if index >= len(terms):
+            ax.set_visible(False)
+            continue
+        site, term = terms[index]
+        # the last query against the keys before it: distance i - j = 0 .. max_distance
+        for head, curve in enumerate(term.values[:, -1].flip(-1)):
+            ax.plot(distances.numpy(), curve.numpy(), label=f"head {head}")
+        described = f" ({site.hyperparameters})" if site.hyperparameters else ""
+        ax.set_title(f"{site.title}{described}", fontsize=8)
+        ax.set_xlabel("distance i - j to an earlier key")
+        ax.legend(fontsize=6)
+    _save(figure, f"{terms[0][1].title} by distance, per head", out / f"{terms[0][1].name}-curves.png", written)
 
 
 def _legend_beside(ax):
@@ -671,76 +681,14 @@ def _legend_beside(ax):
 def plot_model(
     model, spans: Dict[AttentionSite, Tensor], span_note: str, max_distance: int, out: Path, written: List[Path]
 ):
-    sites = attention_sites(model)
-    da_sites = [site for site in sites if isinstance(site.mechanism, DistanceAware)]
-    if da_sites:
-        values = {}  # symbol -> (site label, [H] values) of the layers that have it
-        for site in da_sites:
-            for symbol, per_head in da_parameters(site.mechanism):
-                values.setdefault(symbol, []).append((_site_label(site), per_head.tolist()))
-        figure, axes = _figure(len(values), 1, max(8.0, 1.2 * len(da_sites)), 3.0)
-        for ax, (symbol, rows) in zip(axes.flat, values.items()):
-            _grouped_bars(ax, [label for label, _ in rows], [per_head for _, per_head in rows], symbol)
-            ax.set_title(DA_PARAMETER_NOTES[symbol], fontsize=9)
-        _legend_beside(axes[0, 0])
-        _save(
-            figure,
-            "DA: learned w and v per head and layer (Wu et al. 2021, Figs. 6-7; here in head order)",
-            out / "da-parameters.png",
-            written,
-        )
-
-        columns = min(len(da_sites), 3)
-        figure, axes = _figure((len(da_sites) + columns - 1) // columns, columns, 4.0, 3.0)
-        distances = torch.arange(max_distance + 1)
-        for index, ax in enumerate(axes.flat):
-            if index >= len(da_sites):
-                ax.set_visible(False)
-                continue
-            curves = da_coefficients(da_sites[index].mechanism, 1, max_distance + 1)[:, 0]
-            for head, curve in enumerate(curves):
-                ax.plot(distances.numpy(), curve.numpy(), label=f"head {head}")
-            hyperparameters = da_sites[index].hyperparameters
-            ax.set_title(f"{da_sites[index].title} ({hyperparameters})", fontsize=8)
-            ax.set_xlabel("distance |i - j|")
-            ax.set_ylabel("f(w d)")
-            ax.legend(fontsize=6)
-        _save(
-            figure,
-            "DA: coefficient f(w_h d) per head; learnable sigmoid (eq. 5): (1 + e^v) / (1 + e^(v - w d))",
-            out / "da-coefficient-curves.png",
-            written,
-        )
-
-    rpr_sites = [site for site in sites if isinstance(site.mechanism, RelativePosition)]
-    if rpr_sites:
-        tables = [("relative keys a^K (eq. 4)", "relative_keys"), ("relative values a^V (eq. 3)", "relative_values")]
-        tables = [
-            (name, attr)
-            for name, attr in tables
-            if any(getattr(site.mechanism, attr) is not None for site in rpr_sites)
-        ]
-        figure, axes = _figure(1, len(tables), 5.0, 3.5)
-        for ax, (name, attr) in zip(axes.flat, tables):
-            for site in rpr_sites:
-                table = getattr(site.mechanism, attr)
-                if table is None:
-                    continue
-                k = site.mechanism.config.options.max_relative_position
-                # a causal query never sees j > i: those rows keep their initial values
-                distances = range(-k, 1 if site.kind.causal else k + 1)
-                norms = table.detach().norm(dim=-1)[: len(distances)].cpu().numpy()
-                ax.plot(distances, norms, marker=".", label=site.title)
-            ax.set_title(name, fontsize=9)
-            ax.set_xlabel("relative distance j - i (clipped at +-k)")
-            ax.set_ylabel("L2 norm of the table row")
-            ax.legend(fontsize=6)
-        _save(
-            figure,
-            "rpr: norms of the relative position tables by distance (Shaw et al. 2018)",
-            out / "rpr-table-norms.png",
-            written,
-        )
+    """Per mechanism the model uses: what its layers learned (``learned-MECH.png``)
+    and their position terms against the distance (``POSITION-TERM-curves.png``);
+    the window spans (``window-spans.png``)."""
+    sites = [site for site in attention_sites(model) if site.mechanism is not None]
+    for name in dict.fromkeys(site.name for site in sites):
+        of_mechanism = [site for site in sites if site.name == name]
+        _plot_learned_values(name, of_mechanism, out, written)
+        _plot_position_term_curves(of_mechanism, max_distance, out, written)
 
     if spans:
         window_sites = list(spans)
@@ -774,8 +722,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Plot what a fairseq_distattn model attends to and what its mechanisms learned:\n"
-        "attention heatmaps of every layer and head, window masks and boundaries, DA\n"
-        "coefficients, DA w/v, rpr table norms and window spans; print a per-layer summary.",
+        "attention heatmaps of every layer and head, window masks and boundaries, each\n"
+        "mechanism's position term and learned values, and window spans; print a per-layer summary.",
         epilog="example (BPE'd input, beam search):\n"
         f"  echo 'a man is riding a bi@@ cycle .' | {PROG} \\\n"
         "      checkpoints/window/checkpoint_best.pt --data data-bin/multi30k-en-de --out inspect/",

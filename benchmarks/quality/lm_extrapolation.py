@@ -1,0 +1,262 @@
+"""LM length extrapolation: ``python -m benchmarks.quality.lm_extrapolation``.
+
+Every finished run of ``benchmarks.quality.lm`` (trained on samples of 64
+tokens) scores WikiText-2 ``test.txt`` with ``fairseq-eval-lm`` at 64, 128, 256
+and 512 tokens per sample, in two ways:
+
+- blocks: non-overlapping samples of N tokens (``--tokens-per-sample N``), every
+  token scored; beyond the training length the model meets positions it never saw,
+  and the average context grows with N.
+- sliding: samples of N tokens whose first N/2 are context only (``--tokens-per-sample
+  N --context-window N/2``): each scored token sees N/2 to N-1 tokens of context.
+
+Positions: fairseq's ``transformer_lm`` and the plugin's vanilla and window
+presets use sinusoidal position embeddings, which are defined at any position
+(positions past 64 were simply never trained on); the rpr, da and alibi presets
+have no position embeddings. No model has learned ones. lm_quality trains every
+model with ``--max-target-positions 1024``, the longest sample eval-lm then
+accepts; each evaluation's scored-token count is checked against the run's
+first evaluation, so a sample skipped as too long cannot go unnoticed.
+
+One JSON per (run, length) under ``<out>/runs``, skipped when present;
+``<out>/lm_extrapolation.md`` and ``<out>/ppl_vs_length.png`` are rebuilt from them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import shlex
+import statistics
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from fairseq_distattn.tools.generated_blocks import update_readme
+
+from ..common import (
+    REPO_ROOT,
+    add_out_argument,
+    at_least,
+    check_same_budget,
+    comma_separated_ints,
+    comma_separated_names,
+    scale_results,
+    without_machine_paths,
+)
+from .lm import DEFAULT_WORK, eval_lm, lm_configs, run_env
+from .mt import log, mean_std
+
+PROG = "python -m benchmarks.quality.lm_extrapolation"
+DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "lm_extrapolation"
+LENGTHS = (64, 128, 256, 512)
+MODES = ("blocks", "sliding")
+
+
+def context_window(mode: str, length: int) -> int:
+    return length // 2 if mode == "sliding" else 0
+
+
+def training_setup(run_dir: Path) -> Dict[str, object]:
+    """The data-bin directory and training sample length of an lm_quality run, from its training command."""
+    command = next(
+        (
+            line[2:]
+            for line in (run_dir / "train.log").read_text(encoding="utf-8").splitlines()
+            if line.startswith("$ ") and "fairseq-train" in line
+        ),
+        None,
+    )
+    if command is None:
+        raise SystemExit(f"no fairseq-train command in {run_dir / 'train.log'}")
+    words = shlex.split(command)
+    return {"data_bin": Path(words[1]), "tokens_per_sample": int(words[words.index("--tokens-per-sample") + 1])}
+
+
+def evaluate_run(run_dir: Path, lengths: Sequence[int], out: Path, env: Dict[str, str]) -> None:
+    """One JSON per length for one run (lengths with a JSON already are skipped)."""
+    config, seed = run_dir.name.rsplit("-seed", 1)
+    setup = training_setup(run_dir)
+    reference: Optional[int] = None
+    for length in lengths:
+        path = out / "runs" / f"{run_dir.name}-L{length}.json"
+        if path.is_file():
+            reference = reference or json.loads(path.read_text(encoding="utf-8"))["blocks"]["tokens"]
+            continue
+        log(f"{run_dir.name} at {length} tokens per sample")
+        results = {
+            mode: eval_lm(
+                run_dir / "checkpoint_best.pt",
+                setup["data_bin"],
+                length,
+                context_window(mode, length),
+                run_dir / "extrapolation.log",
+                env,
+            )
+            for mode in MODES
+        }
+        reference = reference or results["blocks"]["tokens"]
+        scored = {mode: result["tokens"] for mode, result in results.items()}
+        if set(scored.values()) != {reference}:
+            raise RuntimeError(
+                f"{run_dir.name} at {length}: scored {scored} tokens, not {reference} as at the first "
+                "length: fairseq-eval-lm skipped samples longer than the model's max positions"
+            )
+        record = {
+            "config": config,
+            "seed": int(seed),
+            "baseline": lm_configs()[config].baseline,
+            "train_tokens_per_sample": setup["tokens_per_sample"],
+            "tokens_per_sample": length,
+            "scale": run_dir.parent.name,
+            **results,
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(without_machine_paths(json.dumps(record, indent=1)) + "\n", encoding="utf-8")
+
+
+# ------------------------------------------------------------------ report
+
+
+def ppl_table(records: Sequence[Dict]) -> Dict[str, Dict[str, Dict[int, List[float]]]]:
+    """``{config: {mode: {length: [ppl of each seed]}}}``."""
+    table: Dict[str, Dict[str, Dict[int, List[float]]]] = {}
+    for record in records:
+        for mode in MODES:
+            table.setdefault(record["config"], {}).setdefault(mode, {}).setdefault(
+                record["tokens_per_sample"], []
+            ).append(record[mode]["ppl"])
+    return table
+
+
+def cell(values: Optional[Sequence[float]]) -> str:
+    if not values:
+        return "-"
+    mean, std = mean_std(values)
+    return f"{mean:.2f} +- {std:.2f}" if len(values) > 1 else f"{mean:.2f}"
+
+
+def report(out: Path) -> str:
+    records = [json.loads(p.read_text(encoding="utf-8")) for p in sorted((out / "runs").glob("*.json"))]
+    table = ppl_table(records)
+    baselines = {r["config"]: r["baseline"] for r in records}
+    order = sorted(table, key=lambda name: (baselines[name], name != baselines[name], name))
+    lengths = sorted({r["tokens_per_sample"] for r in records})
+    trained = sorted({r["train_tokens_per_sample"] for r in records})
+    lines = [
+        f"# LM length extrapolation on WikiText-2 (generated by `{PROG} --report`)",
+        "",
+        f"Models of `benchmarks.quality.lm` (trained on samples of {'/'.join(map(str, trained)) or '-'} tokens) "
+        "score WikiText-2 test.txt with `fairseq-eval-lm` at longer samples. *blocks*: non-overlapping samples of N "
+        "tokens, all scored. *sliding*: samples of N tokens, the first N/2 context only (`--context-window N/2`). "
+        "Test perplexity, mean +- std over seeds (a single number: one seed so far); the ratio is ppl at N over ppl "
+        f"at {lengths[0] if lengths else '-'} in the same mode (below 1: the longer context helps). Sinusoidal "
+        "positions for fairseq's models and the vanilla and window presets; none for rpr, da and alibi.",
+        "",
+    ]
+    for mode in MODES:
+        header = ["config", *(f"N = {n}" for n in lengths), *(f"{n}/{lengths[0]}" for n in lengths[1:])]
+        lines += [f"## {mode}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for name in order:
+            per_length = table[name][mode]
+            means = {n: statistics.fmean(per_length[n]) for n in per_length}
+            ratios = [
+                f"{means[n] / means[lengths[0]]:.2f}" if n in means and lengths[0] in means else "-"
+                for n in lengths[1:]
+            ]
+            lines.append(f"| {name} | " + " | ".join([cell(per_length.get(n)) for n in lengths] + ratios) + " |")
+        lines.append("")
+    markdown = "\n".join(lines).rstrip("\n") + "\n"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "lm_extrapolation.md").write_text(markdown, encoding="utf-8")
+    if out.resolve() == DEFAULT_OUT.resolve():
+        update_readme(out / "lm_extrapolation.md")
+    if records:
+        plot(table, order, trained, out / "ppl_vs_length.png")
+    return markdown
+
+
+def plot(table: Dict, order: Sequence[str], trained: Sequence[int], path: Path) -> None:
+    # importing fairseq sets the root logger to DEBUG, and matplotlib logs at import
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(MODES), figsize=(11, 4.5), sharey=True)
+    for axis, mode in zip(axes, MODES):
+        for index, name in enumerate(order):
+            points = sorted((n, statistics.fmean(values)) for n, values in table[name][mode].items())
+            axis.plot(*zip(*points), marker="o", color=f"C{index % 10}", label=name)
+        for length in trained:
+            axis.axvline(length, color="grey", linestyle=":", linewidth=1)
+        axis.set_xscale("log", base=2)
+        axis.set_yscale("log")
+        axis.set_xlabel("tokens per sample at evaluation (dotted: training)")
+        axis.set_title(f"{mode}")
+    axes[0].set_ylabel("WikiText-2 test perplexity")
+    axes[0].legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--quality-work",
+        type=Path,
+        default=DEFAULT_WORK,
+        help=f"benchmarks.quality.lm's --work (default: {DEFAULT_WORK})",
+    )
+    p.add_argument("--scale", default="small", help="the lm_quality runs' scale (default: small)")
+    p.add_argument(
+        "--configs",
+        default="",
+        help="comma-separated configurations to evaluate (default: every one with a trained model)",
+    )
+    p.add_argument(
+        "--lengths",
+        default=",".join(map(str, LENGTHS)),
+        help="tokens per sample at evaluation, even numbers (default: 64,128,256,512)",
+    )
+    add_out_argument(p, DEFAULT_OUT)
+    p.add_argument("--threads", type=at_least(1), default=1, help="OMP_NUM_THREADS (default: 1)")
+    p.add_argument("--report", action="store_true", help="only rebuild the table and plot")
+    args = p.parse_args(argv)
+    args.out = args.out or scale_results(DEFAULT_OUT, args.scale)
+    if not args.report:
+        check_same_budget(p, args.out, {"scale": args.scale})
+    args.length_list = comma_separated_ints(p, "--lengths", args.lengths, 2)
+    if any(n % 2 for n in args.length_list):
+        p.error("argument --lengths: each length must be an even number >= 2 (the sliding mode scores half)")
+    if not args.report:
+        if not (args.quality_work / args.scale).is_dir():
+            p.error(
+                f"argument --quality-work: no {args.scale}-scale runs of benchmarks.quality.lm: "
+                f"{args.quality_work / args.scale} is not a directory"
+            )
+        args.configs = set(comma_separated_names(p, "--configs", args.configs, lm_configs()))
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    if not args.report:
+        env = run_env(args.threads)
+        runs = sorted(
+            path.parent
+            for path in (args.quality_work / args.scale).glob("*-seed*/checkpoint_best.pt")
+            if re.fullmatch(r".+-seed\d+", path.parent.name) and path.parent.name.rsplit("-seed", 1)[0] in args.configs
+        )
+        log(f"{len(runs)} trained models under {args.quality_work / args.scale}")
+        for run_dir in runs:
+            evaluate_run(run_dir, args.length_list, args.out, env)
+    print(report(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,896 @@
+"""Translation quality on Multi30k En-De: ``python -m benchmarks.quality.mt``.
+
+Trains every configuration of a grid on Multi30k En-De with the quickstart's
+preprocessing and recipe (same model size, updates and lr schedule for all),
+averages the last 5 update checkpoints, translates test_2016_flickr with beam 5
+(``--required-batch-size-multiple 1``), scores tokenised BLEU (with compound
+splitting, the papers' En-De metric) and sacreBLEU, and measures validation
+perplexity of the averaged model with ``fairseq-validate``.
+
+Each run writes one JSON file, ``<out>/runs/<config>-seed<seed>.json``; a run
+whose file exists is skipped, and an interrupted run resumes from its
+``checkpoint_last.pt`` under ``--work``, so the grid can be spread over several
+sessions. ``--report`` (and the end of every invocation) rebuilds
+``<out>/quality.md`` (mean +- std per config, delta vs vanilla) and
+``<out>/valid_loss.png`` from whatever JSON files exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from fairseq_distattn.tools.generated_blocks import update_readme
+
+from ..common import (
+    REPO_ROOT,
+    add_out_argument,
+    at_least,
+    check_same_budget,
+    comma_separated_ints,
+    comma_separated_names,
+    device_model,
+    git_revision,
+    scale_results,
+)
+
+DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "quality"
+DEFAULT_WORK = REPO_ROOT / "work" / "quality"
+BIN_DIR = Path(sys.executable).parent
+
+
+@dataclass(frozen=True)
+class QualityConfig:
+    """One model of the grid: attention flags on top of the shared recipe."""
+
+    name: str
+    attention: Tuple[str, ...]
+    absolute_positions: bool
+    note: str
+
+    def arch_args(self) -> List[str]:
+        if not self.attention and self.absolute_positions:
+            # the baseline is fairseq's own model, not the plugin's with vanilla layers
+            return ["--arch", "transformer_iwslt_de_en"]
+        positions = [] if self.absolute_positions else ["--no-token-positional-embeddings"]
+        return ["--arch", "distattn_transformer_iwslt_de_en", *self.attention, *positions]
+
+
+def both_self(mechanism: str) -> Tuple[str, ...]:
+    return ("--encoder-self-attention", mechanism, "--decoder-self-attention", mechanism)
+
+
+WINDOW_PAPER = (
+    "--encoder-self-attention",
+    "window-aw@0-2",
+    "--decoder-self-attention",
+    "window-mw@0-2",
+    "--cross-attention",
+    "window-aw-seg@0-2",
+)
+CONFIGS = {
+    c.name: c
+    for c in [
+        QualityConfig("vanilla", (), True, "fairseq transformer_iwslt_de_en, sinusoidal positions"),
+        QualityConfig("rpr", both_self("rpr"), False, "Shaw et al.: relative positions replace absolute ones (k = 16)"),
+        QualityConfig("rpr+abs", both_self("rpr"), True, "rpr with sinusoidal positions kept"),
+        QualityConfig("da", both_self("da"), False, "Wu et al. 2021: real distances replace position embeddings"),
+        QualityConfig("da+abs", both_self("da"), True, "da with sinusoidal positions kept"),
+        QualityConfig(
+            "window",
+            WINDOW_PAPER,
+            True,
+            "Nguyen et al.'s best: Enc AW, Dec MW, Cross AW-seg (b = 5) in layers 0-2, positions kept",
+        ),
+        # the paper's configuration one attention kind at a time (its Table 2 reading, at this depth)
+        QualityConfig("window-enc-only", WINDOW_PAPER[:2], True, "the window configuration's encoder AW@0-2 alone"),
+        QualityConfig("window-dec-only", WINDOW_PAPER[2:4], True, "the window configuration's decoder MW@0-2 alone"),
+        QualityConfig("window-cross-only", WINDOW_PAPER[4:], True, "the window configuration's cross AW-seg@0-2 alone"),
+        QualityConfig(
+            "window-expected-mask",
+            (*WINDOW_PAPER, "--window-expected-mask"),
+            True,
+            "the window configuration with M = E[window indicator] in [0, 1] (departs from eq. 9: l = r counted once)",
+        ),
+        QualityConfig(
+            "window-mw",
+            (*both_self("window-mw"), "--cross-attention", "window-mw"),
+            True,
+            "MW in every layer of all three kinds",
+        ),
+        QualityConfig("qvi", both_self("qvi"), True, "Wu et al. QVI in every self-attention layer"),
+        QualityConfig(
+            "distance-mask", both_self("distance-mask"), True, "Im & Cho: -|i-j| on the logits, positions kept"
+        ),
+        QualityConfig(
+            "distance-mask-noabs", both_self("distance-mask"), False, "distance-mask without position embeddings"
+        ),
+        QualityConfig(
+            "alibi",
+            both_self("alibi"),
+            False,
+            "Press et al. 2022: fixed per-head linear biases -m|i-j| replace position embeddings",
+        ),
+        QualityConfig(
+            "t5-bias",
+            both_self("t5-bias"),
+            False,
+            "Raffel et al. 2020 (T5): learned bucketed relative bias, one table per stack, no position embeddings",
+        ),
+    ]
+}
+GRIDS = ("default", "ablations")
+
+
+def ablation_configs(layers: int) -> Dict[str, QualityConfig]:
+    """The papers' ablations (:mod:`.ablations`) for a model of ``layers``
+    encoder and decoder layers; the DA ones drop the position embeddings as the
+    default grid's ``da`` does."""
+    from .ablations import ablations  # imports fairseq_distattn: only for this grid
+
+    configs = {}
+    for ablation in ablations(layers):
+        flags = tuple(flag for flag in ablation.train_args if flag != "--no-token-positional-embeddings")
+        configs[ablation.name] = QualityConfig(
+            ablation.name, flags, len(flags) == len(ablation.train_args), ablation.note
+        )
+    return configs
+
+
+def grid_configs(grid: str, layers: int) -> Dict[str, QualityConfig]:
+    """Every configuration a grid can run (``--configs`` picks from these)."""
+    return dict(CONFIGS) if grid == "default" else ablation_configs(layers)
+
+
+# Model size and budget. small: the quickstart's CPU model; base: IWSLT-size for a GPU.
+SCALES = {
+    "tiny": dict(layers=3, dim=16, ffn=32, heads=2, updates=6, max_tokens=512, merges=None),  # a smoke test
+    "small": dict(layers=3, dim=256, ffn=512, heads=4, updates=2000, max_tokens=2048, merges=6000),
+    "base": dict(layers=6, dim=512, ffn=1024, heads=4, updates=20000, max_tokens=4096, merges=10000),
+}
+# Training precision on a GPU, as (fairseq-train flags, environment). fairseq 0.12's --bf16
+# implies --tpu, so it is not offered; amp is fairseq's --amp (fp16 autocast, loss scaling);
+# tf32 keeps fp32 weights and activations and lets cuBLAS matmuls use TF32 tensor cores.
+PRECISION = {
+    "fp32": ([], {}),
+    "tf32": ([], {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1"}),
+    "amp": (["--amp"], {}),
+}
+CHECKPOINTS_AVERAGED = 5
+# an update checkpoint every 1/20 of training: the 5 averaged span its last quarter
+CHECKPOINT_FRACTION = 20
+
+
+def log(message: str) -> None:
+    print(f"[benchmarks {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def tool(name: str) -> str:
+    path = BIN_DIR / name
+    return str(path) if path.exists() else name
+
+
+def run(cmd: Sequence, log_path: Path, env: Dict[str, str], stdout_path: Optional[Path] = None) -> None:
+    """Run a command with its stderr, and its stdout unless ``stdout_path``,
+    appended to ``log_path`` as it runs (fairseq logs progress to stdout); a
+    failure raises with the end of the log."""
+    cmd = [str(c) for c in cmd]
+    with open(log_path, "a", encoding="utf-8") as log_file:
+        log_file.write("$ " + shlex.join(cmd) + "\n")
+        log_file.flush()
+        with open(stdout_path or os.devnull, "w", encoding="utf-8") as stdout_file:
+            proc = subprocess.run(
+                cmd, cwd=REPO_ROOT, env=env, text=True, stdout=stdout_file if stdout_path else log_file, stderr=log_file
+            )
+    if proc.returncode != 0:
+        tail = "".join(log_path.read_text(encoding="utf-8").splitlines(keepends=True)[-20:])
+        raise RuntimeError(f"{cmd[0]} failed (exit {proc.returncode}); end of {log_path}:\n{tail}")
+
+
+def translation_args(data_bin: Path, model: Optional[Path] = None) -> List[object]:
+    """The data, plugin and language-pair arguments every fairseq tool of the
+    En-De recipe takes (and ``--path`` for the tools that load a model)."""
+    args: List[object] = [
+        data_bin,
+        "--user-dir",
+        "fairseq_distattn",
+        "--task",
+        "translation",
+        "--source-lang",
+        "en",
+        "--target-lang",
+        "de",
+    ]
+    return args + (["--path", model] if model is not None else [])
+
+
+def optimizer_args(updates: int) -> List[object]:
+    """The optimiser and schedule of every quality recipe (translation and LM):
+    Adam, inverse square root with a warm-up of a quarter of the run, at most 400."""
+    return [
+        "--optimizer",
+        "adam",
+        "--adam-betas",
+        "(0.9, 0.98)",
+        "--clip-norm",
+        "1.0",
+        "--lr",
+        "1e-3",
+        "--lr-scheduler",
+        "inverse_sqrt",
+        "--warmup-updates",
+        max(1, min(updates // 4, 400)),
+        "--warmup-init-lr",
+        "1e-7",
+    ]
+
+
+def score_translation(generated: Path, test_prefix: Path, out_dir: Path, log_path: Path, env: Dict[str, str]) -> Dict:
+    """Score fairseq-generate output against ``{test_prefix}.raw.de`` with
+    ``scripts/evaluate.py`` (tokenised BLEU and sacreBLEU); returns its bleu.json."""
+    run(
+        [
+            sys.executable,
+            REPO_ROOT / "scripts" / "evaluate.py",
+            "score",
+            generated,
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+            "--segmentation",
+            "subword_nmt",
+            "--src-raw",
+            f"{test_prefix}.raw.en",
+            "--ref-raw",
+            f"{test_prefix}.raw.de",
+            "--ref-tok",
+            f"{test_prefix}.tok.de",
+            "--output-dir",
+            out_dir,
+        ],
+        log_path,
+        env,
+    )
+    return json.loads((out_dir / "bleu.json").read_text(encoding="utf-8"))
+
+
+def prepare(data: Path, work: Path, merges: int, env: Dict[str, str]) -> Tuple[Path, Path]:
+    """The quickstart's steps 1-3 (sacremoses, joint BPE, fairseq-preprocess) into ``work``."""
+    env = {
+        **env,
+        "WORK": str(work),
+        "DATA": str(data),
+        "MERGES": str(merges),
+        "PREPARE_ONLY": "1",
+        "PATH": f"{BIN_DIR}{os.pathsep}{env.get('PATH', '')}",
+    }
+    work.mkdir(parents=True, exist_ok=True)
+    run(["bash", REPO_ROOT / "scripts" / "quickstart.sh"], work / "prepare.log", env)
+    return work / "prep", work / "data-bin"
+
+
+VALID_LINE = re.compile(
+    r"valid on 'valid' subset \| loss ([\d.]+) \| nll_loss ([\d.]+) \| ppl ([\d.]+).*?"
+    r"\| num_updates (\d+)"
+)
+
+
+def validation_curve(train_log: str) -> List[Dict[str, float]]:
+    """(updates, loss, nll_loss, ppl) of every validation in a fairseq-train log, by update."""
+    points = {}
+    for match in VALID_LINE.finditer(train_log):
+        loss, nll_loss, ppl, updates = match.groups()
+        points[int(updates)] = {
+            "updates": int(updates),
+            "loss": float(loss),
+            "nll_loss": float(nll_loss),
+            "ppl": float(ppl),
+        }
+    return [points[u] for u in sorted(points)]
+
+
+TRAIN_WALL = re.compile(r"\bwall[= ](\d+(?:\.\d+)?)")
+
+
+def training_wall_seconds(train_log: str) -> Optional[float]:
+    """Wall seconds fairseq-train reported, summed over the runs the log holds: fairseq
+    restarts its ``wall`` meter when a run resumes from a checkpoint (a run cut off by
+    the end of a session), so each ``$ fairseq-train`` segment's last value counts."""
+    # re.split with a group alternates [before, command, output, command, output, ...]
+    parts = re.split(r"^(\$ .*)$", train_log, flags=re.M)
+    segments = [output for command, output in zip(parts[1::2], parts[2::2]) if "fairseq-train" in command]
+    walls = [float(values[-1]) for values in (TRAIN_WALL.findall(part) for part in segments) if values]
+    return sum(walls) if walls else None
+
+
+def train_run(
+    config: QualityConfig,
+    seed: int,
+    scale: Dict,
+    prep: Path,
+    data_bin: Path,
+    run_dir: Path,
+    env: Dict[str, str],
+    precision: str = "fp32",
+) -> Dict[str, object]:
+    """Train, average, translate, score and validate one run; returns its record.
+    ``precision`` (a key of PRECISION) is training's; the averaged model is evaluated
+    in fp32 either way."""
+    updates = scale["updates"]
+    precision_args, precision_env = PRECISION[precision]
+    save_every = max(1, updates // CHECKPOINT_FRACTION)
+    checkpoints = run_dir / "checkpoints"
+    train_log = run_dir / "train.log"
+    started = time.time()
+    run(
+        [
+            tool("fairseq-train"),
+            *translation_args(data_bin),
+            *config.arch_args(),
+            "--encoder-layers",
+            scale["layers"],
+            "--decoder-layers",
+            scale["layers"],
+            "--encoder-embed-dim",
+            scale["dim"],
+            "--decoder-embed-dim",
+            scale["dim"],
+            "--encoder-ffn-embed-dim",
+            scale["ffn"],
+            "--decoder-ffn-embed-dim",
+            scale["ffn"],
+            "--encoder-attention-heads",
+            scale["heads"],
+            "--decoder-attention-heads",
+            scale["heads"],
+            "--share-all-embeddings",
+            "--dropout",
+            "0.1",
+            "--criterion",
+            "label_smoothed_cross_entropy",
+            "--label-smoothing",
+            "0.1",
+            *optimizer_args(updates),
+            "--max-tokens",
+            scale["max_tokens"],
+            "--max-update",
+            updates,
+            "--save-dir",
+            checkpoints,
+            "--no-epoch-checkpoints",
+            "--save-interval-updates",
+            save_every,
+            "--keep-interval-updates",
+            CHECKPOINTS_AVERAGED,
+            "--validate-interval-updates",
+            save_every,
+            "--required-batch-size-multiple",
+            "1",
+            "--seed",
+            seed,
+            "--num-workers",
+            "0",
+            "--log-format",
+            "simple",
+            "--log-interval",
+            "50",
+            *precision_args,
+        ],
+        train_log,
+        {**env, **precision_env},
+    )
+    log_text = train_log.read_text(encoding="utf-8")
+    train_wall = training_wall_seconds(log_text) or time.time() - started
+    curve = validation_curve(log_text)
+
+    averaged = run_dir / "averaged.pt"
+    eval_log = run_dir / "eval.log"
+    run(
+        [
+            sys.executable,
+            REPO_ROOT / "scripts" / "average_checkpoints.py",
+            "--inputs",
+            checkpoints,
+            "--num-update-checkpoints",
+            CHECKPOINTS_AVERAGED,
+            "--output",
+            averaged,
+        ],
+        eval_log,
+        env,
+    )
+    generated = run_dir / "generate-test.txt"
+    run(
+        [
+            tool("fairseq-generate"),
+            *translation_args(data_bin, averaged),
+            "--gen-subset",
+            "test",
+            "--beam",
+            "5",
+            "--remove-bpe",
+            "--batch-size",
+            "64",
+            "--required-batch-size-multiple",
+            "1",
+            "--num-workers",
+            "0",
+        ],
+        eval_log,
+        env,
+        stdout_path=generated,
+    )
+    bleu = score_translation(generated, prep / "test", run_dir / "eval", eval_log, env)
+    run(
+        [
+            tool("fairseq-validate"),
+            *translation_args(data_bin, averaged),
+            "--valid-subset",
+            "valid",
+            "--max-tokens",
+            scale["max_tokens"],
+            "--required-batch-size-multiple",
+            "1",
+            "--num-workers",
+            "0",
+        ],
+        eval_log,
+        env,
+    )
+    # the last validation in the log is this run's, not an interrupted earlier attempt's
+    valid = re.findall(
+        r"valid on 'valid' subset \| loss ([\d.]+) \| nll_loss ([\d.]+) \| ppl ([\d.]+)",
+        eval_log.read_text(encoding="utf-8"),
+    )
+    if not valid:
+        raise RuntimeError(f"fairseq-validate printed no loss; see {eval_log}")
+    valid_loss, _, valid_ppl = valid[-1]
+    moved = mechanism_parameters(averaged, data_bin, eval_log, env)
+    # the averaged model is kept (for the extrapolation and inspection tools); the
+    # training checkpoints with their optimizer state are several times its size
+    shutil.rmtree(checkpoints)
+    return {
+        "config": config.name,
+        "note": config.note,
+        "train_args": config.arch_args(),
+        "seed": seed,
+        "updates": updates,
+        "train_wall_s": round(train_wall, 1),
+        "wall_s": round(time.time() - started, 1),
+        "valid_curve": curve,
+        "test_set": "Multi30k test_2016_flickr en-de",
+        "test_sentences": bleu["sentences"],
+        "tokenized_bleu_compound_split": bleu["tokenized_bleu_compound_split"],
+        "tokenized_bleu": bleu["tokenized_bleu"],
+        "sacrebleu": bleu["sacrebleu"],
+        "sacrebleu_signature": bleu["sacrebleu_signature"],
+        "averaged_checkpoints": CHECKPOINTS_AVERAGED,
+        "valid_loss_averaged": float(valid_loss),
+        "valid_ppl_averaged": float(valid_ppl),
+        "mechanism_parameters": moved,
+    }
+
+
+def mechanism_parameters(checkpoint: Path, data_bin: Path, log_path: Path, env: Dict[str, str]) -> Dict[str, Dict]:
+    """How far each mechanism parameter group of ``checkpoint`` moved from
+    fairseq-train's initial model (``benchmarks.diagnostics.parameter_movement``; {} for vanilla)."""
+    output = log_path.with_name("mechanism_parameters.json")
+    run(
+        [sys.executable, "-m", "benchmarks.diagnostics.parameter_movement", checkpoint, "--data", data_bin, "--json"],
+        log_path,
+        env,
+        stdout_path=output,
+    )
+    return json.loads(output.read_text(encoding="utf-8"))
+
+
+def backfill_mechanism_parameters(
+    out: Path, model_of: Callable[[Dict[str, object], Path], Tuple[Path, Path, Path]]
+) -> None:
+    """Add ``mechanism_parameters`` to run files written before it was measured.
+    ``model_of(record, run_file)``: where the run kept ``(checkpoint, data-bin, log)``;
+    a run whose checkpoint or data is gone is left as it is."""
+    for path in sorted((out / "runs").glob("*.json")):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        if "mechanism_parameters" in record:
+            continue
+        found = model_of(record, path)
+        if not found[0].is_file() or not found[1].is_dir():
+            continue
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        record["mechanism_parameters"] = mechanism_parameters(*found, env)
+        path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        log(f"measured the mechanism parameters of {path.stem}")
+
+
+# ------------------------------------------------------------------ report
+
+
+def load_runs(out: Path) -> List[Dict[str, object]]:
+    return [json.loads(path.read_text(encoding="utf-8")) for path in sorted((out / "runs").glob("*.json"))]
+
+
+def mean_std(values: Sequence[float]) -> Tuple[float, float]:
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def ablation_references() -> Dict[str, str]:
+    """``{ablation: the default grid's configuration it is read against}``."""
+    from .ablations import ablations  # imports fairseq_distattn: only when ablations ran
+
+    return {ablation.name: ablation.reference for ablation in ablations(6)}  # neither depends on the depth
+
+
+def seeds_cell(records: Sequence[Dict]) -> str:
+    return f"{len(records)} ({','.join(str(r['seed']) for r in sorted(records, key=lambda r: r['seed']))})"
+
+
+def mean_cell(records: Sequence[Dict], metric: str) -> str:
+    mean, std = mean_std([r[metric] for r in records])
+    # one seed has no spread to show: "+- 0.00" would claim one
+    return f"{mean:.2f} +- {std:.2f}" if len(records) > 1 else f"{mean:.2f}"
+
+
+def delta_cell(records: Sequence[Dict], against: Optional[Sequence[Dict]], metric: str) -> str:
+    if not against:
+        return "-"
+    return f"{mean_std([r[metric] for r in records])[0] - mean_std([r[metric] for r in against])[0]:+.2f}"
+
+
+def table_row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"  # notes say |i-j|
+
+
+def report(out: Path) -> str:
+    """Rebuild ``quality.md``, ``valid_loss.png`` and, once ablations ran,
+    ``valid_loss_ablations.png`` from the run files; returns the markdown."""
+    runs = load_runs(out)
+    by_config: Dict[str, List[Dict]] = {}
+    for record in runs:
+        by_config.setdefault(record["config"], []).append(record)
+    references = ablation_references() if set(by_config) - set(CONFIGS) else {}
+    order = [name for name in CONFIGS if name in by_config] + sorted(set(by_config) - set(CONFIGS) - set(references))
+    ablation_order = [name for name in references if name in by_config]
+    baseline = by_config.get("vanilla")
+    lines = [
+        "| config | runs (seeds) | BLEU tok+compound | delta vs vanilla | sacreBLEU | delta vs vanilla | valid ppl "
+        "| what |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in order:
+        records = by_config[name]
+        against = baseline if name != "vanilla" else None
+        lines.append(
+            table_row(
+                [
+                    name,
+                    seeds_cell(records),
+                    mean_cell(records, "tokenized_bleu_compound_split"),
+                    delta_cell(records, against, "tokenized_bleu_compound_split"),
+                    mean_cell(records, "sacrebleu"),
+                    delta_cell(records, against, "sacrebleu"),
+                    mean_cell(records, "valid_ppl_averaged"),
+                    records[0]["note"],
+                ]
+            )
+        )
+    budgets = sorted({(r["updates"], r.get("scale", "?"), r.get("precision", "fp32")) for r in runs})
+    # the machine and threads; how many runs shared it varied, so it is not claimed
+    machines = sorted({re.sub(r", \d+ runs? at a time$", "", r.get("machine", "?")) for r in runs})
+    header = [
+        "# Model quality on Multi30k En-De (generated by `python -m benchmarks.quality.mt --report`)",
+        "",
+        f"Budget: {', '.join(f'{u} updates (scale {s}, {p} training)' for u, s, p in budgets) or 'no runs yet'}; "
+        f"machine: {'; '.join(machines) or '-'}. Test set: test_2016_flickr "
+        f"({', '.join(str(n) for n in sorted({r['test_sentences'] for r in runs})) or '-'} sentences), "
+        f"average of the last {CHECKPOINTS_AVERAGED} update checkpoints, beam 5. Mean +- sample std over seeds "
+        "(a single number: one seed so far).",
+        "",
+    ]
+    grid = {name: config.note for name, config in CONFIGS.items()}
+    sections = header + lines + pending_lines(by_config, grid)
+    sections += ablation_table(by_config, ablation_order, references)
+    sections += movement_table(by_config, order + ablation_order)
+    markdown = "\n".join(sections) + "\n"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "quality.md").write_text(markdown, encoding="utf-8")
+    if order:
+        plot_curves(by_config, order, out / "valid_loss.png")
+    if ablation_order:
+        # each ablation beside the configuration it is read against, dashed
+        compared = [name for name in dict.fromkeys(references[n] for n in ablation_order) if name in by_config]
+        plot_curves(
+            by_config,
+            compared + ablation_order,
+            out / "valid_loss_ablations.png",
+            title="Multi30k En-De validation loss: the papers' ablations (dashed: the papers' own choices)",
+            dashed=lambda name, record: name in compared,
+        )
+    if out.resolve() == DEFAULT_OUT.resolve():
+        update_readme(out / "quality.md")
+    return markdown
+
+
+def ablation_table(by_config: Dict[str, List[Dict]], order: Sequence[str], references: Dict[str, str]) -> List[str]:
+    """The ``--grid ablations`` runs, each against the default grid's configuration
+    holding its paper's own choice (and vanilla), with the ablations not run yet."""
+    if not order:
+        return []
+    baseline = by_config.get("vanilla")
+    lines = [
+        "",
+        "## The papers' ablations (`--grid ablations`)",
+        "",
+        "Same budget and recipe; each row is read against the configuration of the table above that holds its "
+        "paper's own choice (da: learnable sigmoid, early multiply; qvi: gated; window: the paper's best "
+        "Enc(AW)-Cr(AW,Seg)-Dec(MW)). A delta shows - while that configuration has no run.",
+        "",
+        "| ablation | runs (seeds) | BLEU tok+compound | read against | delta vs it | delta vs vanilla | sacreBLEU "
+        "| valid ppl | what |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in order:
+        records = by_config[name]
+        metric = "tokenized_bleu_compound_split"
+        lines.append(
+            table_row(
+                [
+                    name,
+                    seeds_cell(records),
+                    mean_cell(records, metric),
+                    references[name],
+                    delta_cell(records, by_config.get(references[name]), metric),
+                    delta_cell(records, baseline, metric),
+                    mean_cell(records, "sacrebleu"),
+                    mean_cell(records, "valid_ppl_averaged"),
+                    records[0]["note"],
+                ]
+            )
+        )
+    missing = [name for name in references if name not in by_config]
+    if missing:
+        lines += ["", f"Not run yet ({len(missing)} of {len(references)}): {', '.join(missing)}."]
+    return lines
+
+
+def pending_lines(by_config: Dict[str, Sequence[Dict]], grid: Dict[str, str]) -> List[str]:
+    """What the table does not show yet: the configurations of ``grid`` (name: note)
+    without a run, and those short of the two seeds each needs for a spread."""
+    missing = [name for name in grid if name not in by_config]
+    single = [name for name in grid if len(by_config.get(name, ())) == 1]
+    lines = []
+    if missing:
+        lines.append("Not run yet: " + "; ".join(f"{name} ({grid[name]})" for name in missing) + ".")
+    if single:
+        lines.append(f"One seed so far (no spread yet): {', '.join(single)}.")
+    # each its own paragraph below the table
+    return [text for line in lines for text in ("", line)]
+
+
+def movement_table(by_config: Dict[str, List[Dict]], order: Sequence[str]) -> List[str]:
+    """Did the mechanism parameters move? Per config, over its seeds: the least and most
+    moved parameter group (change relative to the initial value; absolute for DA's
+    w and v, which start at 0) and the range of DA's learned per-head w and v."""
+    lines = []
+    for name in order:
+        measured = [r["mechanism_parameters"] for r in by_config[name] if r.get("mechanism_parameters")]
+        if not measured:
+            continue
+        groups: Dict[str, List[float]] = {}
+        for result in measured:
+            for group, entry in result.items():
+                groups.setdefault(group, []).append(entry["relative_change"])
+        means = {group: statistics.fmean(changes) for group, changes in groups.items()}
+        least, most = min(means, key=means.get), max(means, key=means.get)
+        da = []
+        for parameter, label in (("distance_weight", "w"), ("sharpness", "v")):
+            entries = [entry for result in measured for group, entry in result.items() if group.endswith(parameter)]
+            if entries:
+                da.append(
+                    f"{label} in [{min(e['value_min'] for e in entries):.2f}, "
+                    f"{max(e['value_max'] for e in entries):.2f}]"
+                )
+        lines.append(
+            f"| {name} | {len(measured)} | {len(groups)} | {means[least]:.3g} ({least}) | "
+            f"{means[most]:.3g} ({most}) | {'; '.join(da) or '-'} |"
+        )
+    if not lines:
+        return []
+    return [
+        "",
+        "## Did the mechanisms' parameters move?",
+        "",
+        "Distance of each mechanism parameter group from fairseq-train's initial model, relative to its",
+        "initial norm (absolute for DA's w and v, which start at 0), mean over layers and seeds",
+        "(`python -m benchmarks.diagnostics.parameter_movement CHECKPOINT` for every group).",
+        "",
+        "| config | runs | parameter groups | least moved | most moved | DA's learned per-head values |",
+        "|---|---|---|---|---|---|",
+        *lines,
+    ]
+
+
+def plot_curves(
+    by_config: Dict[str, List[Dict]],
+    order: Sequence[str],
+    path: Path,
+    *,
+    ylabel: str = "validation loss (label-smoothed, base 2)",
+    title: str = "Multi30k En-De validation loss, one line per seed",
+    dashed: Callable[[str, Dict], bool] = lambda name, record: False,
+) -> None:
+    """One line per run's validation curve, one colour per config (shared by the
+    translation and LM harnesses; ``dashed`` marks baselines)."""
+    import logging
+
+    # importing fairseq sets the root logger to DEBUG, and matplotlib logs at import
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(8, 5))
+    for index, name in enumerate(order):
+        for number, record in enumerate(by_config[name]):
+            curve = record["valid_curve"]
+            axes.plot(
+                [p["updates"] for p in curve],
+                [p["loss"] for p in curve],
+                color=f"C{index % 10}",
+                linestyle="--" if dashed(name, record) else "-",
+                label=name if number == 0 else None,
+                alpha=0.8,
+                linewidth=1,
+            )
+    axes.set_xlabel("updates")
+    axes.set_ylabel(ylabel)
+    axes.set_title(title)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+# -------------------------------------------------------------------- main
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.quality.mt", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--grid",
+        choices=GRIDS,
+        default="default",
+        help="default: vanilla and each mechanism as its paper uses it; ablations: the papers' ablations "
+        "(benchmarks/quality/ablations.py, examples/ablations/README.md), read against the default grid's "
+        "runs (default: default)",
+    )
+    p.add_argument("--configs", default="", help="comma-separated subset of the grid's configurations")
+    p.add_argument("--seeds", default="1,2", help="comma-separated seeds (default: 1,2)")
+    p.add_argument(
+        "--scale",
+        choices=sorted(SCALES),
+        default="small",
+        help="model size and budget: small = 3+3 layers x 256, 4 heads (CPU); base = IWSLT size (GPU)",
+    )
+    p.add_argument("--updates", type=at_least(1), default=None, help="training updates (default: the scale's)")
+    p.add_argument(
+        "--precision",
+        choices=sorted(PRECISION),
+        default="fp32",
+        help="training precision on a GPU: tf32 (fp32 with TF32 matmuls) or amp (fairseq --amp, fp16 "
+        "autocast); both need CUDA (default: fp32)",
+    )
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="Multi30k {train,val,test_2016_flickr}.{en,de}[.gz] (default: ../shared/data/multi30k "
+        "when present, else the shipped data/multi30k)",
+    )
+    p.add_argument("--merges", type=int, default=None, help="joint BPE merges (default: the scale's)")
+    p.add_argument("--work", type=Path, default=DEFAULT_WORK, help=f"checkpoints and logs (default: {DEFAULT_WORK})")
+    add_out_argument(p, DEFAULT_OUT)
+    p.add_argument("--jobs", type=at_least(1), default=2, help="runs at a time (default: 2)")
+    p.add_argument("--threads", type=at_least(1), default=1, help="OMP_NUM_THREADS of each run (default: 1)")
+    p.add_argument("--report", action="store_true", help="only rebuild the table and plot from the run files")
+    args = p.parse_args(argv)
+    args.out = args.out or scale_results(DEFAULT_OUT, args.scale)
+    if not args.report and args.precision != "fp32":
+        import torch
+
+        if not torch.cuda.is_available():
+            p.error(f"argument --precision: {args.precision} trains on a GPU, and CUDA is not available here")
+    if not args.report:
+        check_same_budget(
+            p,
+            args.out,
+            {
+                "scale": args.scale,
+                "updates": args.updates or SCALES[args.scale]["updates"],
+                "precision": args.precision,
+            },
+        )
+    args.grid_configs = grid_configs(args.grid, SCALES[args.scale]["layers"])
+    args.config_names = comma_separated_names(p, f"--configs (grid {args.grid})", args.configs, args.grid_configs)
+    args.seed_list = comma_separated_ints(p, "--seeds", args.seeds, 0)
+    if args.data is None:
+        shared = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+        args.data = shared if (shared / "train.en").is_file() else REPO_ROOT / "data" / "multi30k"
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    if not args.report:
+        scale = dict(SCALES[args.scale])
+        if args.updates is not None:
+            scale["updates"] = args.updates
+        merges = args.merges or scale["merges"] or 500
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1"}
+        env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+        prep, data_bin = prepare(args.data, args.work / f"data-{merges}", merges, env)
+        todo = [
+            (args.grid_configs[name], seed)
+            for seed in args.seed_list
+            for name in args.config_names
+            if not (args.out / "runs" / f"{name}-seed{seed}.json").is_file()
+        ]
+        log(f"{len(todo)} runs to do ({args.scale}, {scale['updates']} updates, {args.jobs} at a time)")
+        machine = f"{device_model()}, {args.threads} thread(s) per run"
+        revision = git_revision()
+
+        def one(job):
+            config, seed = job
+            run_dir = args.work / args.scale / f"{config.name}-seed{seed}"
+            run_dir.mkdir(parents=True, exist_ok=True)
+            log(f"start {config.name} seed {seed} ({run_dir})")
+            record = train_run(config, seed, scale, prep, data_bin, run_dir, env, args.precision)
+            record.update(
+                scale=args.scale,
+                precision=args.precision,
+                machine=machine,
+                git_revision=revision,
+                data=args.data.name,
+                bpe_merges=merges,
+                max_tokens=scale["max_tokens"],
+                model=f"{scale['layers']}+{scale['layers']} layers x {scale['dim']}, "
+                f"FFN {scale['ffn']}, {scale['heads']} heads",
+            )
+            path = args.out / "runs" / f"{config.name}-seed{seed}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+            log(
+                f"done {config.name} seed {seed}: BLEU {record['tokenized_bleu_compound_split']}, "
+                f"sacreBLEU {record['sacrebleu']}, {record['wall_s']:.0f}s"
+            )
+
+        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            for future in [pool.submit(one, job) for job in todo]:
+                future.result()
+
+    def model_of(record: Dict[str, object], path: Path) -> Tuple[Path, Path, Path]:
+        run_dir = args.work / str(record.get("scale", "small")) / path.stem
+        data_bin = args.work / f"data-{record.get('bpe_merges')}" / "data-bin"
+        return run_dir / "averaged.pt", data_bin, run_dir / "eval.log"
+
+    backfill_mechanism_parameters(args.out, model_of)
+    print(report(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

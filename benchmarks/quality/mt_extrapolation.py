@@ -1,0 +1,388 @@
+"""Length extrapolation of the translation grid's models: ``python -m benchmarks.quality.mt_extrapolation``.
+
+Multi30k sentences are short (13 words on average), so the translation models
+of ``benchmarks.quality.mt`` never saw a long input. Here each finished run's
+averaged model translates test sets built by concatenating 1, 2, 4 and 8
+consecutive test_2016_flickr sentences (sources and references alike), with
+beam 5; BLEU is reported per concatenation factor and per source-length
+bucket, per mechanism. One JSON per (run, factor) under ``<out>/runs``,
+skipped when present; ``<out>/extrapolation.md`` and ``<out>/bleu_vs_length.png``
+are rebuilt from them. The default grid's runs are evaluated; an ablation's
+(``benchmarks.quality.mt --grid ablations``) when ``--configs`` names it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from fairseq_distattn.tools.generated_blocks import update_readme
+from scripts import mt_eval
+
+from ..common import (
+    REPO_ROOT,
+    add_out_argument,
+    at_least,
+    check_same_budget,
+    comma_separated_ints,
+    comma_separated_names,
+    scale_results,
+)
+from .mt import (
+    CONFIGS,
+    DEFAULT_WORK,
+    log,
+    mean_std,
+    run,
+    score_translation,
+    tool,
+    translation_args,
+)
+
+PROG = "python -m benchmarks.quality.mt_extrapolation"
+DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "extrapolation"
+FACTORS = (1, 2, 4, 8)
+# source length in BPE tokens (upper bounds, inclusive)
+BUCKETS = (16, 32, 64, 128, 256)
+BUCKET_LABELS = tuple(f"<={bound}" for bound in BUCKETS) + (f">{BUCKETS[-1]}",)
+
+
+def concatenated(lines: Sequence[str], factor: int) -> List[str]:
+    """Every ``factor`` consecutive lines joined by a space (a shorter last group is kept)."""
+    return [" ".join(lines[start : start + factor]) for start in range(0, len(lines), factor)]
+
+
+def build_test_set(prep: Path, data_bin: Path, factor: int, work: Path, env: Dict[str, str]) -> Path:
+    """Binarised test set of ``factor``-sentence groups with the training dictionaries; its
+    text (``test.{bpe,tok,raw}.{en,de}``) is written beside it."""
+    directory = work / f"x{factor}"
+    if (directory / "data-bin" / ".done").is_file():
+        return directory
+    directory.mkdir(parents=True, exist_ok=True)
+    for kind in ("bpe", "tok", "raw"):
+        for lang in ("en", "de"):
+            lines = mt_eval.read_text(prep / f"test.{kind}.{lang}")
+            (directory / f"test.{kind}.{lang}").write_text(
+                "".join(line + "\n" for line in concatenated(lines, factor)), encoding="utf-8"
+            )
+    run(
+        [
+            tool("fairseq-preprocess"),
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+            "--testpref",
+            directory / "test.bpe",
+            "--destdir",
+            directory / "data-bin",
+            "--srcdict",
+            data_bin / "dict.en.txt",
+            "--tgtdict",
+            data_bin / "dict.de.txt",
+            "--workers",
+            "1",
+        ],
+        directory / "preprocess.log",
+        env,
+    )
+    (directory / "data-bin" / ".done").touch()
+    return directory
+
+
+def bucket_of(length: int) -> str:
+    return next((label for bound, label in zip(BUCKETS, BUCKET_LABELS) if length <= bound), BUCKET_LABELS[-1])
+
+
+def evaluate(model: Path, test_set: Path, out_dir: Path, env: Dict[str, str]) -> Dict[str, object]:
+    """Beam-5 translation of one concatenated test set; corpus BLEU and BLEU per source-length bucket."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    generated = out_dir / "generate-test.txt"
+    log_path = out_dir / "eval.log"
+    run(
+        [
+            tool("fairseq-generate"),
+            *translation_args(test_set / "data-bin", model),
+            "--gen-subset",
+            "test",
+            "--beam",
+            "5",
+            "--remove-bpe",
+            "--batch-size",
+            "32",
+            "--required-batch-size-multiple",
+            "1",
+            "--max-len-a",
+            "1.5",
+            "--max-len-b",
+            "10",
+            "--num-workers",
+            "0",
+        ],
+        log_path,
+        env,
+        stdout_path=generated,
+    )
+    scores = score_translation(generated, test_set / "test", out_dir, log_path, env)
+    sources = mt_eval.read_text(test_set / "test.bpe.en")
+    hyps_tok = mt_eval.read_text(out_dir / "hyp.tok.de")
+    refs_tok = mt_eval.read_text(test_set / "test.tok.de")
+    groups: Dict[str, List[int]] = {}
+    for index, source in enumerate(sources):
+        groups.setdefault(bucket_of(len(source.split())), []).append(index)
+    per_bucket = {}
+    for bucket, indices in sorted(groups.items(), key=lambda item: BUCKET_LABELS.index(item[0])):
+        score = mt_eval.tokenized_bleu(
+            [hyps_tok[i] for i in indices], [refs_tok[i] for i in indices], compound_split=True
+        )
+        per_bucket[bucket] = {
+            "sentences": len(indices),
+            "tokenized_bleu_compound_split": round(score.score, 2),
+            # BLEU's sufficient statistics: buckets of several factors are pooled in the report
+            "bleu_statistics": {
+                "correct": list(score.counts),
+                "total": list(score.totals),
+                "hypothesis_length": score.sys_len,
+                "reference_length": score.ref_len,
+            },
+        }
+    lengths = [len(source.split()) for source in sources]
+    return {
+        "sentences": len(sources),
+        "mean_source_bpe_tokens": round(sum(lengths) / len(lengths), 1),
+        "max_source_bpe_tokens": max(lengths),
+        "tokenized_bleu_compound_split": scores["tokenized_bleu_compound_split"],
+        "sacrebleu": scores["sacrebleu"],
+        "sacrebleu_signature": scores["sacrebleu_signature"],
+        "per_source_length": per_bucket,
+    }
+
+
+def report(out: Path) -> str:
+    records = [json.loads(p.read_text(encoding="utf-8")) for p in sorted((out / "runs").glob("*.json"))]
+    table: Dict[str, Dict[int, List[float]]] = {}
+    for record in records:
+        table.setdefault(record["config"], {}).setdefault(record["factor"], []).append(
+            record["tokenized_bleu_compound_split"]
+        )
+    order = [name for name in CONFIGS if name in table] + sorted(set(table) - set(CONFIGS))
+    factors = sorted({record["factor"] for record in records})
+    lengths = {f: sorted({r["mean_source_bpe_tokens"] for r in records if r["factor"] == f}) for f in factors}
+    lines = [
+        f"# Length extrapolation on Multi30k En-De (generated by `{PROG} --report`)",
+        "",
+        "Models of `benchmarks.quality.mt` (trained on single Multi30k sentences) translate test_2016_flickr with "
+        "1, 2, 4 and 8 consecutive sentences concatenated (sources and references), beam 5. Tokenised BLEU with "
+        "compound splitting, mean +- std over seeds (a single number: one seed so far); the ratio is BLEU at the "
+        "factor over BLEU at x1.",
+        "",
+        "| config | "
+        + " | ".join(f"x{f} ({'/'.join(str(v) for v in lengths[f])} BPE tokens)" for f in factors)
+        + " | "
+        + " | ".join(f"x{f}/x1" for f in factors if f != 1)
+        + " |",
+        "|---|" + "---|" * (2 * len(factors) - (1 if 1 in factors else 0)),
+    ]
+    for name in order:
+        means = {f: mean_std(table[name][f]) for f in factors if f in table[name]}
+        cells = [
+            (
+                "-"
+                if f not in means
+                else f"{means[f][0]:.2f} +- {means[f][1]:.2f}"
+                if len(table[name][f]) > 1
+                else f"{means[f][0]:.2f}"
+            )
+            for f in factors
+        ]
+        ratios = [
+            f"{means[f][0] / means[1][0]:.2f}" if f in means and 1 in means and means[1][0] > 0 else "-"
+            for f in factors
+            if f != 1
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells + ratios) + " |")
+    markdown = "\n".join(lines + bucket_table(records, order)) + "\n"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "extrapolation.md").write_text(markdown, encoding="utf-8")
+    if out.resolve() == DEFAULT_OUT.resolve():
+        update_readme(out / "extrapolation.md")
+    if records:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        figure, axes = plt.subplots(figsize=(7, 4.5))
+        for index, name in enumerate(order):
+            points = sorted(
+                (
+                    statistics.fmean(
+                        [r["mean_source_bpe_tokens"] for r in records if r["config"] == name and r["factor"] == f]
+                    ),
+                    mean_std(table[name][f])[0],
+                )
+                for f in table[name]
+            )
+            axes.plot(*zip(*points), marker="o", color=f"C{index % 10}", label=name)
+        axes.set_xscale("log", base=2)
+        axes.set_xlabel("mean source length (BPE tokens)")
+        axes.set_ylabel("BLEU (tokenised, compound split)")
+        axes.set_title("Translating concatenated test sentences")
+        axes.legend(fontsize=8)
+        figure.tight_layout()
+        figure.savefig(out / "bleu_vs_length.png", dpi=110)
+        plt.close(figure)
+    return markdown
+
+
+def pooled_bucket_bleu(records: Sequence[Dict]) -> Dict[str, float]:
+    """BLEU per source-length bucket over all of one run's factors (statistics summed, then BLEU)."""
+    from sacrebleu.metrics import BLEU
+
+    pooled: Dict[str, Dict[str, object]] = {}
+    for record in records:
+        for bucket, entry in record["per_source_length"].items():
+            stats = entry.get("bleu_statistics")
+            if stats is None:
+                continue
+            total = pooled.setdefault(
+                bucket, {"correct": [0] * 4, "total": [0] * 4, "hypothesis_length": 0, "reference_length": 0}
+            )
+            for key in ("correct", "total"):
+                total[key] = [a + b for a, b in zip(total[key], stats[key])]
+            for key in ("hypothesis_length", "reference_length"):
+                total[key] += stats[key]
+    return {
+        bucket: BLEU.compute_bleu(
+            t["correct"], t["total"], t["hypothesis_length"], t["reference_length"], smooth_method="none"
+        ).score
+        for bucket, t in pooled.items()
+    }
+
+
+def bucket_table(records: Sequence[Dict], order: Sequence[str]) -> List[str]:
+    """Per config, BLEU by source length in BPE tokens, pooling the sentences of every factor."""
+    by_run: Dict[tuple, List[Dict]] = {}
+    for record in records:
+        by_run.setdefault((record["config"], record["seed"]), []).append(record)
+    scores: Dict[str, Dict[str, List[float]]] = {}
+    for (config, _), run_records in by_run.items():
+        for bucket, bleu in pooled_bucket_bleu(run_records).items():
+            scores.setdefault(config, {}).setdefault(bucket, []).append(bleu)
+    buckets = [label for label in BUCKET_LABELS if any(label in per for per in scores.values())]
+    if not buckets:
+        return []
+    lines = [
+        "",
+        "## BLEU by source length",
+        "",
+        "The test sentences of every factor pooled and grouped by source length in BPE tokens (BLEU from the "
+        "summed n-gram statistics of each group, mean over seeds).",
+        "",
+        "| config | " + " | ".join(f"{label} tokens" for label in buckets) + " |",
+        "|---|" + "---|" * len(buckets),
+    ]
+    for name in order:
+        if name in scores:
+            lines.append(
+                f"| {name} | "
+                + " | ".join(
+                    f"{statistics.fmean(scores[name][label]):.2f}" if label in scores[name] else "-"
+                    for label in buckets
+                )
+                + " |"
+            )
+    return lines
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--quality-work",
+        type=Path,
+        default=DEFAULT_WORK,
+        help=f"benchmarks.quality.mt's --work (default: {DEFAULT_WORK})",
+    )
+    p.add_argument("--scale", default="small", help="the quality runs' scale (default: small)")
+    p.add_argument("--factors", default=",".join(map(str, FACTORS)), help="concatenation factors (default: 1,2,4,8)")
+    p.add_argument(
+        "--configs",
+        default="",
+        help="comma-separated quality configurations to evaluate, of the default grid or the ablations "
+        "(default: the default grid's; each run with a trained model)",
+    )
+    add_out_argument(p, DEFAULT_OUT)
+    p.add_argument("--threads", type=at_least(1), default=1, help="OMP_NUM_THREADS (default: 1)")
+    p.add_argument("--report", action="store_true", help="only rebuild the table and plot")
+    args = p.parse_args(argv)
+    args.out = args.out or scale_results(DEFAULT_OUT, args.scale)
+    if not args.report:
+        check_same_budget(p, args.out, {"scale": args.scale})
+    args.factor_list = comma_separated_ints(p, "--factors", args.factors, 1)
+    if args.configs:
+        from .ablations import ABLATION_NAMES  # imports fairseq_distattn: only when named
+
+        args.config_names = set(comma_separated_names(p, "--configs", args.configs, [*CONFIGS, *ABLATION_NAMES]))
+    else:
+        args.config_names = set(CONFIGS)
+    if not args.report and not (args.quality_work / args.scale).is_dir():
+        p.error(
+            f"argument --quality-work: no {args.scale}-scale runs of benchmarks.quality.mt: "
+            f"{args.quality_work / args.scale} is not a directory"
+        )
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    if not args.report:
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1"}
+        env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+        models = [
+            model
+            for model in sorted((args.quality_work / args.scale).glob("*-seed*/averaged.pt"))
+            if model.parent.name.rsplit("-seed", 1)[0] in args.config_names
+        ]
+        log(f"{len(models)} trained models of the configurations asked for under {args.quality_work / args.scale}")
+        for model in models:
+            run_name = model.parent.name
+            config, seed = run_name.rsplit("-seed", 1)
+            data = args.quality_work / f"data-{_merges_of(model)}"
+            if not (data / "data-bin" / ".done").is_file():
+                raise SystemExit(f"no prepared data {data} for {model}")
+            for factor in args.factor_list:
+                path = args.out / "runs" / f"{run_name}-x{factor}.json"
+                if path.is_file():
+                    continue
+                test_set = build_test_set(
+                    data / "prep", data / "data-bin", factor, args.quality_work / "extrapolation", env
+                )
+                log(f"{run_name} x{factor}")
+                record = {
+                    "config": config,
+                    "seed": int(seed),
+                    "factor": factor,
+                    "scale": args.scale,
+                    **evaluate(model, test_set, model.parent / "extrapolation" / f"x{factor}", env),
+                }
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    print(report(args.out))
+    return 0
+
+
+def _merges_of(model: Path) -> int:
+    """The BPE merges of a quality run, from the data directory named in its training log."""
+    match = re.search(r"/data-(\d+)/data-bin", (model.parent / "train.log").read_text(encoding="utf-8"))
+    if match is None:
+        raise SystemExit(f"cannot tell the data of {model} from its train.log")
+    return int(match.group(1))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,132 @@
+"""Attention-op microbenchmarks: every registered mechanism's functional op
+(called as its registration's ``example`` says, at the default options) and
+the plugin's softmax attention (``vanilla``) against
+``torch.nn.functional.scaled_dot_product_attention`` on the same
+``[B, H, L, D]`` inputs, at several lengths L, forward only and forward +
+backward, with the fitted exponent of cost against L (log-log least squares).
+
+Self-attention shapes (Tq = Tk = L), no padding, not causal, no dropout; the
+window ops include computing their soft mask, as the layer does. Each timing
+repeats the op until at least ``min_time`` seconds have passed and reports
+seconds per call.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from .timing import Summary, fit_exponent, now, run_paired, synchronize
+
+BASELINE = "sdpa"
+MODES = ("fwd", "fwd+bwd")
+
+
+def _op_table() -> Dict[str, Callable]:
+    """name -> make(B, H, L, D, device, seed) returning (leaves, fn); fn() -> output tensor: the
+    baseline, the plugin's softmax attention (vanilla), and every registered mechanism's op on
+    its registration's example arguments at their default options."""
+    import fairseq_distattn.functional as DF
+    from fairseq_distattn.mechanisms.examples import ExampleDraw, example_call
+    from fairseq_distattn.registry import registered
+
+    def draw_of(B, H, L, D, device, seed):
+        return ExampleDraw(B, H, L, L, D, seed=seed, dtype=torch.float32, device=device, requires_grad=True)
+
+    def sdpa(B, H, L, D, device, seed):
+        draw = draw_of(B, H, L, D, device, seed)
+        q, k, v = draw.query(), draw.key(), draw.key()
+        return draw.leaves, lambda: F.scaled_dot_product_attention(q, k, v)
+
+    def softmax(B, H, L, D, device, seed):
+        draw = draw_of(B, H, L, D, device, seed)
+        q, k, v = draw.query(), draw.key(), draw.key()
+        return draw.leaves, lambda: DF.softmax_attention(q, k, v)[0]
+
+    def mechanism(info):
+        def make(B, H, L, D, device, seed):
+            draw = draw_of(B, H, L, D, device, seed)
+            call = example_call(info, draw)
+            return draw.leaves, lambda: call()[0]
+
+        return make
+
+    return {BASELINE: sdpa, "vanilla": softmax, **{info.name: mechanism(info) for info in registered()}}
+
+
+def _call(fn: Callable, leaves: Sequence[torch.Tensor], mode: str, grad_out: torch.Tensor):
+    if mode == "fwd":
+        with torch.no_grad():
+            fn()
+        return
+    for leaf in leaves:
+        leaf.grad = None
+    fn().backward(grad_out)
+
+
+def run_ops(
+    batch: int,
+    heads: int,
+    head_dim: int,
+    lengths: Sequence[int],
+    device,
+    repeats: int,
+    warmup: int,
+    seed: int,
+    log: Callable[[str], None],
+    modes: Sequence[str] = MODES,
+    min_time: float = 0.05,
+    only: Sequence[str] = (),
+) -> Dict[str, dict]:
+    table = _op_table()
+    names = [n for n in table if n == BASELINE or not only or any(o in n for o in only)]
+    per_call: Dict[Tuple[str, str], Dict[int, dict]] = {(n, m): {} for n in names for m in modes}
+    ratios: Dict[Tuple[str, str], Dict[int, dict]] = {(n, m): {} for n in names for m in modes}
+    for mode in modes:
+        for length in lengths:
+            made = {name: table[name](batch, heads, length, head_dim, device, seed) for name in names}
+            grad_out = torch.randn(batch, heads, length, head_dim, generator=torch.Generator().manual_seed(seed)).to(
+                device
+            )
+            calls: Dict[str, int] = {}
+
+            def measure(name: str) -> float:
+                leaves, fn = made[name]
+                if name not in calls:  # calibrate the inner repeat count once
+                    synchronize(device)
+                    start = now()
+                    _call(fn, leaves, mode, grad_out)
+                    synchronize(device)
+                    once = max(now() - start, 1e-6)
+                    calls[name] = max(1, int(min_time / once))
+                n = calls[name]
+                synchronize(device)
+                start = now()
+                for _ in range(n):
+                    _call(fn, leaves, mode, grad_out)
+                synchronize(device)
+                return n / (now() - start)  # calls per second
+
+            paired = run_paired(BASELINE, [n for n in names if n != BASELINE], measure, repeats, warmup)
+            for name in names:
+                r = paired[name]
+                per_call[(name, mode)][length] = Summary.of([1.0 / x for x in r.throughputs]).as_dict()
+                if r.ratios:
+                    # throughput ratio op/sdpa -> cost ratio sdpa-normalised: cost(op)/cost(sdpa)
+                    ratios[(name, mode)][length] = Summary.of([1.0 / x for x in r.ratios]).as_dict()
+            log(f"  {mode} L={length}: sdpa {per_call[(BASELINE, mode)][length]['median'] * 1e3:.2f} ms/call")
+    results = {}
+    for (name, mode), by_length in per_call.items():
+        medians = [by_length[n]["median"] for n in lengths]
+        tail = fit_exponent(lengths[-2:], medians[-2:]) if len(lengths) >= 2 else float("nan")
+        results[f"{name} [{mode}]"] = {
+            "op": name,
+            "mode": mode,
+            "seconds_per_call": {str(n): by_length[n] for n in lengths},
+            "cost_vs_sdpa": {str(n): ratios[(name, mode)][n] for n in lengths} if ratios[(name, mode)] else None,
+            "exponent": fit_exponent(lengths, medians),
+            "tail_exponent": tail,
+        }
+    return results
