@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import fairseq_distattn.mechanisms  # noqa: F401 (discovers the registry)
 from benchmarks.speed import configs as C
 from benchmarks.speed.configs import LM_FLOORS, LM_PRESETS, MT_FLOORS, MT_PRESETS, mt_mechanism_configs
 from benchmarks.speed.floor import TRANSLATION_WINDOW_FLOOR, WINDOW_FLOOR_LAYERS, WINDOW_SEGMENT_SIZE
@@ -567,7 +568,7 @@ def test_ops_table(quick_run):
     out, _ = quick_run
     rows = sections((out / "results.md").read_text())["## Attention ops vs scaled_dot_product_attention"]
     assert {r["mode"] for r in rows} == {"fwd", "fwd+bwd"}
-    assert len(rows) == 20  # sdpa + 9 ops, two modes
+    assert len(rows) == 2 * (2 + len(registered()))  # sdpa, vanilla and every registered mechanism, two modes
     for row in rows:
         for n in (16, 32, 64):
             assert number(row[f"ms L={n}"]) > 0

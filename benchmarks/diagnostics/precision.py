@@ -26,13 +26,19 @@ BATCH, HEADS, LENGTH, DIM = 2, 2, 12, 16
 
 def op_names() -> List[str]:
     """``vanilla`` (softmax attention, the baseline of every ratio) and every registered mechanism."""
+    import fairseq_distattn.mechanisms  # noqa: F401 (discovers the registry)
     from fairseq_distattn.registry import registered
 
     return ["vanilla", *(info.name for info in registered())]
 
 
 def op_call(
-    name: str, dtype: torch.dtype, scale: float, rounded_to: Optional[torch.dtype] = None, requires_grad: bool = False
+    name: str,
+    dtype: torch.dtype,
+    scale: float,
+    rounded_to: Optional[torch.dtype] = None,
+    requires_grad: bool = False,
+    seed: int = 0,
 ):
     """``(call(**shared) -> (out, probs), draw)``: the op of mechanism ``name`` on its
     registration's example arguments (the same values for every dtype; ``rounded_to``
@@ -47,6 +53,7 @@ def op_call(
         LENGTH,
         LENGTH,
         DIM,
+        seed=seed,
         dtype=dtype,
         rounded_to=rounded_to,
         requires_grad=requires_grad,
@@ -71,14 +78,23 @@ def relative_error(output: torch.Tensor, reference: torch.Tensor) -> float:
     return float((output - reference).norm() / reference.norm().clamp_min(1e-300))
 
 
-def op_errors(dtype: torch.dtype, scale: float) -> Dict[str, float]:
-    """Relative error of each op in ``dtype`` against float64 on the same rounded inputs."""
+# one draw of inputs alone moves a ratio to vanilla by 10x at large logits (a near-tie of two
+# logits decides a saturated softmax's error), so each op's error is a mean over draws
+OP_DRAWS = 8
+
+
+def op_errors(dtype: torch.dtype, scale: float, draws: int = OP_DRAWS) -> Dict[str, float]:
+    """Relative error of each op in ``dtype`` against float64 on the same rounded inputs,
+    the mean over ``draws`` draws of them (seeds 0..draws-1)."""
     padding = padding_mask()
     errors = {}
     for name in op_names():
-        half, _ = op_call(name, dtype, scale)
-        exact, _ = op_call(name, torch.float64, scale, rounded_to=dtype)
-        errors[name] = relative_error(half(key_padding_mask=padding)[0], exact(key_padding_mask=padding)[0])
+        total = 0.0
+        for seed in range(draws):
+            half, _ = op_call(name, dtype, scale, seed=seed)
+            exact, _ = op_call(name, torch.float64, scale, rounded_to=dtype, seed=seed)
+            total += relative_error(half(key_padding_mask=padding)[0], exact(key_padding_mask=padding)[0])
+        errors[name] = total / draws
     return errors
 
 
@@ -152,7 +168,8 @@ def report() -> str:
         columns = {f"logits x{scale:g}": op_errors(dtype, scale) for scale in SCALES}
         parts.append(
             table(
-                f"functional ops in {str(dtype).replace('torch.', '')}: relative error vs float64, ratio to vanilla",
+                f"functional ops in {str(dtype).replace('torch.', '')}: relative error vs float64, mean of {OP_DRAWS} "
+                "input draws, ratio to vanilla",
                 columns,
             )
         )
@@ -175,9 +192,12 @@ def report() -> str:
         f"Whole-model ratios above {DEFAULT_MODEL_ERROR_BOUND:g}x vanilla's: {', '.join(above) or 'none'}. "
         "Accepted: QVI's values are products of two rounded activations (Q^ and VW, eq. 7-8) and MW's window "
         "multiplies the rounded probabilities, so the whole model is more sensitive to a half-rounded residual "
-        "stream while the ops themselves stay within vanilla's error (the tables above). "
+        "stream while the ops themselves stay within vanilla's error at ordinary logits (the tables above, x1). "
         f"`tests/test_half_precision.py` keeps every mechanism at or below {DEFAULT_MODEL_ERROR_BOUND:g}x, "
-        f"except {bounds}, as regression guards.\n"
+        f"except {bounds}, as regression guards, and every op within 2x of vanilla's error at x1. At x100 and "
+        "x1e4 the softmax saturates and an op's error depends on near-ties among its logits: those columns are "
+        "reported, not bounded (an op with two scaled score terms, such as AW's local scores, has larger logits "
+        "and so more such ties); outputs and gradients must be finite wherever the exact value fits the dtype.\n"
     )
     return "\n".join(parts)
 

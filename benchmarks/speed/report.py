@@ -31,6 +31,7 @@ MECHANISM_TRAIN_TARGET = 0.90
 
 
 def mechanism_train_targets():
+    import fairseq_distattn.mechanisms  # noqa: F401 (discovers the registry)
     from fairseq_distattn.registry import registered
 
     return [

@@ -248,7 +248,7 @@ class AttentionRecorder:
         return records
 
     def _store(self, site: AttentionSite, probs: Tensor):
-        self.records[site] = AttentionRecord(site, probs[0].double().cpu())
+        self.records[site] = AttentionRecord(site, probs[0].detach().double().cpu())
 
     def _vanilla_hook(self, site):
         def hook(module, args, kwargs):
@@ -523,7 +523,7 @@ def _heatmaps(
         if index >= heads:
             ax.set_visible(False)
             continue
-        image = ax.imshow(matrices[index].numpy(), cmap=cmap, aspect="auto", interpolation="nearest")
+        image = ax.imshow(matrices[index].detach().cpu().numpy(), cmap=cmap, aspect="auto", interpolation="nearest")
         figure.colorbar(image, ax=ax, shrink=0.8)
         ax.set_title(titles[index], fontsize=9)
         _label_axes(ax, row_labels, column_labels, *axis_names)
@@ -634,7 +634,7 @@ def _plot_learned_values(name: str, sites: Sequence[AttentionSite], out: Path, w
             _grouped_bars(ax, [_site_label(site) for site, _ in rows], [v.values.tolist() for _, v in rows], label)
         else:
             for site, values in rows:
-                ax.plot(values.positions, values.values.numpy(), marker=".", label=site.title)
+                ax.plot(values.positions, values.values.detach().cpu().numpy(), marker=".", label=site.title)
             ax.set_xlabel(rows[0][1].axis)
             ax.set_ylabel(label)
             ax.legend(fontsize=6)
@@ -666,7 +666,7 @@ def _plot_position_term_curves(sites: Sequence[AttentionSite], max_distance: int
         site, term = terms[index]
         # the last query against the keys before it: distance i - j = 0 .. max_distance
         for head, curve in enumerate(term.values[:, -1].flip(-1)):
-            ax.plot(distances.numpy(), curve.numpy(), label=f"head {head}")
+            ax.plot(distances.numpy(), curve.detach().cpu().numpy(), label=f"head {head}")
         described = f" ({site.hyperparameters})" if site.hyperparameters else ""
         ax.set_title(f"{site.title}{described}", fontsize=8)
         ax.set_xlabel("distance i - j to an earlier key")
