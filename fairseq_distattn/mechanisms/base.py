@@ -95,6 +95,7 @@ def parameter_values(module: nn.Module, num_heads: int) -> List[LearnedValues]:
     found = []
     for name, parameter in module.named_parameters():
         values = parameter.detach().double().cpu()
+        values = values.reshape(1) if values.dim() == 0 else values
         if values.dim() == 1 and values.numel() == num_heads:
             found.append(LearnedValues(f"{name} per head", values))
             continue

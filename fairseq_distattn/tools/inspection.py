@@ -630,8 +630,9 @@ def _plot_learned_values(name: str, sites: Sequence[AttentionSite], out: Path, w
         return
     figure, axes = _figure(len(series), 1, max(8.0, 1.2 * len(sites)), 3.0)
     for ax, (label, rows) in zip(axes.flat, series.items()):
-        if rows[0][1].positions is None:
+        if rows[0][1].positions is None:  # per head: bars grouped by layer, the heads' legend beside
             _grouped_bars(ax, [_site_label(site) for site, _ in rows], [v.values.tolist() for _, v in rows], label)
+            _legend_beside(ax)
         else:
             for site, values in rows:
                 ax.plot(values.positions, values.values.detach().cpu().numpy(), marker=".", label=site.title)
@@ -639,8 +640,6 @@ def _plot_learned_values(name: str, sites: Sequence[AttentionSite], out: Path, w
             ax.set_ylabel(label)
             ax.legend(fontsize=6)
         ax.set_title(rows[0][1].note or label, fontsize=9)
-    if rows[0][1].positions is None:
-        _legend_beside(axes[0, 0])
     _save(
         figure,
         f"{name}: what each layer learned ({sites[0].mechanism.info.paper})",
