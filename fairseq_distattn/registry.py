@@ -239,11 +239,15 @@ class MechanismInfo:
         return None if self.options is None else self.options()
 
     def own_options(self, options):
-        """Its own options dataclass from an object with (at least) its fields as
-        attributes, such as the model-wide MechanismOptions (None without an options class)."""
-        if self.options is None:
-            return None
-        return self.options(**{field.name: getattr(options, field.name) for field in self.option_fields()})
+        """Its own options dataclass out of the model-wide MechanismOptions (None
+        without an options class)."""
+        return None if self.options is None else options_of(self.options, options)
+
+
+def options_of(options_class: type, options):
+    """An ``options_class`` instance from an object with (at least) its fields as
+    attributes, such as the model-wide MechanismOptions."""
+    return options_class(**{field.name: getattr(options, field.name) for field in dataclasses.fields(options_class)})
 
 
 def no_example_arguments(draw, options) -> Tuple[tuple, Dict[str, Any]]:

@@ -28,6 +28,7 @@ from .registry import (
     option,
     option_classes,
     option_flag,
+    options_of,
     registered,
 )
 
@@ -235,9 +236,7 @@ def _from_args(
     for options_class in OPTION_CLASSES:
         check_together = getattr(options_class, "check_together", None)
         if check_together is not None:
-            check_together(
-                options_class(**{f.name: getattr(options, f.name) for f in dataclasses.fields(options_class)})
-            )
+            check_together(options_of(options_class, options))
     return options
 
 

@@ -7,6 +7,7 @@ from fairseq.tasks.language_modeling import LanguageModelingTask
 from fairseq.tasks.translation import TranslationTask
 
 import fairseq_distattn.models  # noqa: F401 (registers the models)
+from fairseq_distattn.registry import KINDS
 
 TINY = [
     "--encoder-layers",
@@ -34,6 +35,13 @@ TINY = [
     "--attention-dropout",
     "0",
 ]
+
+
+def everywhere(mechanism: str) -> list:
+    """The SPEC flags that put ``mechanism`` in every layer of every attention kind
+    that accepts it (vanilla in the others)."""
+    return [flag for kind in KINDS for flag in (kind.flag, mechanism if mechanism in kind.allowed else "vanilla")]
+
 
 TINY_LM = [
     "--decoder-layers",

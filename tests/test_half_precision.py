@@ -7,18 +7,16 @@ import torch
 
 from benchmarks.diagnostics import precision
 from fairseq_distattn import functional as DF
-from fairseq_distattn.registry import KINDS
 from fairseq_distattn.spec import MECHANISMS
 
-from .model_helpers import TINY, left_pad, random_tokens, right_pad, translation_model
+from .model_helpers import TINY, everywhere, left_pad, random_tokens, right_pad, translation_model
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
 
 
 def model_with_mechanism_everywhere(mechanism):
     """A tiny translation model with ``mechanism`` in every attention kind that takes it."""
-    attention = [flag for kind in KINDS for flag in (kind.flag, mechanism if mechanism in kind.allowed else "vanilla")]
-    return translation_model(extra=[*TINY, *attention])
+    return translation_model(extra=[*TINY, *everywhere(mechanism)])
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -26,10 +26,9 @@ BATCH, HEADS, LENGTH, DIM = 2, 2, 12, 16
 
 def op_names() -> List[str]:
     """``vanilla`` (softmax attention, the baseline of every ratio) and every registered mechanism."""
-    import fairseq_distattn.mechanisms  # noqa: F401 (discovers the registry)
-    from fairseq_distattn.registry import registered
+    from fairseq_distattn.spec import MECHANISMS
 
-    return ["vanilla", *(info.name for info in registered())]
+    return list(MECHANISMS)
 
 
 def op_call(
@@ -101,13 +100,11 @@ def op_errors(dtype: torch.dtype, scale: float, draws: int = OP_DRAWS) -> Dict[s
 def model_errors(dtype: torch.dtype, seed: int = 0) -> Dict[str, float]:
     """Whole tiny translation model (perturbed weights, rounded to ``dtype``) run in ``dtype`` vs the
     same weights in float64: relative error of the logits. ``seed`` draws the weights."""
-    from fairseq_distattn.registry import KINDS
-    from tests.model_helpers import TINY, left_pad, random_tokens, right_pad, translation_model
+    from tests.model_helpers import TINY, everywhere, left_pad, random_tokens, right_pad, translation_model
 
     errors = {}
     for name in op_names():
-        attention = [flag for kind in KINDS for flag in (kind.flag, name if name in kind.allowed else "vanilla")]
-        model, d = translation_model(extra=[*TINY, *attention], seed=seed)
+        model, d = translation_model(extra=[*TINY, *everywhere(name)], seed=seed)
         sources = [random_tokens(d, 1, n, seed=n)[0] for n in (9, 4)]
         targets = [random_tokens(d, 1, n, seed=10 + n)[0] for n in (6, 3)]
         batch = (left_pad(sources, d.pad()), torch.tensor([9, 4]), right_pad(targets, d.pad()))
@@ -215,10 +212,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     markdown = report()
     print(markdown)
     if args.write:
-        from fairseq_distattn.tools.generated_blocks import update_readme
+        from fairseq_distattn.tools.generated_blocks import update_pages
 
         RESULTS.write_text(markdown, encoding="utf-8")
-        update_readme(RESULTS)
+        update_pages(RESULTS)
     return 0
 
 

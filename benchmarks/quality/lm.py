@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fairseq_distattn.tools.generated_blocks import update_readme
+from fairseq_distattn.tools.generated_blocks import update_pages
 
 from ..common import (
     REPO_ROOT,
@@ -499,7 +499,7 @@ def report(out: Path) -> str:
             dashed=lambda name, record: record["baseline"] == name,
         )
     if out.resolve() == DEFAULT_OUT.resolve():
-        update_readme(out / "lm_quality.md")
+        update_pages(out / "lm_quality.md")
     return markdown
 
 

@@ -33,7 +33,7 @@ import statistics
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from fairseq_distattn.tools.generated_blocks import update_readme
+from fairseq_distattn.tools.generated_blocks import update_pages
 
 from ..common import (
     REPO_ROOT,
@@ -171,7 +171,7 @@ def report(out: Path) -> str:
     out.mkdir(parents=True, exist_ok=True)
     (out / "lm_extrapolation.md").write_text(markdown, encoding="utf-8")
     if out.resolve() == DEFAULT_OUT.resolve():
-        update_readme(out / "lm_extrapolation.md")
+        update_pages(out / "lm_extrapolation.md")
     if records:
         plot(table, order, trained, out / "ppl_vs_length.png")
     return markdown

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from fairseq_distattn.tools.generated_blocks import update_readme
+from fairseq_distattn.tools.generated_blocks import update_pages
 
 from ..common import (
     REPO_ROOT,
@@ -620,7 +620,7 @@ def report(out: Path) -> str:
             dashed=lambda name, record: name in compared,
         )
     if out.resolve() == DEFAULT_OUT.resolve():
-        update_readme(out / "quality.md")
+        update_pages(out / "quality.md")
     return markdown
 
 

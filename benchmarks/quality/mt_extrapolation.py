@@ -21,7 +21,7 @@ import statistics
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from fairseq_distattn.tools.generated_blocks import update_readme
+from fairseq_distattn.tools.generated_blocks import update_pages
 from scripts import mt_eval
 
 from ..common import (
@@ -210,7 +210,7 @@ def report(out: Path) -> str:
     out.mkdir(parents=True, exist_ok=True)
     (out / "extrapolation.md").write_text(markdown, encoding="utf-8")
     if out.resolve() == DEFAULT_OUT.resolve():
-        update_readme(out / "extrapolation.md")
+        update_pages(out / "extrapolation.md")
     if records:
         import matplotlib
 

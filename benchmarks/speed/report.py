@@ -698,11 +698,11 @@ def render_summary(results: dict, targets: List[TargetRow]) -> str:
 
 
 def write_summary(results_path, out_dir=None) -> str:
-    """Rebuild ``summary.md`` beside ``results.json`` (and the README block for the project's own results)."""
+    """Rebuild ``summary.md`` beside ``results.json`` (and its copies in the documentation)."""
     import json
     from pathlib import Path
 
-    from fairseq_distattn.tools.generated_blocks import update_readme
+    from fairseq_distattn.tools.generated_blocks import update_pages
 
     results_path = Path(results_path)
     results = json.loads(results_path.read_text(encoding="utf-8"))
@@ -712,7 +712,7 @@ def write_summary(results_path, out_dir=None) -> str:
     from ..common import REPO_ROOT
 
     if summary.resolve().is_relative_to((REPO_ROOT / "benchmarks" / "results").resolve()):
-        update_readme(summary)  # the README's copy, if it has one (the CPU and the GPU results)
+        update_pages(summary)  # its copies in the README and docs/, if any (the CPU and the GPU results)
     return markdown
 
 

@@ -4,7 +4,6 @@ differentiable window (Nguyen, Nguyen, Joty, Li 2020)."""
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
 from torch import Tensor
 
 from .. import functional as DF
@@ -136,14 +135,9 @@ def boundary_pointer(
     query: Tensor, key: Tensor, key_padding_mask: Optional[Tensor], causal: bool, query_offset: int
 ) -> Tensor:
     """Eqs. 7-8 in float64: ``softmax(q W^Q (K W^K)^T / sqrt d)`` over the keys a
-    query may see (not padding, not in the future when causal), ``[B, H, Tq, Tk]``."""
+    query may see (not padding, not in the future when causal), ``[B, H, Tq, Tk]``,
+    masked as :func:`~fairseq_distattn.functional.window_mask` masks its pointers."""
     scores = query.double() @ key.double().transpose(-2, -1) / query.size(-1) ** 0.5
     tgt_len, src_len = scores.shape[-2:]
-    hidden = torch.zeros(tgt_len, src_len, dtype=torch.bool, device=scores.device)
-    if causal:
-        query_positions = torch.arange(tgt_len, device=scores.device)[:, None] + query_offset
-        hidden = hidden | (torch.arange(src_len, device=scores.device)[None, :] > query_positions)
-    hidden = hidden[None, None]
-    if key_padding_mask is not None:
-        hidden = hidden | key_padding_mask.to(torch.bool)[:, None, None, :]
-    return torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
+    mask, hidden = DF.logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, scores.device, scores.dtype)
+    return DF.masked_softmax(scores if mask is None else scores + mask, hidden)

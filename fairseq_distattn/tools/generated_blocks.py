@@ -17,7 +17,6 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the repository of a checkout
 
-README = REPO_ROOT / "README.md"
 BLOCK = re.compile(
     r"<!-- generated from (?P<source>\S+) by `(?P<command>[^`]+)`; edit that, not this -->\n"
     r"(?P<body>.*?)"
@@ -109,13 +108,3 @@ def update_pages(source: Path, pages: Optional[List[Path]] = None) -> List[Path]
     """Rewrite the blocks copied from ``source`` in ``pages`` (default: README.md
     and docs/**/*.md); the pages that have one."""
     return [page for page in (documentation_pages() if pages is None else pages) if update_page(source, page)]
-
-
-def update_readme(source: Path, readme: Path = README) -> bool:
-    """Rewrite the blocks copied from ``source`` (a file under the repository);
-    False when no page has one. With the repository's README.md (the default)
-    that is every page that may hold blocks, README.md and docs/**/*.md; any
-    other ``readme`` is that file only."""
-    if Path(readme).resolve() == README.resolve():
-        return bool(update_pages(source))
-    return update_page(source, Path(readme))
