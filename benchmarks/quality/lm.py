@@ -14,7 +14,7 @@ Each preset is compared with the fairseq architecture it extends (``--arch
 transformer_lm_gbw`` for the ``*_gbw`` presets, ``transformer_lm`` for
 ``distattn_lm``): same defaults, only the attention and, where the preset drops
 them, the sinusoidal position embeddings differ. Every model is trained with
-``--max-target-positions 1024`` so that ``benchmarks.quality.lm_extrapolation`` can
+``--max-target-positions 2048`` so that ``benchmarks.quality.lm_extrapolation`` can
 evaluate it on longer samples than it saw (no model here has learned position
 embeddings; the limit only sets the longest sample fairseq-eval-lm accepts
 instead of silently skipping it).
@@ -79,7 +79,7 @@ DEFAULT_WORK = REPO_ROOT / "work" / "lm_quality"
 SHIPPED_DATA = REPO_ROOT / "data" / "wikitext-2"
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data" / "wikitext-2"
 # the longest sample (eval tokens + context) a model accepts; see the module docstring
-MAX_POSITIONS = 1024
+MAX_POSITIONS = 2048
 DEV_FRACTION = 0.1
 ARTICLE = re.compile(r"^ = [^=].* = $")  # a WikiText article title; section titles have == or more
 
@@ -324,9 +324,11 @@ def eval_lm(
     log_path: Path,
     env: Dict[str, str],
     max_tokens: int = 4096,
+    model_overrides: Optional[Dict[str, object]] = None,
 ) -> Dict[str, object]:
     """Test perplexity with fairseq-eval-lm: samples of ``tokens_per_sample`` tokens, of which the
-    first ``context_window`` are context only (0: non-overlapping blocks, each scored from its start)."""
+    first ``context_window`` are context only (0: non-overlapping blocks, each scored from its start);
+    ``model_overrides``: options the trained model is evaluated with (``--model-overrides``)."""
     cmd = [
         tool("fairseq-eval-lm"),
         data_bin,
@@ -348,6 +350,7 @@ def eval_lm(
         "0",
         "--log-format",
         "simple",
+        *(["--model-overrides", repr(model_overrides)] if model_overrides else []),
     ]
     before = log_path.stat().st_size if log_path.is_file() else 0
     run(cmd, log_path, env)

@@ -1,8 +1,8 @@
 """LM length extrapolation: ``python -m benchmarks.quality.lm_extrapolation``.
 
 Every finished run of ``benchmarks.quality.lm`` (trained on samples of 64
-tokens) scores WikiText-2 ``test.txt`` with ``fairseq-eval-lm`` at 64, 128, 256
-and 512 tokens per sample, in two ways:
+tokens) scores WikiText-2 ``test.txt`` with ``fairseq-eval-lm`` at 64 to 2048
+tokens per sample (32x the training length), in two ways:
 
 - blocks: non-overlapping samples of N tokens (``--tokens-per-sample N``), every
   token scored; beyond the training length the model meets positions it never saw,
@@ -12,13 +12,16 @@ and 512 tokens per sample, in two ways:
 
 Positions: fairseq's ``transformer_lm`` and the plugin's vanilla and window
 presets use sinusoidal position embeddings, which are defined at any position
-(positions past 64 were simply never trained on); the rpr, da and alibi presets
-have no position embeddings. No model has learned ones. lm_quality trains every
-model with ``--max-target-positions 1024``, the longest sample eval-lm then
-accepts; each evaluation's scored-token count is checked against the run's
-first evaluation, so a sample skipped as too long cannot go unnoticed.
+(positions past 64 were simply never trained on); the other presets have no
+position embeddings (their mechanism encodes positions, or nothing does: nope).
+No model has learned ones. lm_quality trains every model with
+``--max-target-positions 2048``, the longest sample eval-lm then accepts; each
+evaluation's scored-token count is checked against the run's first evaluation,
+so a sample skipped as too long cannot go unnoticed. The rotary models (rope,
+xpos) are also evaluated, as trained, with each RoPE context-length scaling
+(``--model-overrides``: ``--rope-scaling linear|ntk|yarn`` by N / 64).
 
-One JSON per (run, length) under ``<out>/runs``, skipped when present;
+One JSON per (run, scaling, length) under ``<out>/runs``, skipped when present;
 ``<out>/lm_extrapolation.md`` and ``<out>/ppl_vs_length.png`` are rebuilt from them.
 """
 
@@ -50,8 +53,32 @@ from .mt import log, mean_std
 
 PROG = "python -m benchmarks.quality.lm_extrapolation"
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "lm_extrapolation"
-LENGTHS = (64, 128, 256, 512)
+LENGTHS = (64, 128, 256, 512, 1024, 2048)
 MODES = ("blocks", "sliding")
+# RoPE's context-length scalings (--rope-scaling), each evaluated on the rotary models as trained
+ROPE_SCALINGS = ("linear", "ntk", "yarn")
+ROTARY_MECHANISMS = ("rope", "xpos")
+
+
+def rotary_configs() -> List[str]:
+    """The LM presets whose decoder self-attention is rotary (rope or xpos) in some layer."""
+    from fairseq_distattn.models.arguments import ARCHITECTURES
+
+    return [
+        name
+        for name, (_, specs) in ARCHITECTURES.items()
+        if set(re.split(r"[^a-z0-9-]+", specs.get("decoder_self_attention", ""))) & set(ROTARY_MECHANISMS)
+    ]
+
+
+def scaling_overrides(scaling: str, length: int, trained: int) -> Dict[str, object]:
+    """--model-overrides that evaluate a rotary model trained on ``trained`` tokens at ``length``
+    with RoPE scaling ``scaling``, by the factor ``length / trained`` (1 at or below it)."""
+    return {
+        "rope_scaling": scaling,
+        "rope_scaling_factor": max(1.0, length / trained),
+        "rope_original_length": trained,
+    }
 
 
 def context_window(mode: str, length: int) -> int:
@@ -78,13 +105,17 @@ def evaluate_run(run_dir: Path, lengths: Sequence[int], out: Path, env: Dict[str
     """One JSON per length for one run (lengths with a JSON already are skipped)."""
     config, seed = run_dir.name.rsplit("-seed", 1)
     setup = training_setup(run_dir)
+    trained = setup["tokens_per_sample"]
     reference: Optional[int] = None
-    for length in lengths:
-        path = out / "runs" / f"{run_dir.name}-L{length}.json"
+    scalings = (None, *ROPE_SCALINGS) if config in rotary_configs() else (None,)
+    for length, scaling in [(length, scaling) for scaling in scalings for length in lengths]:
+        name = run_dir.name if scaling is None else f"{run_dir.name}-{scaling}"
+        path = out / "runs" / f"{name}-L{length}.json"
         if path.is_file():
             reference = reference or json.loads(path.read_text(encoding="utf-8"))["blocks"]["tokens"]
             continue
-        log(f"{run_dir.name} at {length} tokens per sample")
+        overrides = None if scaling is None else scaling_overrides(scaling, length, trained)
+        log(f"{name} at {length} tokens per sample")
         results = {
             mode: eval_lm(
                 run_dir / "checkpoint_best.pt",
@@ -93,6 +124,7 @@ def evaluate_run(run_dir: Path, lengths: Sequence[int], out: Path, env: Dict[str
                 context_window(mode, length),
                 run_dir / "extrapolation.log",
                 env,
+                model_overrides=overrides,
             )
             for mode in MODES
         }
@@ -104,12 +136,13 @@ def evaluate_run(run_dir: Path, lengths: Sequence[int], out: Path, env: Dict[str
                 "length: fairseq-eval-lm skipped samples longer than the model's max positions"
             )
         record = {
-            "config": config,
+            "config": config if scaling is None else f"{config}+{scaling}",
             "seed": int(seed),
             "baseline": lm_configs()[config].baseline,
-            "train_tokens_per_sample": setup["tokens_per_sample"],
+            "train_tokens_per_sample": trained,
             "tokens_per_sample": length,
             "scale": run_dir.parent.name,
+            **({} if overrides is None else {"model_overrides": overrides}),
             **results,
         }
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -152,7 +185,10 @@ def report(out: Path) -> str:
         "tokens, all scored. *sliding*: samples of N tokens, the first N/2 context only (`--context-window N/2`). "
         "Test perplexity, mean +- std over seeds (a single number: one seed so far); the ratio is ppl at N over ppl "
         f"at {lengths[0] if lengths else '-'} in the same mode (below 1: the longer context helps). Sinusoidal "
-        "positions for fairseq's models and the vanilla and window presets; none for rpr, da and alibi.",
+        "positions for fairseq's models and the vanilla and window presets; none for the others (their "
+        "mechanism, or nothing at all for nope). `+linear`, `+ntk`, `+yarn`: the rotary models as trained, "
+        "evaluated with that `--rope-scaling` by the factor N / training length (1 up to it; yarn with "
+        "`--rope-original-length` the training length), as `--model-overrides`, no retraining.",
         "",
     ]
     for mode in MODES:
@@ -220,7 +256,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument(
         "--lengths",
         default=",".join(map(str, LENGTHS)),
-        help="tokens per sample at evaluation, even numbers (default: 64,128,256,512)",
+        help=f"tokens per sample at evaluation, even numbers (default: {','.join(map(str, LENGTHS))})",
     )
     add_out_argument(p, DEFAULT_OUT)
     p.add_argument("--threads", type=at_least(1), default=1, help="OMP_NUM_THREADS (default: 1)")

@@ -129,6 +129,12 @@ CONFIGS = {
             False,
             "Raffel et al. 2020 (T5): learned bucketed relative bias, one table per stack, no position embeddings",
         ),
+        QualityConfig(
+            "rope",
+            both_self("rope"),
+            False,
+            "Su et al. 2021 (RoFormer): queries and keys rotated by position in self-attention, no position embeddings",
+        ),
     ]
 }
 GRIDS = ("default", "ablations")

@@ -160,6 +160,21 @@ class Mechanism(nn.Module):
             return False
         return self.info.row_wise and (need_weights or not self.info.small_fused_bias)
 
+    def encode_positions(
+        self,
+        queries: Dict[str, Tensor],
+        keys: Dict[str, Tensor],
+        key_padding_mask: Optional[Tensor],
+        query_offset: int,
+    ) -> Tuple[Dict[str, Tensor], Dict[str, Tensor]]:
+        """Position information put into the projections themselves (RoPE's
+        rotation), by default none. The attention module calls it on each call's
+        new queries and keys before it caches the keys, so a decoding step encodes
+        only its own token: its rows sit at index ``query_offset`` on of the
+        self-attended sequence, whose whole padding (cached steps included)
+        ``key_padding_mask`` marks."""
+        return queries, keys
+
     def learned_values(self, causal: bool) -> List[LearnedValues]:
         """What this layer learned, for the checkpoint summary and the plots of
         ``python -m fairseq_distattn.inspect`` (``causal``: decoder self-attention,

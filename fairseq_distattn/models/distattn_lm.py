@@ -119,5 +119,15 @@ architecture("distattn_lm_da_gbw", fairseq_lm.transformer_lm_baevski_gbw, decode
 architecture(
     "distattn_lm_alibi_gbw", fairseq_lm.transformer_lm_baevski_gbw, decoder_self="alibi", no_absolute_positions=True
 )
+# Su et al. 2021: rotary positions in every layer replace the position embeddings (as in GPT-NeoX and
+# LLaMA); Sun et al. 2023: xPos, the same with its decay.
+architecture(
+    "distattn_lm_rope_gbw", fairseq_lm.transformer_lm_baevski_gbw, decoder_self="rope", no_absolute_positions=True
+)
+architecture(
+    "distattn_lm_xpos_gbw", fairseq_lm.transformer_lm_baevski_gbw, decoder_self="xpos", no_absolute_positions=True
+)
+# Haviv et al. 2022: no position information at all; the causal mask alone lets an LM infer positions.
+architecture("distattn_lm_nope_gbw", fairseq_lm.transformer_lm_baevski_gbw, no_absolute_positions=True)
 # Nguyen et al. 2020 LM: multiplicative window in the first 3 decoder layers.
 architecture("distattn_lm_window_gbw", fairseq_lm.transformer_lm_baevski_gbw, decoder_self="window-mw@0-2")

@@ -83,6 +83,15 @@ architecture(
     decoder_self="da",
     no_absolute_positions=True,
 )
+# Su et al. 2021: rotary positions in encoder and decoder self-attention replace the sinusoidal ones
+# (cross-attention has no shared position axis to rotate by).
+architecture(
+    "distattn_rope_wmt_en_de",
+    fairseq_transformer.transformer_wmt_en_de,
+    encoder_self="rope",
+    decoder_self="rope",
+    no_absolute_positions=True,
+)
 # Nguyen et al. 2020 best model, Enc(AW)-Cr(AW,Seg)-Dec(MW) in the first 3 layers, b = 5.
 architecture(
     "distattn_window_wmt_en_de",

@@ -119,17 +119,20 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
                 key = value = query
             keys = self._project_keys(key, value)
             if saved_state is not None:
-                if "prev_key" in saved_state:
-                    query_offset = saved_state["prev_key"].size(2)
-                    for name in keys:
-                        keys[name] = torch.cat([saved_state[f"prev_{name}"], keys[name]], dim=2)
+                cached = "prev_key" in saved_state
+                query_offset = saved_state["prev_key"].size(2) if cached else 0
                 key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
                     key_padding_mask=key_padding_mask,
                     prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
                     batch_size=bsz,
-                    src_len=keys["key"].size(2),
+                    src_len=query_offset + keys["key"].size(2),
                     static_kv=static_kv,
                 )
+            queries, keys = self.mechanism.encode_positions(queries, keys, key_padding_mask, query_offset)
+            if saved_state is not None:
+                if cached:
+                    for name in keys:
+                        keys[name] = torch.cat([saved_state[f"prev_{name}"], keys[name]], dim=2)
                 saved_state.update((f"prev_{name}", tensor) for name, tensor in keys.items())
                 saved_state["prev_key_padding_mask"] = key_padding_mask
                 if key_padding_mask is not None and not bool(key_padding_mask.any()):

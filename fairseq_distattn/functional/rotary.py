@@ -1,0 +1,254 @@
+"""Rotary position embeddings: RoPE (Su et al. 2021, *RoFormer*), xPos (Sun et
+al. 2023, *A Length-Extrapolatable Transformer*) and RoPE's context-length
+scaling at evaluation time (position interpolation, Chen et al. 2023; NTK-aware
+base scaling; YaRN, Peng et al. 2023).
+
+RoFormer eq. 14-15: the query at position m and the key at position n are
+rotated pairwise, pair i by the angle ``m theta_i`` with
+``theta_i = base^(-2i/d)``, i = 0..d/2-1 (eq. 15, base 10000), so that
+``(R_m q)^T (R_n k) = q^T R_(n-m) k`` depends on the offset alone (eq. 16).
+The paper pairs neighbouring dimensions ``(2i, 2i+1)``; this module rotates
+the GPT-NeoX/LLaMA layout that pairs dimension ``i`` with ``i + d/2`` (two
+contiguous halves instead of strided pairs). Both are the same rotation of
+the same vectors with their dimensions permuted, so a model with the
+interleaved layout equals one with this layout whose query and key
+projections have their output rows permuted accordingly (the tests check
+this). Partial rotary (GPT-NeoX's ``rotary_pct``): only the first
+``d = 2 floor(fraction * head_dim / 2)`` dimensions of each head are rotated,
+the rest pass through.
+
+xPos (Sun et al. 2023 sec. 3.2 and eq. 5): RoPE with the per-pair scale
+``zeta_i = (2i/d + gamma) / (1 + gamma)``, gamma = 0.4, the query at position
+n multiplied by ``zeta_i^(n / scale_base)`` and the key at position m by
+``zeta_i^(-m / scale_base)``, so that their product decays as
+``zeta_i^((n - m) / scale_base)`` with the distance for keys before the
+query. Positions count from 0 (the authors' torchscale code centres them on
+the sequence to keep the scales near 1; the product is the same, but a
+centre that moves with the length would change keys already cached by
+incremental decoding). The blockwise causal attention the paper uses at
+inference is a way to run the model, not part of the attention, and is not
+applied here.
+
+Context-length scaling (for a model trained on sequences of ``L`` tokens
+evaluated on longer ones, ``s = --rope-scaling-factor``, typically
+``L_eval / L``):
+
+- ``linear`` (position interpolation, Chen et al. 2023 eq. 3): positions
+  times ``1/s``, i.e. every ``theta_i`` divided by s;
+- ``ntk`` ("NTK-aware" scaling, as in Peng et al. 2023 sec. 3.1 eq. 16):
+  the base becomes ``base * s^(d/(d-2))``;
+- ``yarn`` (Peng et al. 2023 sec. 3.2-3.4, eq. 17-21): per pair, the ratio
+  ``r_i = L / lambda_i`` of the training length to the wavelength
+  ``lambda_i = 2 pi / theta_i`` picks interpolation (``r < alpha``), the
+  original frequency (``r > beta``) or the ramp between them,
+  ``h(theta_i) = (1 - gamma(r_i)) theta_i / s + gamma(r_i) theta_i`` with
+  ``gamma(r) = (r - alpha) / (beta - alpha)`` clipped to [0, 1], alpha = 1,
+  beta = 32 (the paper's values for LLaMA); and the logits are divided by the
+  temperature t with ``sqrt(1/t) = 0.1 ln(s) + 1`` (eq. 22). The paper's
+  ramp is linear in r, as here; its reference code (jquesnelle/yarn,
+  ``_yarn_find_correction_range``) ramps linearly over the dimension index
+  between rounded correction dimensions, which differs slightly between them.
+
+Angles and scales are formed in float32 (float64 for float64 inputs): the
+products of positions and frequencies lose their low digits in half
+precision. Positions count from each sequence's first real (non-padding)
+key: a left-padded sentence gets the angles it gets alone.
+"""
+
+import math
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .masking import attend, check_attention_arguments
+
+ROPE_BASE = 10000.0
+XPOS_GAMMA = 0.4
+XPOS_SCALE_BASE = 512.0
+SCALING_MODES = ("none", "linear", "ntk", "yarn")
+YARN_ALPHA, YARN_BETA = 1.0, 32.0
+
+
+def rotary_dims(head_dim: int, fraction: float) -> int:
+    """How many of a head's ``head_dim`` dimensions are rotated: the even
+    number ``2 floor(fraction * head_dim / 2)`` (GPT-NeoX's partial rotary)."""
+    return 2 * int(fraction * head_dim / 2 + 1e-9)
+
+
+def angle_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 for float64 inputs, float32 for every other floating dtype."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def rotary_frequencies(
+    dims: int,
+    base: float = ROPE_BASE,
+    scaling: str = "none",
+    scaling_factor: float = 1.0,
+    original_length: int = 0,
+    *,
+    device=None,
+    dtype: torch.dtype = torch.float64,
+) -> Tuple[Tensor, float]:
+    """``(theta [dims/2], logit_factor)``: each pair's angle per position after
+    ``scaling`` (one of :data:`SCALING_MODES`, by ``scaling_factor`` s >= 1;
+    ``yarn`` needs ``original_length``, the training length L), and the factor
+    every logit is multiplied by (YaRN's ``1/t``, else 1)."""
+    if dims < 2 or dims % 2:
+        raise ValueError(f"the rotated dimensions must be an even number >= 2, got {dims}")
+    if scaling not in SCALING_MODES:
+        raise ValueError(f"scaling must be one of {', '.join(SCALING_MODES)}, got {scaling!r}")
+    if not (math.isfinite(scaling_factor) and scaling_factor >= 1):
+        raise ValueError(f"scaling_factor must be a finite number >= 1, got {scaling_factor!r}")
+    if scaling == "ntk":
+        base = base * scaling_factor ** (dims / (dims - 2))
+    exponents = torch.arange(0, dims, 2, device=device, dtype=torch.float64) / dims
+    theta = torch.as_tensor(base, dtype=torch.float64).pow(-exponents)
+    logit_factor = 1.0
+    if scaling == "linear":
+        theta = theta / scaling_factor
+    elif scaling == "yarn":
+        if original_length < 1:
+            raise ValueError(f"yarn scaling needs the training length original_length >= 1, got {original_length!r}")
+        ratio = original_length * theta / (2 * math.pi)
+        ramp = ((ratio - YARN_ALPHA) / (YARN_BETA - YARN_ALPHA)).clamp(0.0, 1.0)
+        theta = (1 - ramp) * theta / scaling_factor + ramp * theta
+        logit_factor = (0.1 * math.log(scaling_factor) + 1) ** 2
+    return theta.to(dtype), logit_factor
+
+
+def xpos_zeta(dims: int, *, device=None, dtype: torch.dtype = torch.float64) -> Tensor:
+    """xPos's ``zeta_i = (2i/d + gamma)/(1 + gamma)`` per rotated pair ``[dims/2]``."""
+    exponents = torch.arange(0, dims, 2, device=device, dtype=torch.float64) / dims
+    return ((exponents + XPOS_GAMMA) / (1 + XPOS_GAMMA)).to(dtype)
+
+
+def sequence_positions(key_padding_mask: Optional[Tensor], length: int, offset: int, device) -> Tensor:
+    """Positions of the ``length`` tokens from index ``offset`` on, counted from
+    each sequence's first real key: ``[B, length]`` (``[1, length]`` without
+    padding), int64. A sequence's leading padding (fairseq left-pads sources)
+    shifts its positions; padding after it is masked wherever it is a key."""
+    positions = torch.arange(offset, offset + length, device=device)[None]
+    if key_padding_mask is None:
+        return positions
+    real = ~key_padding_mask.to(torch.bool)
+    leading = torch.where(real.any(dim=-1), real.to(torch.int8).argmax(dim=-1), 0)
+    return (positions - leading[:, None]).clamp_min(0)
+
+
+def rotate(x: Tensor, positions: Tensor, theta: Tensor, log_scale: Optional[Tensor] = None) -> Tensor:
+    """``x`` ``[B, H, T, D]`` with its first ``2 * len(theta)`` dimensions rotated
+    (pair ``(i, i + d/2)`` by ``positions * theta_i``), each pair then multiplied
+    by ``exp(positions * log_scale_i)`` where given (xPos: ``+-log(zeta_i)/scale_base``,
+    exponentiated once rather than a rounded ``zeta^(1/scale_base)`` raised to the position);
+    ``positions`` ``[B or 1, T]``. Computed in :func:`angle_dtype`, returned in x's."""
+    half = theta.numel()
+    compute = angle_dtype(x.dtype)
+    places = positions.to(compute)[:, None, :, None]  # [B|1, 1, T, 1]
+    angles = places * theta.to(compute)
+    cos, sin = angles.cos(), angles.sin()
+    if log_scale is not None:
+        factor = (places * log_scale.to(compute)).exp()
+        cos, sin = cos * factor, sin * factor
+    first, second, rest = x[..., :half].to(compute), x[..., half : 2 * half].to(compute), x[..., 2 * half :]
+    rotated = torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1).to(x.dtype)
+    return torch.cat((rotated, rest), dim=-1) if rest.size(-1) else rotated
+
+
+def rotary_query_key(
+    q: Tensor,
+    k: Tensor,
+    *,
+    base: float = ROPE_BASE,
+    fraction: float = 1.0,
+    scaling: str = "none",
+    scaling_factor: float = 1.0,
+    original_length: int = 0,
+    xpos_scale_base: Optional[float] = None,
+    key_padding_mask: Optional[Tensor] = None,
+    query_offset: int = 0,
+    key_offset: int = 0,
+) -> Tuple[Tensor, Tensor]:
+    """Queries and keys of self-attention rotated at their positions: query row i
+    sits at index ``query_offset + i`` and key j at ``key_offset + j`` of the
+    sequence whose padding ``key_padding_mask`` ``[B, key_offset + Tk]`` marks
+    (positions count from its first real key, :func:`sequence_positions`).
+    xPos with ``xpos_scale_base``. YaRN's logit factor goes on the queries."""
+    dims = rotary_dims(q.size(-1), fraction)
+    theta, logit_factor = rotary_frequencies(
+        dims, base, scaling, scaling_factor, original_length, device=q.device, dtype=angle_dtype(q.dtype)
+    )
+    query_scale = key_scale = None
+    if xpos_scale_base is not None:
+        zeta = xpos_zeta(dims, device=q.device, dtype=angle_dtype(q.dtype))
+        query_scale = zeta.log() / xpos_scale_base
+        key_scale = -query_scale
+    query_positions = sequence_positions(key_padding_mask, q.size(2), query_offset, q.device)
+    key_positions = sequence_positions(key_padding_mask, k.size(2), key_offset, k.device)
+    q = rotate(q, query_positions, theta, query_scale)
+    k = rotate(k, key_positions, theta, key_scale)
+    if logit_factor != 1.0:
+        q = q * logit_factor
+    return q, k
+
+
+def rotary_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    base: float = ROPE_BASE,
+    fraction: float = 1.0,
+    scaling: str = "none",
+    scaling_factor: float = 1.0,
+    original_length: int = 0,
+    xpos_scale_base: Optional[float] = None,
+    key_padding_mask: Optional[Tensor] = None,
+    causal: bool = False,
+    query_offset: int = 0,
+    dropout_p: float = 0.0,
+    need_weights: bool = True,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """Self-attention ``softmax((R_m q)^T (R_n k) / sqrt(D)) v`` (RoFormer eq. 16;
+    xPos with ``xpos_scale_base``; scaled by ``scaling``): q and k rotated by
+    :func:`rotary_query_key`, then the plain attention (fused without weights).
+    Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``."""
+    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
+    if not 0 < fraction <= 1 or rotary_dims(q.size(-1), fraction) < 2:
+        raise ValueError(f"fraction must rotate at least 2 of the {q.size(-1)} head dimensions, got {fraction!r}")
+    if xpos_scale_base is not None and not xpos_scale_base > 0:
+        raise ValueError(f"xpos_scale_base must be positive, got {xpos_scale_base!r}")
+    q, k = rotary_query_key(
+        q,
+        k,
+        base=base,
+        fraction=fraction,
+        scaling=scaling,
+        scaling_factor=scaling_factor,
+        original_length=original_length,
+        xpos_scale_base=xpos_scale_base,
+        key_padding_mask=key_padding_mask,
+        query_offset=query_offset,
+    )
+    return attend(
+        q,
+        k,
+        v,
+        key_padding_mask=key_padding_mask,
+        causal=causal,
+        query_offset=query_offset,
+        dropout_p=dropout_p,
+        need_weights=need_weights,
+    )
+
+
+__all__ = [
+    "rotary_attention",
+    "rotary_dims",
+    "rotary_frequencies",
+    "rotary_query_key",
+    "rotate",
+    "sequence_positions",
+    "xpos_zeta",
+]

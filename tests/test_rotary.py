@@ -1,0 +1,252 @@
+"""RoPE, xPos and RoPE's context-length scaling against float64 references
+written from the papers' equations (RoFormer eq. 14-16 with its neighbouring
+pairs; xPos sec. 3.2; position interpolation, NTK-aware and YaRN as Peng et
+al. 2023 eq. 14-22 state them), computed pair by pair in plain Python floats."""
+
+import math
+
+import pytest
+import torch
+
+from fairseq_distattn import functional as DF
+from fairseq_distattn.registry import SpecError
+
+from .model_helpers import TINY_LM, language_model, random_tokens
+
+B, H, T, D = 2, 3, 7, 8
+
+
+def paper_theta(dims, base=10000.0, scaling="none", factor=1.0, original_length=0):
+    """theta_i per pair, i = 0..dims/2-1, and the logit factor 1/t, from the papers' formulas."""
+    if scaling == "ntk":  # Peng et al. eq. 16: b' = b s^(|D|/(|D|-2))
+        base = base * factor ** (dims / (dims - 2))
+    thetas = []
+    for i in range(dims // 2):
+        theta = base ** (-2 * i / dims)  # RoFormer eq. 15
+        if scaling == "linear":  # Chen et al. eq. 3: f(x, m/s)
+            theta = theta / factor
+        elif scaling == "yarn":  # Peng et al. eq. 17-19, alpha = 1, beta = 32
+            wavelength = 2 * math.pi / theta
+            r = original_length / wavelength
+            gamma = 0.0 if r < 1 else 1.0 if r > 32 else (r - 1) / (32 - 1)
+            theta = (1 - gamma) * theta / factor + gamma * theta
+        thetas.append(theta)
+    temperature_inverse = (0.1 * math.log(factor) + 1) ** 2 if scaling == "yarn" else 1.0  # eq. 22
+    return thetas, temperature_inverse
+
+
+def paper_rotate(x, position, dims, thetas, xpos_power=None):
+    """R_position x for one vector: the paper's neighbouring pairs (2i, 2i+1) of the first
+    ``dims`` dimensions; xPos multiplies pair i by zeta_i^xpos_power."""
+    out = list(x)
+    for i in range(dims // 2):
+        angle = position * thetas[i]
+        a, b = x[2 * i], x[2 * i + 1]
+        scale = 1.0
+        if xpos_power is not None:
+            zeta = (2 * i / dims + 0.4) / 1.4
+            scale = zeta**xpos_power
+        out[2 * i] = scale * (a * math.cos(angle) - b * math.sin(angle))
+        out[2 * i + 1] = scale * (b * math.cos(angle) + a * math.sin(angle))
+    return out
+
+
+def paper_attention(q, k, v, positions, fraction=1.0, scaling="none", factor=1.0, original_length=0, xpos=None):
+    """softmax over keys of (R_m q)^T (R_n k) / sqrt(d) (causal), in Python floats; positions per row [B][T]."""
+    head_dim = q.size(-1)
+    dims = 2 * int(fraction * head_dim / 2)
+    thetas, temperature_inverse = paper_theta(dims, scaling=scaling, factor=factor, original_length=original_length)
+    out = torch.zeros_like(q)
+    for b in range(q.size(0)):
+        for h in range(q.size(1)):
+            rq = [
+                paper_rotate(
+                    q[b, h, i].tolist(), positions[b][i], dims, thetas, None if xpos is None else positions[b][i] / xpos
+                )
+                for i in range(q.size(2))
+            ]
+            rk = [
+                paper_rotate(
+                    k[b, h, j].tolist(),
+                    positions[b][j],
+                    dims,
+                    thetas,
+                    None if xpos is None else -positions[b][j] / xpos,
+                )
+                for j in range(k.size(2))
+            ]
+            for i in range(q.size(2)):
+                logits = [
+                    temperature_inverse * sum(a * c for a, c in zip(rq[i], rk[j])) / math.sqrt(head_dim)
+                    if j <= i
+                    else -math.inf
+                    for j in range(k.size(2))
+                ]
+                top = max(logits)
+                weights = [math.exp(logit - top) for logit in logits]
+                total = sum(weights)
+                out[b, h, i] = sum(w / total * v[b, h, j] for j, w in enumerate(weights))
+    return out
+
+
+def half_layout(x, dims):
+    """The rotate-half layout of paper-layout vectors: dimension i <- 2i and i + dims/2 <- 2i + 1."""
+    order = [*range(0, dims, 2), *range(1, dims, 2), *range(dims, x.size(-1))]
+    return x[..., order]
+
+
+def draw(seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, T, D, generator=generator, dtype=torch.float64) for _ in range(3)]
+
+
+CASES = [
+    dict(),
+    dict(fraction=0.5),
+    dict(fraction=0.25),
+    dict(scaling="linear", factor=4.0),
+    dict(scaling="ntk", factor=4.0),
+    dict(scaling="yarn", factor=4.0, original_length=64),
+    dict(scaling="yarn", factor=16.0, original_length=4096, fraction=0.5),
+    dict(xpos=512.0),
+    dict(xpos=4.0, fraction=0.5),
+    dict(xpos=4.0, scaling="ntk", factor=2.0),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: ",".join(f"{k}={v}" for k, v in case.items()) or "rope")
+def test_op_is_the_papers_rotation_with_permuted_projections(case):
+    """The op rotates the rotate-half layout; given the paper-layout q and k with
+    their dimensions permuted (what permuting the projections' output rows does),
+    it computes the paper's attention exactly."""
+    q, k, v = draw()
+    positions = [list(range(T))] * B
+    expected = paper_attention(q, k, v, positions, **case)
+    dims = 2 * int(case.get("fraction", 1.0) * D / 2)
+    out, _ = DF.rotary_attention(
+        half_layout(q, dims),
+        half_layout(k, dims),
+        v,
+        fraction=case.get("fraction", 1.0),
+        scaling=case.get("scaling", "none"),
+        scaling_factor=case.get("factor", 1.0),
+        original_length=case.get("original_length", 0),
+        xpos_scale_base=case.get("xpos"),
+        causal=True,
+    )
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_scalings_change_the_attention_and_linear_is_position_interpolation():
+    q, k, v = draw(1)
+    plain = DF.rotary_attention(q, k, v, causal=True)[0]
+    for scaling in ("linear", "ntk", "yarn"):
+        scaled = DF.rotary_attention(q, k, v, scaling=scaling, scaling_factor=4.0, original_length=8, causal=True)[0]
+        assert (scaled - plain).abs().max() > 1e-3, scaling
+        same = DF.rotary_attention(q, k, v, scaling=scaling, scaling_factor=1.0, original_length=8, causal=True)[0]
+        torch.testing.assert_close(same, plain, rtol=1e-12, atol=1e-12)
+    # position interpolation: the angles of position m / s exactly
+    theta, factor = DF.rotary_frequencies(D, scaling="linear", scaling_factor=4.0)
+    original, _ = DF.rotary_frequencies(D)
+    torch.testing.assert_close(theta * 4.0, original)
+    assert factor == 1.0
+
+
+def test_yarn_keeps_high_frequencies_and_interpolates_low_ones():
+    theta, factor = DF.rotary_frequencies(64, scaling="yarn", scaling_factor=8.0, original_length=2048)
+    original, _ = DF.rotary_frequencies(64)
+    wavelengths = 2 * math.pi / original
+    assert torch.equal(theta[2048 / wavelengths > 32], original[2048 / wavelengths > 32])
+    torch.testing.assert_close(theta[2048 / wavelengths < 1], original[2048 / wavelengths < 1] / 8)
+    assert factor == pytest.approx((0.1 * math.log(8) + 1) ** 2)
+
+
+def test_left_padding_shifts_positions_to_the_first_real_token():
+    """A left-padded row gets exactly what it gets alone (encoder form, both directions)."""
+    q, k, v = draw(2)
+    pad = 3
+    mask = torch.zeros(B, T, dtype=torch.bool)
+    mask[0, :pad] = True
+    batch, _ = DF.rotary_attention(q, k, v, key_padding_mask=mask, xpos_scale_base=None)
+    alone, _ = DF.rotary_attention(q[:1, :, pad:], k[:1, :, pad:], v[:1, :, pad:])
+    torch.testing.assert_close(batch[0, :, pad:], alone[0], rtol=1e-12, atol=1e-12)
+    positions = DF.sequence_positions(mask, T, 0, "cpu")
+    assert positions[0].tolist() == [0, 0, 0, 0, 1, 2, 3] and positions[1].tolist() == list(range(T))
+
+
+def test_rotation_is_relative_only():
+    """(R_m q)^T (R_n k) depends on n - m alone: shifting every position changes no logit."""
+    q, k, _ = draw(3)
+    theta, _ = DF.rotary_frequencies(D)
+    positions = torch.arange(T)[None]
+    logits = DF.rotate(q, positions, theta) @ DF.rotate(k, positions, theta).transpose(-1, -2)
+    shifted = DF.rotate(q, positions + 1000, theta) @ DF.rotate(k, positions + 1000, theta).transpose(-1, -2)
+    torch.testing.assert_close(shifted, logits, rtol=1e-9, atol=1e-9)
+
+
+def test_angles_are_formed_in_float32_for_half_inputs():
+    q = torch.randn(1, 1, 3, D).half()
+    theta, _ = DF.rotary_frequencies(D, dtype=torch.float32)
+    positions = torch.tensor([[3000, 3001, 3002]])
+    expected = DF.rotate(q.double(), positions, theta.double()).half()
+    torch.testing.assert_close(DF.rotate(q, positions, theta), expected, rtol=0, atol=2e-3)
+
+
+@pytest.mark.parametrize(
+    "flags,problem",
+    [
+        (["--rope-fraction", "0"], "share of the head"),
+        (["--rope-fraction", "0.1"], "rotates no pair"),
+        (["--rope-scaling-factor", "2"], "scales nothing with --rope-scaling none"),
+        (["--rope-scaling", "yarn", "--rope-scaling-factor", "2"], "training length"),
+        (["--rope-scaling", "linear", "--rope-scaling-factor", "0.5"], "finite number >= 1"),
+    ],
+)
+def test_bad_rotary_flags_are_refused(flags, problem):
+    with pytest.raises((SpecError, SystemExit)) as raised:
+        language_model(extra=[*TINY_LM, "--decoder-self-attention", "rope", *flags])
+    assert raised.type is SystemExit or problem in str(raised.value)
+
+
+def test_xpos_is_refused_in_the_encoder():
+    from fairseq_distattn.registry import ENCODER_SELF
+
+    assert "xpos" not in ENCODER_SELF.allowed
+    assert "bidirectional" in ENCODER_SELF.disallowed_reason("xpos")
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--decoder-self-attention", "rope"],
+        [
+            "--decoder-self-attention",
+            "rope",
+            "--rope-fraction",
+            "0.5",
+            "--rope-scaling",
+            "yarn",
+            "--rope-scaling-factor",
+            "4",
+            "--rope-original-length",
+            "3",
+        ],
+        [
+            "--decoder-self-attention",
+            "xpos",
+            "--xpos-scale-base",
+            "8",
+            "--rope-scaling",
+            "ntk",
+            "--rope-scaling-factor",
+            "2",
+        ],
+    ],
+)
+def test_language_model_incremental_matches_full_with_each_scaling(flags):
+    model, d = language_model(extra=[*TINY_LM, *flags])
+    tokens = random_tokens(d, 3, 9, seed=5)
+    full = model(tokens)[0]
+    state = {}
+    steps = [model.decoder(tokens[:, : t + 1], incremental_state=state)[0][:, -1] for t in range(tokens.size(1))]
+    torch.testing.assert_close(torch.stack(steps, dim=1), full, rtol=1e-5, atol=1e-6)
