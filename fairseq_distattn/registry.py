@@ -221,11 +221,20 @@ class MechanismInfo:
     row_wise: bool  # every query row depends on that row's queries alone (recomputable in row blocks)
     fused: str  # when the fused F.scaled_dot_product_attention path runs ("" never)
     small_fused_bias: bool  # the fused path keeps only a [H|1, Tq, Tk] bias, nothing per batch
+    # the fused path is vanilla's own F.scaled_dot_product_attention call, on the mechanism's own
+    # queries and keys (rotated, scaled), with no bias at all
+    fused_without_bias: bool
     flex: str  # when the flex_attention path runs (functional.flex: an OffsetTable; "" never)
     extra_queries: Tuple[str, ...]  # extra per-head query projections of the attention module
     extra_keys: Tuple[str, ...]  # extra per-head key projections (cached like fairseq's prev_key)
     description: str  # the mechanism table's "mechanism" column
     paper: str  # "Authors YEAR, *Title*"
+
+    @property
+    def fused_keeps_nothing_per_batch(self) -> bool:
+        """Whether its fused path keeps no ``[B, H, Tq, Tk]`` tensor for backward (a bias
+        without a batch dimension, or none)."""
+        return self.small_fused_bias or self.fused_without_bias
 
     @property
     def year(self) -> int:
@@ -271,6 +280,7 @@ def register_attention(
     row_wise: bool = True,
     fused: str = "",
     small_fused_bias: bool = False,
+    fused_without_bias: bool = False,
     flex: str = "",
     extra_queries: Tuple[str, ...] = (),
     extra_keys: Tuple[str, ...] = (),
@@ -292,6 +302,8 @@ def register_attention(
             raise ValueError(f"{name}: paper must read 'Authors YEAR, *Title*', got {paper!r}")
         if not callable(op) or not callable(example):
             raise TypeError(f"{name}: op and example must be callables")
+        if (small_fused_bias or fused_without_bias) and not fused:
+            raise ValueError(f"{name}: small_fused_bias and fused_without_bias describe a fused path; declare fused")
         if options is not None:
             if not dataclasses.is_dataclass(options):
                 raise TypeError(f"{name}: options must be a dataclass")
@@ -319,6 +331,7 @@ def register_attention(
             row_wise=row_wise,
             fused=fused,
             small_fused_bias=small_fused_bias,
+            fused_without_bias=fused_without_bias,
             flex=flex,
             extra_queries=tuple(extra_queries),
             extra_keys=tuple(extra_keys),

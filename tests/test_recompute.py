@@ -12,7 +12,7 @@ from .model_helpers import TINY, left_pad, random_tokens, right_pad, translation
 
 # what the registry declares: not qvi (not row-wise in the queries), nor the mechanisms whose
 # fused path (a training step needs no weights) keeps only a bias without a batch dimension
-RECOMPUTED = sorted(info.name for info in registered() if info.row_wise and not info.small_fused_bias)
+RECOMPUTED = sorted(info.name for info in registered() if info.row_wise and not info.fused_keeps_nothing_per_batch)
 SOURCE_LENGTHS, TARGET_LENGTHS = [9, 6, 9], [8, 5, 3]
 
 

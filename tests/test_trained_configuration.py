@@ -177,16 +177,71 @@ def _choices(field):
     return None
 
 
-def _alternatives(field):
-    """Every other value of an option (each choice, else one value), as flags."""
+def _other_values(field):
+    """Every other value of an option that its own check accepts: each choice, else one value
+    (twice a number: its successor may be refused, an odd --t5-bias-buckets in the encoder; half
+    a number whose double is refused, one more than a zero)."""
+    from fairseq_distattn.registry import OptionContext
+
     flag = option_flag(field)
     default = flag.arg_default
-    # twice a number: its successor may be refused (an odd --t5-bias-buckets in the encoder)
-    other = (
-        2 * default if isinstance(default, (int, float)) and not isinstance(default, bool) else _another_value(field)
-    )
-    values = [value for value in _choices(field) or [other] if value != default]
-    return [[flag.flag] if value is True else [flag.flag, str(value)] for value in values]
+    if _choices(field):
+        return [value for value in _choices(field) if value != default]
+    if not isinstance(default, (int, float)) or isinstance(default, bool):
+        return [value for value in [_another_value(field)] if value != default]
+    for value in (2 * default, default / 2, default + 1):
+        try:
+            flag.convert(value, OptionContext())
+        except SpecError:
+            continue
+        if value != default:
+            return [value]
+    return []
+
+
+def _flags(field, value):
+    flag = option_flag(field)
+    return [flag.flag] if value is True else [flag.flag, str(value)]
+
+
+def _valid(flags) -> bool:
+    try:
+        settings(flags)
+    except (SpecError, SystemExit):
+        return False
+    return True
+
+
+def _alternatives(field, base=()):
+    """Every other value of an option, as flags; a value that its options class refuses
+    alone (``check_together``: --rope-scaling yarn without --rope-original-length) comes
+    with the first other option's value that makes it valid."""
+    alternatives = []
+    for value in _other_values(field):
+        flags = _flags(field, value)
+        if _valid([*base, *flags]):
+            alternatives.append(flags)
+            continue
+        companions = (
+            _flags(other, other_value)
+            for other in OPTION_FIELDS
+            if other is not field
+            for other_value in _other_values(other)
+        )
+        alternatives += [[*flags, *companion] for companion in companions if _valid([*base, *flags, *companion])][:1]
+    return alternatives
+
+
+def _as_overrides(flags):
+    """``--model-overrides`` of flags: {attribute: value}."""
+    overrides, index = {}, 0
+    while index < len(flags):
+        attr = flags[index][2:].replace("-", "_")
+        if index + 1 < len(flags) and not flags[index + 1].startswith("--"):
+            overrides[attr], index = flags[index + 1], index + 2
+        else:
+            overrides[attr], index = True, index + 1
+    return overrides
 
 
 @pytest.mark.parametrize(
@@ -205,7 +260,7 @@ def test_an_option_is_overridable_exactly_when_no_value_changes_the_parameters(f
         if flag.only_with is not None:
             base += ["--" + flag.only_with[0].replace("_", "-"), str(flag.only_with[1])]
         reference = _parameters(translation_model(extra=[*TINY, *base], perturb=False)[0])
-        for alternative in _alternatives(field):
+        for alternative in _alternatives(field, base):
             if "--distance-mask-direction" in alternative and alternative[-1] == "backward":
                 continue  # refused in the decoder (a causal query would see no key)
             model = translation_model(extra=[*TINY, *base, *alternative], perturb=False)[0]
@@ -235,14 +290,14 @@ def test_an_override_may_change_exactly_the_parameter_free_options(field):
     base = spec_flags(users[0])
     if flag.only_with is not None:
         base += ["--" + flag.only_with[0].replace("_", "-"), str(flag.only_with[1])]
-    alternative = next(a for a in _alternatives(field) if a[-1] != "backward")
+    alternative = next(a for a in _alternatives(field, base) if a[-1] != "backward")
     before, after = settings(base), settings([*base, *alternative])
     if flag.role in (EVALUATION, RUNTIME):
-        check_overrides(before, after, {flag.attr: alternative[-1]})
+        check_overrides(before, after, _as_overrides(alternative))
         assert flag.flag in overridable_flags()
     else:
         with pytest.raises(SpecError, match=re.escape(flag.flag)):
-            check_overrides(before, after, {flag.attr: alternative[-1]})
+            check_overrides(before, after, _as_overrides(alternative))
         assert flag.flag not in overridable_flags()
 
 

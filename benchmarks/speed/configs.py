@@ -197,11 +197,14 @@ MT_PRESETS = [
     Config("rpr-preset", MT, "distattn_rpr_wmt_en_de", kind="preset", note="distattn_rpr_wmt_en_de"),
     Config("da-preset", MT, "distattn_da_wmt_en_de", kind="preset", note="distattn_da_wmt_en_de"),
     Config("window-preset", MT, "distattn_window_wmt_en_de", kind="preset", note="distattn_window_wmt_en_de"),
+    Config("rope-preset", MT, "distattn_rope_wmt_en_de", kind="preset", note="distattn_rope_wmt_en_de"),
 ]
 LM_PRESETS = [
     Config("lm-rpr-preset", LM, "distattn_lm_rpr_gbw", kind="preset", note="distattn_lm_rpr_gbw"),
     Config("lm-da-preset", LM, "distattn_lm_da_gbw", kind="preset", note="distattn_lm_da_gbw"),
     Config("lm-window-preset", LM, "distattn_lm_window_gbw", kind="preset", note="distattn_lm_window_gbw"),
+    Config("lm-rope-preset", LM, "distattn_lm_rope_gbw", kind="preset", note="distattn_lm_rope_gbw"),
+    Config("lm-xpos-preset", LM, "distattn_lm_xpos_gbw", kind="preset", note="distattn_lm_xpos_gbw"),
 ]
 # Cost floors, not models (floor.py): fairseq's own model plus the
 # window's tensor work in stock ops, without the plugin. The translation floor

@@ -150,15 +150,15 @@ class Mechanism(nn.Module):
         module may instead recompute in blocks of query rows; only for
         mechanisms whose every query row depends on that row's queries alone
         (declared ``row_wise``). A fused path whose bias has no batch dimension
-        (``small_fused_bias``) keeps nothing of that size, nor does the flex path
-        (unless ``flex_keeps_attention_tensors``)."""
+        (``small_fused_bias``), or that has no bias (``fused_without_bias``), keeps
+        nothing of that size, nor does the flex path (unless ``flex_keeps_attention_tensors``)."""
         if (
             self.may_take_flex_path()
             and not self.flex_keeps_attention_tensors
             and flex_applies(query, need_weights=need_weights, dropout_p=dropout_p, query_offset=0)
         ):
             return False
-        return self.info.row_wise and (need_weights or not self.info.small_fused_bias)
+        return self.info.row_wise and (need_weights or not self.info.fused_keeps_nothing_per_batch)
 
     def encode_positions(
         self,

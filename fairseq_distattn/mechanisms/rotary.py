@@ -169,6 +169,7 @@ XPOS_CAUSAL_ONLY = (
     kinds=SELF_ATTENTION - {ENCODER_SELF_KIND},
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES, ENCODER_SELF_KIND: XPOS_CAUSAL_ONLY},
     fused="without weights",
+    fused_without_bias=True,  # rotated q and k, then vanilla's own SDPA call
     description="RoPE with a per-pair exponential decay: queries times `zeta_i^(n/scale_base)`, keys times its "
     "inverse, `zeta_i = (2i/d + 0.4)/1.4` (`--xpos-scale-base`); decoder only",
     paper="Sun et al. 2023, *A Length-Extrapolatable Transformer*",
@@ -181,6 +182,7 @@ XPOS_CAUSAL_ONLY = (
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     fused="without weights",
+    fused_without_bias=True,  # rotated q and k, then vanilla's own SDPA call
     description="queries and keys rotated pairwise by position times `base^(-2i/d)` (`--rope-base`, "
     "`--rope-fraction` of each head), then the plain fused attention; context-length scaling at evaluation "
     "(`--rope-scaling linear|ntk|yarn`); positions count from each sentence's first real token",

@@ -33,7 +33,14 @@ def mechanism_table() -> str:
         kinds += "".join(
             f"; not {kind.label}: {info.unsupported[kind.key]}" for kind in KINDS if kind.key in info.unsupported
         )
-        flags = ", ".join(f"`{option_flag(field).flag}`" for field in info.option_fields()) or "-"
+        flags = (
+            ", ".join(
+                f"`{option_flag(field).flag}`"
+                for field in info.option_fields()
+                if option_flag(field).applies_to is None or option_flag(field).applies_to(info.name)
+            )
+            or "-"
+        )
         cells = [
             f"`{info.name}`",
             info.description,
@@ -41,7 +48,9 @@ def mechanism_table() -> str:
             kinds,
             info.fused or "no",
             info.flex or "no",
-            ("only with weights" if info.small_fused_bias else "yes") if info.row_wise else "no (not row-wise)",
+            ("only with weights" if info.fused_keeps_nothing_per_batch else "yes")
+            if info.row_wise
+            else "no (not row-wise)",
             flags,
         ]
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
@@ -55,8 +64,8 @@ def mechanism_table() -> str:
         "fused path). *Recomputed in row blocks*: from "
         "`--attention-recompute-length` on, a training step recomputes the mechanism in blocks of query rows "
         "instead of keeping `[B, H, Tq, Tk]` tensors for backward: row-wise mechanisms only, and not where the "
-        "fused path keeps only a bias without a batch dimension (so only when the weights are needed) nor where "
-        "the flex path runs.",
+        "fused path keeps only a bias without a batch dimension, or none (so only when the weights are needed), "
+        "nor where the flex path runs.",
     ]
     return "\n".join(lines) + "\n"
 
