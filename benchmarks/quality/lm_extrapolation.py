@@ -206,11 +206,35 @@ def report(out: Path) -> str:
     markdown = "\n".join(lines).rstrip("\n") + "\n"
     out.mkdir(parents=True, exist_ok=True)
     (out / "lm_extrapolation.md").write_text(markdown, encoding="utf-8")
+    (out / "summary.md").write_text(summary(table, order, lengths, trained), encoding="utf-8")
     if out.resolve() == DEFAULT_OUT.resolve():
         update_pages(out / "lm_extrapolation.md")
+        update_pages(out / "summary.md")
     if records:
         plot(table, order, trained, out / "ppl_vs_length.png")
     return markdown
+
+
+SUMMARY_FACTORS = (1, 8, 32)  # the training length, 8x and 32x it
+
+
+def summary(table: Dict, order: Sequence[str], lengths: Sequence[int], trained: Sequence[int]) -> str:
+    """The README's short form: test ppl at the training length, 8x and 32x it, blocks and sliding."""
+    base = trained[0] if len(trained) == 1 else None
+    shown = [base * factor for factor in SUMMARY_FACTORS if base and base * factor in lengths] if base else []
+    header = ["config", *(f"{mode} N = {n}" for mode in MODES for n in shown)]
+    lines = [
+        f"Test ppl on WikiText-2 of the LMs trained on {base or '-'}-token samples, evaluated at "
+        f"{', '.join(f'{n // base}x' for n in shown) or '-'} that length (mean +- std over seeds; `+linear`, "
+        "`+ntk`, `+yarn`: the rope/xpos models with that RoPE scaling at evaluation, no retraining).",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for name in order:
+        cells = [cell(table[name][mode].get(n)) for mode in MODES for n in shown]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def plot(table: Dict, order: Sequence[str], trained: Sequence[int], path: Path) -> None:
