@@ -90,9 +90,26 @@ def paper_attention(q, k, v, positions, fraction=1.0, scaling="none", factor=1.0
 
 
 def half_layout(x, dims):
-    """The rotate-half layout of paper-layout vectors: dimension i <- 2i and i + dims/2 <- 2i + 1."""
+    """The rotate-half layout of paper-layout vectors: dimension i <- 2i and i + dims/2 <- 2i + 1
+    (what permuting a projection's output rows does)."""
     order = [*range(0, dims, 2), *range(1, dims, 2), *range(dims, x.size(-1))]
     return x[..., order]
+
+
+def rotate_half_attention(q, k, v, dims):
+    """GPT-NeoX's layout (dimension i paired with i + dims/2, ``x cos + rotate_half(x) sin``), causal."""
+    theta = torch.tensor(paper_theta(dims)[0], dtype=torch.float64)
+    angles = torch.arange(q.size(2), dtype=torch.float64)[:, None] * theta
+    cos, sin = torch.cat((angles.cos(), angles.cos()), -1), torch.cat((angles.sin(), angles.sin()), -1)
+
+    def rope(x):
+        head, rest = x[..., :dims], x[..., dims:]
+        rotated_half = torch.cat((-head[..., dims // 2 :], head[..., : dims // 2]), -1)
+        return torch.cat((head * cos + rotated_half * sin, rest), -1)
+
+    logits = rope(q) @ rope(k).transpose(-1, -2) / math.sqrt(q.size(-1))
+    logits = logits.masked_fill(torch.ones(q.size(2), k.size(2), dtype=torch.bool).triu(1), -math.inf)
+    return logits.softmax(-1) @ v
 
 
 def draw(seed=0):
@@ -115,17 +132,13 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: ",".join(f"{k}={v}" for k, v in case.items()) or "rope")
-def test_op_is_the_papers_rotation_with_permuted_projections(case):
-    """The op rotates the rotate-half layout; given the paper-layout q and k with
-    their dimensions permuted (what permuting the projections' output rows does),
-    it computes the paper's attention exactly."""
+def test_op_is_the_papers_attention(case):
     q, k, v = draw()
     positions = [list(range(T))] * B
     expected = paper_attention(q, k, v, positions, **case)
-    dims = 2 * int(case.get("fraction", 1.0) * D / 2)
     out, _ = DF.rotary_attention(
-        half_layout(q, dims),
-        half_layout(k, dims),
+        q,
+        k,
         v,
         fraction=case.get("fraction", 1.0),
         scaling=case.get("scaling", "none"),
@@ -135,6 +148,17 @@ def test_op_is_the_papers_rotation_with_permuted_projections(case):
         causal=True,
     )
     torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_the_rotate_half_layout_is_the_same_attention_on_permuted_projections(fraction):
+    """GPT-NeoX/LLaMA-HF pair dimension i with i + d/2: given q and k with their dimensions
+    permuted that way, that layout computes exactly what the op computes."""
+    q, k, v = draw(4)
+    dims = DF.rotary_dims(D, fraction)
+    ours, _ = DF.rotary_attention(q, k, v, fraction=fraction, causal=True)
+    theirs = rotate_half_attention(half_layout(q, dims), half_layout(k, dims), v, dims)
+    torch.testing.assert_close(theirs, ours, rtol=1e-10, atol=1e-10)
 
 
 def test_scalings_change_the_attention_and_linear_is_position_interpolation():

@@ -63,9 +63,9 @@ class RotaryOptions:
         1.0,
         "--rope-fraction",
         "rope, xpos: share of each head's dimensions that is rotated, the first 2*floor(f*d/2) of them (GPT-NeoX's "
-        "partial rotary, e.g. 0.25); the rest pass through (default: {default:g}). Pairs are the GPT-NeoX/LLaMA "
-        "rotate-half layout, dimension i with i + d/2, the same rotation as the paper's neighbouring pairs "
-        "(2i, 2i+1) on permuted projection rows",
+        "partial rotary, e.g. 0.25); the rest pass through (default: {default:g}). Pairs are the paper's neighbouring "
+        "dimensions (2i, 2i+1); GPT-NeoX's rotate-half layout (i with i + d/2) is the same rotation on permuted "
+        "projection rows",
         convert=_fraction,
         type=float,
         metavar="F",
