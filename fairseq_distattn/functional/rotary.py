@@ -61,7 +61,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .masking import attend, check_attention_arguments
+from .masking import attend, check_attention_arguments, position_tensor
 
 ROPE_BASE = 10000.0
 XPOS_GAMMA = 0.4
@@ -137,26 +137,56 @@ def sequence_positions(key_padding_mask: Optional[Tensor], length: int, offset: 
     return (positions - leading[:, None]).clamp_min(0)
 
 
-def rotate(x: Tensor, positions: Tensor, theta: Tensor, log_scale: Optional[Tensor] = None) -> Tensor:
-    """``x`` ``[B, H, T, D]`` with its first ``2 * len(theta)`` dimensions rotated
-    (pair ``(2i, 2i+1)`` by ``positions * theta_i``), each pair then multiplied
-    by ``exp(positions * log_scale_i)`` where given (xPos: ``+-log(zeta_i)/scale_base``,
-    exponentiated once rather than a rounded ``zeta^(1/scale_base)`` raised to the position);
-    ``positions`` ``[B or 1, T]``. Computed in :func:`angle_dtype`, returned in x's."""
-    half = theta.numel()
-    compute = angle_dtype(x.dtype)
-    places = positions.to(compute)[:, None, :, None]  # [B|1, 1, T, 1]
-    angles = places * theta.to(compute)
-    magnitude = torch.ones_like(angles) if log_scale is None else (places * log_scale.to(compute)).exp()
-    turn = torch.polar(magnitude, angles)  # e^(i angle) per pair, times the xPos scale
-    head = x[..., : 2 * half].to(compute)
+def turns(positions: Tensor, theta: Tensor, log_scale: Optional[Tensor] = None) -> Tensor:
+    """``e^(i positions theta_j)`` per pair ``[B|1, 1, T, len(theta)]`` (complex, in the dtype of
+    ``theta``), times ``exp(positions * log_scale_j)`` where given (xPos: ``+-log(zeta_j)/scale_base``,
+    exponentiated once rather than a rounded ``zeta^(1/scale_base)`` raised to the position)."""
+    places = positions.to(theta.dtype)[:, None, :, None]
+    angles = places * theta
+    magnitude = torch.ones_like(angles) if log_scale is None else (places * log_scale).exp()
+    return torch.polar(magnitude, angles)
+
+
+def apply_turns(x: Tensor, turn: Tensor) -> Tensor:
+    """``x`` ``[B, H, T, D]`` with pair ``(2j, 2j+1)`` of its first ``2 * turn.size(-1)``
+    dimensions multiplied, as a complex number, by ``turn[..., j]`` (the rest pass through);
+    computed in the turns' precision, returned in x's dtype."""
+    half = turn.size(-1)
+    head = x[..., : 2 * half].to(torch.float64 if turn.dtype == torch.complex128 else torch.float32)
     if any(stride % 2 for stride in head.stride()[:-1]) or head.storage_offset() % 2 or head.stride(-1) != 1:
         head = head.contiguous()  # view_as_complex needs whole (real, imaginary) pairs
-    pairs = torch.view_as_complex(head.unflatten(-1, (half, 2)))
-    rotated = torch.view_as_real(pairs * turn).flatten(-2).to(x.dtype)
+    rotated = torch.view_as_real(torch.view_as_complex(head.unflatten(-1, (half, 2))) * turn).flatten(-2).to(x.dtype)
     if x.size(-1) == 2 * half:
         return rotated
     return torch.cat((rotated, x[..., 2 * half :]), dim=-1)
+
+
+def rotate(x: Tensor, positions: Tensor, theta: Tensor, log_scale: Optional[Tensor] = None) -> Tensor:
+    """``x`` ``[B, H, T, D]`` with its first ``2 * len(theta)`` dimensions rotated
+    (pair ``(2i, 2i+1)`` by ``positions * theta_i``), each pair then multiplied by
+    ``exp(positions * log_scale_i)`` where given (:func:`turns`); ``positions`` ``[B or 1, T]``.
+    Computed in :func:`angle_dtype`, returned in x's."""
+    compute = angle_dtype(x.dtype)
+    return apply_turns(x, turns(positions, theta.to(compute), None if log_scale is None else log_scale.to(compute)))
+
+
+def _rotation(dims, base, scaling, scaling_factor, original_length, xpos_scale_base, device, compute):
+    """(theta, logit factor, query log-scale, key log-scale) of one configuration."""
+    theta, logit_factor = rotary_frequencies(
+        dims, base, scaling, scaling_factor, original_length, device=device, dtype=compute
+    )
+    if xpos_scale_base is None:
+        return theta, logit_factor, None, None
+    query_scale = xpos_zeta(dims, device=device, dtype=compute).log() / xpos_scale_base
+    return theta, logit_factor, query_scale, -query_scale
+
+
+@position_tensor
+def _unpadded_turns(length, _, offset, side, configuration, device, compute) -> Tensor:
+    # a decoding step asks for the same turns in every layer: kept (see masking.position_tensor)
+    theta, _, query_scale, key_scale = _rotation(*configuration, device, compute)
+    positions = torch.arange(offset, offset + length, device=device)[None]
+    return turns(positions, theta, query_scale if side == "query" else key_scale)
 
 
 def rotary_query_key(
@@ -178,19 +208,24 @@ def rotary_query_key(
     sequence whose padding ``key_padding_mask`` ``[B, key_offset + Tk]`` marks
     (positions count from its first real key, :func:`sequence_positions`).
     xPos with ``xpos_scale_base``. YaRN's logit factor goes on the queries."""
-    dims = rotary_dims(q.size(-1), fraction)
-    theta, logit_factor = rotary_frequencies(
-        dims, base, scaling, scaling_factor, original_length, device=q.device, dtype=angle_dtype(q.dtype)
+    compute = angle_dtype(q.dtype)
+    configuration = (
+        rotary_dims(q.size(-1), fraction),
+        float(base),
+        scaling,
+        float(scaling_factor),
+        int(original_length),
+        None if xpos_scale_base is None else float(xpos_scale_base),
     )
-    query_scale = key_scale = None
-    if xpos_scale_base is not None:
-        zeta = xpos_zeta(dims, device=q.device, dtype=angle_dtype(q.dtype))
-        query_scale = zeta.log() / xpos_scale_base
-        key_scale = -query_scale
-    query_positions = sequence_positions(key_padding_mask, q.size(2), query_offset, q.device)
-    key_positions = sequence_positions(key_padding_mask, k.size(2), key_offset, k.device)
-    q = rotate(q, query_positions, theta, query_scale)
-    k = rotate(k, key_positions, theta, key_scale)
+    theta, logit_factor, query_scale, key_scale = _rotation(*configuration, q.device, compute)
+    rotated = []
+    for side, x, offset, log_scale in (("query", q, query_offset, query_scale), ("key", k, key_offset, key_scale)):
+        if key_padding_mask is None:
+            turn = _unpadded_turns(x.size(2), 1, offset, side, configuration, x.device, compute)
+        else:
+            turn = turns(sequence_positions(key_padding_mask, x.size(2), offset, x.device), theta, log_scale)
+        rotated.append(apply_turns(x, turn))
+    q, k = rotated
     if logit_factor != 1.0:
         q = q * logit_factor
     return q, k
@@ -247,11 +282,13 @@ def rotary_attention(
 
 
 __all__ = [
+    "apply_turns",
     "rotary_attention",
     "rotary_dims",
     "rotary_frequencies",
     "rotary_query_key",
     "rotate",
     "sequence_positions",
+    "turns",
     "xpos_zeta",
 ]
