@@ -55,13 +55,15 @@ PROG = "python -m benchmarks.quality.lm_extrapolation"
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "lm_extrapolation"
 LENGTHS = (64, 128, 256, 512, 1024, 2048)
 MODES = ("blocks", "sliding")
-# RoPE's context-length scalings (--rope-scaling), each evaluated on the rotary models as trained
+# RoPE's context-length scalings (--rope-scaling), each evaluated on the RoPE models as trained
+# beyond their training length (up to it they scale by 1, which changes nothing); xpos takes the
+# same flags, but its published comparisons do not scale it, and each scaling costs a full sweep
 ROPE_SCALINGS = ("linear", "ntk", "yarn")
-ROTARY_MECHANISMS = ("rope", "xpos")
+ROTARY_MECHANISMS = ("rope",)
 
 
 def rotary_configs() -> List[str]:
-    """The LM presets whose decoder self-attention is rotary (rope or xpos) in some layer."""
+    """The LM presets whose decoder self-attention is rope in some layer."""
     from fairseq_distattn.models.arguments import ARCHITECTURES
 
     return [
@@ -108,7 +110,8 @@ def evaluate_run(run_dir: Path, lengths: Sequence[int], out: Path, env: Dict[str
     trained = setup["tokens_per_sample"]
     reference: Optional[int] = None
     scalings = (None, *ROPE_SCALINGS) if config in rotary_configs() else (None,)
-    for length, scaling in [(length, scaling) for scaling in scalings for length in lengths]:
+    runs = [(length, scaling) for scaling in scalings for length in lengths if scaling is None or length > trained]
+    for length, scaling in runs:
         name = run_dir.name if scaling is None else f"{run_dir.name}-{scaling}"
         path = out / "runs" / f"{name}-L{length}.json"
         if path.is_file():
@@ -153,13 +156,22 @@ def evaluate_run(run_dir: Path, lengths: Sequence[int], out: Path, env: Dict[str
 
 
 def ppl_table(records: Sequence[Dict]) -> Dict[str, Dict[str, Dict[int, List[float]]]]:
-    """``{config: {mode: {length: [ppl of each seed]}}}``."""
+    """``{config: {mode: {length: [ppl of each seed]}}}``; a scaled config (``X+yarn``) takes X's
+    values up to the training length, where the scaling factor is 1."""
     table: Dict[str, Dict[str, Dict[int, List[float]]]] = {}
     for record in records:
         for mode in MODES:
             table.setdefault(record["config"], {}).setdefault(mode, {}).setdefault(
                 record["tokens_per_sample"], []
             ).append(record[mode]["ppl"])
+    trained = {record["config"]: record["train_tokens_per_sample"] for record in records}
+    for name, modes in table.items():
+        unscaled = name.split("+")[0]
+        if name != unscaled and unscaled in table:
+            for mode, per_length in modes.items():
+                for length, values in table[unscaled][mode].items():
+                    if length <= trained[name]:
+                        per_length.setdefault(length, values)
     return table
 
 
