@@ -17,9 +17,10 @@ position embeddings (their mechanism encodes positions, or nothing does: nope).
 No model has learned ones. lm_quality trains every model with
 ``--max-target-positions 2048``, the longest sample eval-lm then accepts; each
 evaluation's scored-token count is checked against the run's first evaluation,
-so a sample skipped as too long cannot go unnoticed. The rotary models (rope,
-xpos) are also evaluated, as trained, with each RoPE context-length scaling
-(``--model-overrides``: ``--rope-scaling linear|ntk|yarn`` by N / 64).
+so a sample skipped as too long cannot go unnoticed. The rope models are also
+evaluated beyond their training length, as trained, with each RoPE
+context-length scaling (``--model-overrides``: ``--rope-scaling
+linear|ntk|yarn`` by N / 64).
 
 One JSON per (run, scaling, length) under ``<out>/runs``, skipped when present;
 ``<out>/lm_extrapolation.md`` and ``<out>/ppl_vs_length.png`` are rebuilt from them.
@@ -198,7 +199,7 @@ def report(out: Path) -> str:
         "Test perplexity, mean +- std over seeds (a single number: one seed so far); the ratio is ppl at N over ppl "
         f"at {lengths[0] if lengths else '-'} in the same mode (below 1: the longer context helps). Sinusoidal "
         "positions for fairseq's models and the vanilla and window presets; none for the others (their "
-        "mechanism, or nothing at all for nope). `+linear`, `+ntk`, `+yarn`: the rotary models as trained, "
+        "mechanism, or nothing at all for nope). `+linear`, `+ntk`, `+yarn`: the rope models as trained, "
         "evaluated with that `--rope-scaling` by the factor N / training length (1 up to it; yarn with "
         "`--rope-original-length` the training length), as `--model-overrides`, no retraining.",
         "",
@@ -238,7 +239,7 @@ def summary(table: Dict, order: Sequence[str], lengths: Sequence[int], trained: 
     lines = [
         f"Test ppl on WikiText-2 of the LMs trained on {base or '-'}-token samples, evaluated at "
         f"{', '.join(f'{n // base}x' for n in shown) or '-'} that length (mean +- std over seeds; `+linear`, "
-        "`+ntk`, `+yarn`: the rope/xpos models with that RoPE scaling at evaluation, no retraining).",
+        "`+ntk`, `+yarn`: the rope models with that RoPE scaling at evaluation, no retraining).",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
