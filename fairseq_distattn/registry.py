@@ -378,6 +378,8 @@ class AttentionKind:
     # attend over and the flag that sets it (None: unknown). Not part of the kind's identity.
     max_positions: Optional[int] = dataclasses.field(default=None, compare=False)
     positions_flag: str = dataclasses.field(default="", compare=False)
+    # the per-head width of that stack's attention (None: unknown)
+    head_dim: Optional[int] = dataclasses.field(default=None, compare=False)
     # Whether the model is new (fairseq-train's flags) rather than rebuilt from a checkpoint: checks
     # added after checkpoints were trained refuse only new models, so that those checkpoints still load.
     new_model: bool = dataclasses.field(default=True, compare=False)

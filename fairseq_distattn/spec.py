@@ -247,12 +247,16 @@ def _check_kind(
     max_positions: Optional[int] = None,
     positions_flag: str = "",
     new_model: bool = True,
+    head_dim: Optional[int] = None,
 ):
     """Raise SpecError where an option cannot work for the mechanisms ``layers`` use in ``kind``.
     ``max_positions``: the longest sequence this stack attends over (None: unknown), set by
-    ``positions_flag``; ``new_model``: False where the model is rebuilt from a checkpoint.
-    Mechanisms read them as ``kind.max_positions``, ``kind.positions_flag`` and ``kind.new_model``."""
-    kind = dataclasses.replace(kind, max_positions=max_positions, positions_flag=positions_flag, new_model=new_model)
+    ``positions_flag``; ``new_model``: False where the model is rebuilt from a checkpoint; ``head_dim``:
+    the per-head width of its attention (None: unknown). Mechanisms read them as ``kind.max_positions``,
+    ``kind.positions_flag``, ``kind.new_model`` and ``kind.head_dim``."""
+    kind = dataclasses.replace(
+        kind, max_positions=max_positions, positions_flag=positions_flag, new_model=new_model, head_dim=head_dim
+    )
     for name in dict.fromkeys(layers):
         if name != "vanilla":
             info = REGISTRY[name]

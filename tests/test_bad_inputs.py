@@ -154,6 +154,18 @@ BAD_INPUTS = [
     (MT, ["--da-mapping", "clip", "--da-clip-threshold", "0"], "--da-clip-threshold", ["'0.0'"]),
     (MT, ["--da-clip-threshold", "inf"], "--da-clip-threshold", ["inf"]),
     (MT, ["--arch", "transformer", "--da-mapping", "clip"], "--da-mapping", ["distattn_transformer"]),
+    # rope and xpos: shares, factors and lengths, the options checked together, where xpos applies
+    (MT, ["--rope-base", "0"], "--rope-base", ["'0.0'"]),
+    (MT, ["--rope-fraction", "1.5"], "--rope-fraction", ["'1.5'"]),
+    (MT, ["--encoder-self-attention", "rope", "--rope-fraction", "0.05"], "--rope-fraction", ["rotates no pair"]),
+    (MT, ["--rope-scaling", "quadratic"], "--rope-scaling", ["quadratic"]),
+    (MT, ["--rope-scaling-factor", "2"], "--rope-scaling-factor", ["--rope-scaling none"]),
+    (MT, ["--rope-scaling", "linear", "--rope-scaling-factor", "0.5"], "--rope-scaling-factor", ["'0.5'"]),
+    (MT, ["--rope-scaling", "yarn", "--rope-scaling-factor", "4"], "--rope-original-length", ["'0'"]),
+    (MT, ["--rope-original-length", "-1"], "--rope-original-length", ["'-1'"]),
+    (MT, ["--xpos-scale-base", "0"], "--xpos-scale-base", ["'0.0'"]),
+    (MT, ["--encoder-self-attention", "xpos"], "--encoder-self-attention", ["xpos"]),
+    (MT, ["--cross-attention", "rope"], "--cross-attention", ["rope"]),
     # the model's widths and heads (fairseq's own MultiheadAttention would assert or divide by zero)
     (MT, ["--decoder-attention-heads", "3"], "--decoder-attention-heads", ["--decoder-embed-dim 32"]),
     (MT, ["--encoder-attention-heads", "0"], "--encoder-attention-heads", ["'0'"]),

@@ -154,6 +154,16 @@ def _op_arguments(options, xpos: bool):
     )
 
 
+def check_rotated_pairs(fraction: float, head_dim: int) -> None:
+    if DF.rotary_dims(head_dim, fraction) < 2:
+        raise SpecError(
+            "--rope-fraction",
+            fraction,
+            f"rotates no pair of the {head_dim} dimensions of each head",
+            f"a number >= {2 / head_dim:g}",
+        )
+
+
 # why xPos is for causal attention only
 XPOS_CAUSAL_ONLY = (
     "its scale zeta^((n-m)/scale_base) decays with the distance only to keys before the query; a bidirectional "
@@ -199,14 +209,13 @@ class Rotary(Mechanism):
         super().__init__(config)
         options = config.options
         self.xpos = config.name == "xpos"
-        if DF.rotary_dims(config.head_dim, options.rope_fraction) < 2:
-            raise SpecError(
-                "--rope-fraction",
-                options.rope_fraction,
-                f"rotates no pair of the {config.head_dim} dimensions of each head",
-                f"a number >= {2 / config.head_dim:g}",
-            )
+        check_rotated_pairs(options.rope_fraction, config.head_dim)
         self.arguments = _op_arguments(options, self.xpos)
+
+    @classmethod
+    def check_options(cls, options, kind, layers):
+        if kind.head_dim:
+            check_rotated_pairs(options.rope_fraction, kind.head_dim)
 
     def extra_repr(self) -> str:
         rotated = DF.rotary_dims(self.config.head_dim, self.arguments["fraction"])

@@ -32,7 +32,8 @@ def encoder_plans(cfg, new_model: bool = False):
     being built, which may be a checkpoint's, trained before a check was added (False)."""
     options = mechanism_options(cfg)
     layers = parse_spec(ENCODER_SELF, getattr(cfg, "encoder_self_attention", None), cfg.encoder.layers)
-    options.check_kind(ENCODER_SELF, layers, cfg.max_source_positions or None, SOURCE_POSITIONS, new_model)
+    head_dim = cfg.encoder.embed_dim // cfg.encoder.attention_heads
+    options.check_kind(ENCODER_SELF, layers, cfg.max_source_positions or None, SOURCE_POSITIONS, new_model, head_dim)
     stack = Stack(ENCODER_SELF.description)
     return [LayerAttentionPlan(mechanism, "vanilla", options, self_stack=stack) for mechanism in layers]
 
@@ -49,7 +50,8 @@ def decoder_plans(
     as for :func:`encoder_plans`."""
     options = mechanism_options(cfg, decoder_only, target_flag)
     self_layers = parse_spec(DECODER_SELF, getattr(cfg, "decoder_self_attention", None), cfg.decoder.layers)
-    options.check_kind(DECODER_SELF, self_layers, cfg.max_target_positions or None, target_flag, new_model)
+    head_dim = cfg.decoder.embed_dim // cfg.decoder.attention_heads
+    options.check_kind(DECODER_SELF, self_layers, cfg.max_target_positions or None, target_flag, new_model, head_dim)
     cross_spec = getattr(cfg, "cross_attention", None)
     if no_encoder_attn:
         if cross_spec not in (None, "vanilla"):
@@ -61,7 +63,7 @@ def decoder_plans(
             )
         cross_spec = None
     cross_layers = parse_spec(CROSS, cross_spec, cfg.decoder.layers)
-    options.check_kind(CROSS, cross_layers)
+    options.check_kind(CROSS, cross_layers, head_dim=head_dim)
     self_stack, cross_stack = Stack(DECODER_SELF.description), Stack(CROSS.description)
     return [
         LayerAttentionPlan(mine, cross, options, self_stack=self_stack, cross_stack=cross_stack)
