@@ -217,13 +217,16 @@ def rotary_query_key(
         int(original_length),
         None if xpos_scale_base is None else float(xpos_scale_base),
     )
-    theta, logit_factor, query_scale, key_scale = _rotation(*configuration, q.device, compute)
+    # YaRN's 1/t = (0.1 ln s + 1)^2 (rotary_frequencies' logit factor), without building the frequencies
+    logit_factor = (0.1 * math.log(scaling_factor) + 1) ** 2 if scaling == "yarn" else 1.0
     rotated = []
-    for side, x, offset, log_scale in (("query", q, query_offset, query_scale), ("key", k, key_offset, key_scale)):
+    for side, x, offset in (("query", q, query_offset), ("key", k, key_offset)):
         if key_padding_mask is None:
             turn = _unpadded_turns(x.size(2), 1, offset, side, configuration, x.device, compute)
         else:
-            turn = turns(sequence_positions(key_padding_mask, x.size(2), offset, x.device), theta, log_scale)
+            theta, _, query_scale, key_scale = _rotation(*configuration, x.device, compute)
+            positions = sequence_positions(key_padding_mask, x.size(2), offset, x.device)
+            turn = turns(positions, theta, query_scale if side == "query" else key_scale)
         rotated.append(apply_turns(x, turn))
     q, k = rotated
     if logit_factor != 1.0:
