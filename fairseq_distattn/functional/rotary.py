@@ -81,6 +81,11 @@ def angle_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def yarn_logit_factor(scaling: str, scaling_factor: float) -> float:
+    """What every logit is multiplied by: YaRN's ``1/t = (0.1 ln s + 1)^2`` (eq. 22), else 1."""
+    return (0.1 * math.log(scaling_factor) + 1) ** 2 if scaling == "yarn" else 1.0
+
+
 def rotary_frequencies(
     dims: int,
     base: float = ROPE_BASE,
@@ -105,7 +110,6 @@ def rotary_frequencies(
         base = base * scaling_factor ** (dims / (dims - 2))
     exponents = torch.arange(0, dims, 2, device=device, dtype=torch.float64) / dims
     theta = torch.as_tensor(base, dtype=torch.float64).pow(-exponents)
-    logit_factor = 1.0
     if scaling == "linear":
         theta = theta / scaling_factor
     elif scaling == "yarn":
@@ -114,8 +118,7 @@ def rotary_frequencies(
         ratio = original_length * theta / (2 * math.pi)
         ramp = ((ratio - YARN_ALPHA) / (YARN_BETA - YARN_ALPHA)).clamp(0.0, 1.0)
         theta = (1 - ramp) * theta / scaling_factor + ramp * theta
-        logit_factor = (0.1 * math.log(scaling_factor) + 1) ** 2
-    return theta.to(dtype), logit_factor
+    return theta.to(dtype), yarn_logit_factor(scaling, scaling_factor)
 
 
 def xpos_zeta(dims: int, *, device=None, dtype: torch.dtype = torch.float64) -> Tensor:
@@ -217,18 +220,19 @@ def rotary_query_key(
         int(original_length),
         None if xpos_scale_base is None else float(xpos_scale_base),
     )
-    # YaRN's 1/t = (0.1 ln s + 1)^2 (rotary_frequencies' logit factor), without building the frequencies
-    logit_factor = (0.1 * math.log(scaling_factor) + 1) ** 2 if scaling == "yarn" else 1.0
-    rotated = []
-    for side, x, offset in (("query", q, query_offset), ("key", k, key_offset)):
-        if key_padding_mask is None:
-            turn = _unpadded_turns(x.size(2), 1, offset, side, configuration, x.device, compute)
-        else:
-            theta, _, query_scale, key_scale = _rotation(*configuration, x.device, compute)
-            positions = sequence_positions(key_padding_mask, x.size(2), offset, x.device)
-            turn = turns(positions, theta, query_scale if side == "query" else key_scale)
-        rotated.append(apply_turns(x, turn))
-    q, k = rotated
+    if key_padding_mask is None:
+        query_turn, key_turn = (
+            _unpadded_turns(x.size(2), 1, offset, side, configuration, x.device, compute)
+            for side, x, offset in (("query", q, query_offset), ("key", k, key_offset))
+        )
+    else:
+        theta, _, query_scale, key_scale = _rotation(*configuration, q.device, compute)
+        query_turn, key_turn = (
+            turns(sequence_positions(key_padding_mask, x.size(2), offset, x.device), theta, log_scale)
+            for x, offset, log_scale in ((q, query_offset, query_scale), (k, key_offset, key_scale))
+        )
+    q, k = apply_turns(q, query_turn), apply_turns(k, key_turn)
+    logit_factor = yarn_logit_factor(scaling, scaling_factor)
     if logit_factor != 1.0:
         q = q * logit_factor
     return q, k
