@@ -166,6 +166,15 @@ BAD_INPUTS = [
     (MT, ["--xpos-scale-base", "0"], "--xpos-scale-base", ["'0.0'"]),
     (MT, ["--encoder-self-attention", "xpos"], "--encoder-self-attention", ["xpos"]),
     (MT, ["--cross-attention", "rope"], "--cross-attention", ["rope"]),
+    # kerple, sandwich, fire: kernels, sinusoid widths (pairs), MLP widths and thresholds, where they apply
+    (MT, ["--kerple-kernel", "cubic"], "--kerple-kernel", ["cubic"]),
+    (MT, ["--cross-attention", "kerple"], "--cross-attention", ["kerple"]),
+    (MT, ["--sandwich-dim", "7"], "--sandwich-dim", ["'7'"]),
+    (MT, ["--encoder-self-attention", "sandwich", "--encoder-attention-heads", "32"], "--sandwich-dim", ["odd"]),
+    (MT, ["--fire-mlp-width", "0"], "--fire-mlp-width", ["'0'"]),
+    (MT, ["--fire-threshold", "0"], "--fire-threshold", ["'0.0'"]),
+    (MT, ["--fire-threshold", "inf"], "--fire-threshold", ["inf"]),
+    (MT, ["--arch", "transformer", "--fire-shared-layers"], "--fire-shared-layers", ["distattn_transformer"]),
     # the model's widths and heads (fairseq's own MultiheadAttention would assert or divide by zero)
     (MT, ["--decoder-attention-heads", "3"], "--decoder-attention-heads", ["--decoder-embed-dim 32"]),
     (MT, ["--encoder-attention-heads", "0"], "--encoder-attention-heads", ["'0'"]),

@@ -55,6 +55,19 @@ def position_tensor(builder):
     return lookup
 
 
+def sequence_positions(key_padding_mask: Optional[Tensor], length: int, offset: int, device) -> Tensor:
+    """Positions of the ``length`` tokens from index ``offset`` on, counted from
+    each sequence's first real key: ``[B, length]`` (``[1, length]`` without
+    padding), int64. A sequence's leading padding (fairseq left-pads sources)
+    shifts its positions; padding after it is masked wherever it is a key."""
+    positions = torch.arange(offset, offset + length, device=device)[None]
+    if key_padding_mask is None:
+        return positions
+    real = ~key_padding_mask.to(torch.bool)
+    leading = torch.where(real.any(dim=-1), real.to(torch.int8).argmax(dim=-1), 0)
+    return (positions - leading[:, None]).clamp_min(0)
+
+
 @position_tensor
 def _relative_distance(tgt_len: int, src_len: int, query_offset: int, device) -> Tensor:
     """:func:`relative_distance` unchecked; ``query_offset`` may be negative
@@ -513,4 +526,12 @@ def fused_attention(
     return out if hidden is None else out.masked_fill(hidden, 0.0)
 
 
-__all__ = ["attend", "attention_weights", "logit_mask", "masked_softmax", "relative_distance", "softmax_attention"]
+__all__ = [
+    "attend",
+    "attention_weights",
+    "logit_mask",
+    "masked_softmax",
+    "relative_distance",
+    "sequence_positions",
+    "softmax_attention",
+]

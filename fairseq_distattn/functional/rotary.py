@@ -61,7 +61,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .masking import attend, check_attention_arguments, position_tensor
+from .masking import attend, check_attention_arguments, position_tensor, sequence_positions
 
 ROPE_BASE = 10000.0
 XPOS_GAMMA = 0.4
@@ -125,19 +125,6 @@ def xpos_zeta(dims: int, *, device=None, dtype: torch.dtype = torch.float64) -> 
     """xPos's ``zeta_i = (2i/d + gamma)/(1 + gamma)`` per rotated pair ``[dims/2]``."""
     exponents = torch.arange(0, dims, 2, device=device, dtype=torch.float64) / dims
     return ((exponents + XPOS_GAMMA) / (1 + XPOS_GAMMA)).to(dtype)
-
-
-def sequence_positions(key_padding_mask: Optional[Tensor], length: int, offset: int, device) -> Tensor:
-    """Positions of the ``length`` tokens from index ``offset`` on, counted from
-    each sequence's first real key: ``[B, length]`` (``[1, length]`` without
-    padding), int64. A sequence's leading padding (fairseq left-pads sources)
-    shifts its positions; padding after it is masked wherever it is a key."""
-    positions = torch.arange(offset, offset + length, device=device)[None]
-    if key_padding_mask is None:
-        return positions
-    real = ~key_padding_mask.to(torch.bool)
-    leading = torch.where(real.any(dim=-1), real.to(torch.int8).argmax(dim=-1), 0)
-    return (positions - leading[:, None]).clamp_min(0)
 
 
 def turns(positions: Tensor, theta: Tensor, log_scale: Optional[Tensor] = None) -> Tensor:
@@ -295,7 +282,6 @@ __all__ = [
     "rotary_frequencies",
     "rotary_query_key",
     "rotate",
-    "sequence_positions",
     "turns",
     "xpos_zeta",
 ]

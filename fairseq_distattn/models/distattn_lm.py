@@ -127,6 +127,21 @@ architecture(
 architecture(
     "distattn_lm_xpos_gbw", fairseq_lm.transformer_lm_baevski_gbw, decoder_self="xpos", no_absolute_positions=True
 )
+# Chi et al. 2022: KERPLE's logarithmic kernel in every layer replaces the position embeddings (the paper's LM).
+architecture(
+    "distattn_lm_kerple_gbw", fairseq_lm.transformer_lm_baevski_gbw, decoder_self="kerple", no_absolute_positions=True
+)
+# Chi et al. 2023: Sandwich's parameter-free bias in every layer, what is left of the sinusoidal embeddings.
+architecture(
+    "distattn_lm_sandwich_gbw",
+    fairseq_lm.transformer_lm_baevski_gbw,
+    decoder_self="sandwich",
+    no_absolute_positions=True,
+)
+# Li et al. 2024: FIRE in every layer (its own f, c and L per layer) replaces the position embeddings.
+architecture(
+    "distattn_lm_fire_gbw", fairseq_lm.transformer_lm_baevski_gbw, decoder_self="fire", no_absolute_positions=True
+)
 # Haviv et al. 2022: no position information at all; the causal mask alone lets an LM infer positions.
 architecture("distattn_lm_nope_gbw", fairseq_lm.transformer_lm_baevski_gbw, no_absolute_positions=True)
 # Nguyen et al. 2020 LM: multiplicative window in the first 3 decoder layers.

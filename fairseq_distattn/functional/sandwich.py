@@ -1,0 +1,101 @@
+"""Sandwich (Chi, Fan, Rudnicky, Ramadge 2023, *Dissecting Transformer Length
+Extrapolation via the Lens of Receptive Field Analysis*, sec. 5).
+
+Sandwich keeps, of the logit of sinusoidal embeddings added to the inputs, only
+the inner product of the two position embeddings, which depends on the distance
+alone: ``p_m . p_n = sum_{k=1}^{d/2} cos((m - n) / 10000^(2k/d))``, and adds it
+to the scaled scores as a parameter-free bias, per head compressed like ALiBi's
+slopes (the paper's Fig. 1: ``h = n 8 / H`` for head n = 1..H):
+
+    b_n(m, n') = (sum_{k=1}^{d/2} cos(|m - n'| / 10000^(2k/d)) - d/2) / (n 8 / H)
+
+The authors' code was not public when this was written; this follows NVIDIA
+NeMo's port (``nemo/collections/nlp/modules/common/megatron/position_embedding/
+sandwich_relative_position_embedding.py``, from the extrapolatable position
+embeddings of NeMo PR #6666): k from 1 to d/2, d the per-head dimension by
+default, the constant d/2 subtracted so the bias is 0 at distance 0 and below
+it elsewhere (down to -d), then divided by ``n 8 / H`` (head 1 the steepest);
+the bias is added after the 1/sqrt(d) scaling. The decay is about logarithmic
+in the distance, with ripples. Causal in the decoder; the encoder gets the
+same function of ``|m - n'|`` both ways (NeMo's ``bidirectional``).
+"""
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .flex import OffsetTable, check_position_argument, offsets
+from .masking import attend, check_attention_arguments, logit_dtype, position_tensor
+
+SANDWICH_BASE = 10000.0
+
+
+def check_sandwich_dim(dim) -> None:
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 2 or dim % 2:
+        raise ValueError(f"dim must be an even integer >= 2 (the sinusoids come in sin/cos pairs), got {dim!r}")
+
+
+@position_tensor
+def _sandwich_values(tgt_len: int, src_len: int, num_heads: int, dim: int, query_offset: int, device, dtype) -> Tensor:
+    distance = offsets(tgt_len, src_len, query_offset, device, torch.float64).abs_()
+    frequencies = SANDWICH_BASE ** (-2.0 * torch.arange(1, dim // 2 + 1, device=device, dtype=torch.float64) / dim)
+    inner_product = torch.cos(distance[:, None] * frequencies).sum(-1) - dim / 2
+    compression = torch.arange(1, num_heads + 1, device=device, dtype=torch.float64) * (8.0 / num_heads)
+    return (inner_product / compression[:, None]).to(dtype)
+
+
+def sandwich_table(
+    tgt_len: int, src_len: int, num_heads: int, dim: int, query_offset: int, device, dtype
+) -> OffsetTable:
+    """The bias per head and key offset (:class:`OffsetTable`), formed in float64 (unchecked)."""
+    return OffsetTable(_sandwich_values(tgt_len, src_len, num_heads, dim, query_offset, device, dtype), tgt_len)
+
+
+def sandwich_bias(tgt_len: int, src_len: int, num_heads: int, dim: int, query_offset: int, device, dtype) -> Tensor:
+    """The bias ``[H, Tq, Tk]`` in the floating ``dtype`` (formed in float64);
+    each mistake is a ValueError naming the argument."""
+    check_position_argument("tgt_len", tgt_len)
+    check_position_argument("src_len", src_len)
+    check_position_argument("query_offset", query_offset)
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+        raise ValueError(f"num_heads must be an integer >= 1, got {num_heads!r}")
+    check_sandwich_dim(dim)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating point torch.dtype, got {dtype!r}")
+    return sandwich_table(tgt_len, src_len, num_heads, dim, query_offset, device, dtype).dense()
+
+
+def sandwich_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    dim: Optional[int] = None,
+    *,
+    key_padding_mask: Optional[Tensor] = None,
+    causal: bool = False,
+    query_offset: int = 0,
+    dropout_p: float = 0.0,
+    need_weights: bool = True,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """``softmax(q k^T / sqrt(D) + b_h(|i - j|)) v`` with Sandwich's bias of
+    ``dim``-dimensional sinusoids (None: the head size ``D``). Returns
+    ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``; fused with ``need_weights=False``."""
+    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
+    dim = q.size(-1) if dim is None else dim
+    check_sandwich_dim(dim)
+    table = sandwich_table(q.size(2), k.size(2), q.size(1), dim, query_offset, q.device, logit_dtype(q.dtype))
+    return attend(
+        q,
+        k,
+        v,
+        offset_table=table,
+        key_padding_mask=key_padding_mask,
+        causal=causal,
+        query_offset=query_offset,
+        dropout_p=dropout_p,
+        need_weights=need_weights,
+    )
+
+
+__all__ = ["sandwich_attention", "sandwich_bias"]

@@ -1,0 +1,122 @@
+"""``kerple``: kernelized relative positional embedding (Chi et al. 2022)."""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .. import functional as DF
+from ..functional.kerple import KERPLE_MIN, KERPLE_POWER_MAX, constrained
+from ..registry import CROSS_KIND, DIFFERENT_SEQUENCES, SELF_ATTENTION, one_of, option, register_attention
+from .base import LearnedValues, Mechanism, MechanismConfig, PositionTerm, shared_arguments
+
+
+@dataclass(frozen=True)
+class KerpleOptions:
+    kerple_kernel: str = option(
+        "log",
+        "--kerple-kernel",
+        "kerple: the kernel of the distance, 'log' -r1 log(1 + r2 |i-j|) or 'power' -r1 |i-j|^r2 (0 < r2 <= 2), "
+        "r1 and r2 learned per head, clamped to >= 0.01 as the authors' code does (default: {default}, the "
+        "paper's best)",
+        convert=one_of("--kerple-kernel", DF.KERPLE_KERNELS),
+        choices=DF.KERPLE_KERNELS,
+        metavar="KERNEL",
+    )
+
+
+# what r1 and r2 are in each kernel, and their initial values in the authors' code: uniform in (0, 2) for the
+# logarithmic kernel's scale and the power kernel's exponent, uniform in (0, 1) for the other
+SYMBOLS = {
+    "log": (
+        "r1: the bias's scale, -r1 log(1 + r2 |i-j|)",
+        "r2: the rate in the logarithm (larger: the bias turns logarithmic at shorter distances)",
+    ),
+    "power": ("r1: the bias's scale, -r1 |i-j|^r2", "r2: the exponent (1: ALiBi's line, learned slope)"),
+}
+INITIAL_RANGE = {"log": (2.0, 1.0), "power": (1.0, 2.0)}
+R2_NAMES = {"log": "rate", "power": "exponent"}
+
+
+@register_attention(
+    "kerple",
+    KerpleOptions,
+    op=DF.kerple_attention,
+    example=lambda draw, options: (
+        (draw(draw.heads, mean=1.0, std=0.25), draw(draw.heads, mean=0.8, std=0.2)),
+        dict(kernel=options.kerple_kernel),
+    ),
+    kinds=SELF_ATTENTION,
+    unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
+    fused="without weights",
+    flex="without weights",
+    small_fused_bias=True,  # the fused path keeps only the [H, Tq, Tk] bias
+    description="learned per-head kernel of the distance on the logits: `-r1 log(1 + r2 abs(i-j))` "
+    "(`--kerple-kernel log`) or `-r1 abs(i-j)^r2` (`power`), r1, r2 > 0 (r2 <= 2 for power), per layer",
+    paper="Chi, Fan, Ramadge and Rudnicky 2022, *KERPLE: Kernelized Relative Positional Embedding for Length "
+    "Extrapolation*",
+)
+class Kerple(Mechanism):
+    """Chi et al. 2022: ``r1``, ``r2`` ``[H]`` per layer (``scale``, and ``rate``
+    or ``exponent``), initialised and
+    projected onto the constraints as in the authors' gpt-neox code
+    (chijames/KERPLE, ``megatron/mpu/layers.py``): uniform in (0, 2) and (0, 1)
+    (the logarithmic kernel's r1, r2; the power kernel's r2, r1), and their
+    data clamped to >= 0.01 (the power's r2 to <= 2) at each training forward,
+    so that a step that leaves the bounds is undone before the next one uses
+    them. The op clamps the values it is given too, so evaluation and a
+    checkpoint saved right after such a step see the same kernel. The LM
+    preset ``distattn_lm_kerple_gbw`` drops the position embeddings, as the
+    paper does."""
+
+    def __init__(self, config: MechanismConfig):
+        super().__init__(config)
+        self.kernel = config.options.kerple_kernel
+        r1_range, r2_range = INITIAL_RANGE[self.kernel]
+        self.scale = nn.Parameter(torch.rand(config.num_heads) * r1_range)
+        # r2 is a rate inside the logarithm and an exponent of the power: named by what it is, so a
+        # checkpoint of one kernel does not load into the other
+        setattr(self, R2_NAMES[self.kernel], nn.Parameter(torch.rand(config.num_heads) * r2_range))
+        self.project_onto_constraints()
+
+    @property
+    def r2(self) -> nn.Parameter:
+        return getattr(self, R2_NAMES[self.kernel])
+
+    def extra_repr(self) -> str:
+        return f"kernel={self.kernel}, heads={self.config.num_heads}"
+
+    @torch.no_grad()
+    def project_onto_constraints(self) -> None:
+        # on .data, as the authors' code: a projection, not part of the graph, so neither the
+        # autograd version counter nor a recomputation in backward sees it
+        self.scale.data.clamp_(min=KERPLE_MIN)
+        self.r2.data.clamp_(min=KERPLE_MIN, max=KERPLE_POWER_MAX if self.kernel == "power" else None)
+
+    def learned_values(self, causal):
+        r1, r2 = constrained(self.scale.detach().double().cpu(), self.r2.detach().double().cpu(), self.kernel)
+        note1, note2 = SYMBOLS[self.kernel]
+        return [
+            LearnedValues("r1 (scale) per head", r1, note=note1),
+            LearnedValues(f"r2 ({R2_NAMES[self.kernel]}) per head", r2, note=note2),
+        ]
+
+    def position_term(self, tgt_len, src_len, causal):
+        bias = DF.kerple_bias(
+            self.scale.detach().double().cpu(), self.r2.detach().double().cpu(), self.kernel, tgt_len, src_len
+        )
+        equation = "-r1 log(1 + r2 |i-j|)" if self.kernel == "log" else "-r1 |i-j|^r2"
+        return PositionTerm(f"kerple-{self.kernel}-bias", f"KERPLE {self.kernel} kernel {equation}", bias)
+
+    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
+        if self.training:
+            self.project_onto_constraints()
+        return DF.kerple_attention(
+            queries["query"],
+            keys["key"],
+            keys["value"],
+            self.scale,
+            self.r2,
+            kernel=self.kernel,
+            **shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights),
+        )
