@@ -53,8 +53,7 @@ def reference(q, k, v, padding, causal, query_offset, bias):
         pad,
         causal,
         query_offset,
-        logit=lambda b, h, i, position, j: float(qn[b, h, i] @ kn[b, h, j]) / math.sqrt(dim)
-        + bias(b, h, position, j),
+        logit=lambda b, h, i, position, j: float(qn[b, h, i] @ kn[b, h, j]) / math.sqrt(dim) + bias(b, h, position, j),
         value=lambda b, h, position, j: vn[b, h, j],
     )
 
