@@ -175,6 +175,16 @@ BAD_INPUTS = [
     (MT, ["--fire-threshold", "0"], "--fire-threshold", ["'0.0'"]),
     (MT, ["--fire-threshold", "inf"], "--fire-threshold", ["inf"]),
     (MT, ["--arch", "transformer", "--fire-shared-layers"], "--fire-shared-layers", ["distattn_transformer"]),
+    # cope (decoder only, a table of positions) and transformer-xl (self-attention only)
+    (MT, ["--cope-max-positions", "0"], "--cope-max-positions", ["'0'"]),
+    (MT, ["--encoder-self-attention", "cope"], "--encoder-self-attention", ["cope"]),
+    (MT, ["--cross-attention", "transformer-xl"], "--cross-attention", ["transformer-xl"]),
+    (
+        MT,
+        ["--arch", "transformer", "--transformer-xl-per-layer-biases"],
+        "--transformer-xl-per-layer-biases",
+        ["distattn_transformer"],
+    ),
     # the model's widths and heads (fairseq's own MultiheadAttention would assert or divide by zero)
     (MT, ["--decoder-attention-heads", "3"], "--decoder-attention-heads", ["--decoder-embed-dim 32"]),
     (MT, ["--encoder-attention-heads", "0"], "--encoder-attention-heads", ["'0'"]),

@@ -135,6 +135,24 @@ CONFIGS = {
             False,
             "Su et al. 2021 (RoFormer): queries and keys rotated by position in self-attention, no position embeddings",
         ),
+        QualityConfig(
+            "kerple",
+            both_self("kerple"),
+            False,
+            "Chi et al. 2022: learned logarithmic kernel -r1 log(1 + r2|i-j|) per head, no position embeddings",
+        ),
+        QualityConfig(
+            "fire",
+            both_self("fire"),
+            False,
+            "Li et al. 2024: learned MLP of the normalised distance per layer, no position embeddings",
+        ),
+        QualityConfig(
+            "transformer-xl",
+            both_self("transformer-xl"),
+            False,
+            "Dai et al. 2019: relative attention with sinusoids of i-j, W_R, u, v, no position embeddings",
+        ),
     ]
 }
 GRIDS = ("default", "ablations")

@@ -187,6 +187,19 @@ class Mechanism(nn.Module):
         of the positions alone, per head; None where that depends on the content."""
         return None
 
+    def sentence_term(
+        self,
+        queries: Dict[str, Tensor],
+        keys: Dict[str, Tensor],
+        key_padding_mask: Optional[Tensor],
+        causal: bool,
+        query_offset: int,
+    ) -> Optional[PositionTerm]:
+        """What this layer computes from its forward's inputs as a function of the
+        sentence as well as the positions (CoPE's contextual positions), for the
+        inspection plots: the first sentence's ``[H, Tq, Tk]`` (None: nothing such)."""
+        return None
+
     def soft_window(
         self,
         queries: Dict[str, Tensor],

@@ -142,6 +142,17 @@ architecture(
 architecture(
     "distattn_lm_fire_gbw", fairseq_lm.transformer_lm_baevski_gbw, decoder_self="fire", no_absolute_positions=True
 )
+# Golovneva et al. 2024: CoPE in every layer, positions counted by the context, no position embeddings.
+architecture(
+    "distattn_lm_cope_gbw", fairseq_lm.transformer_lm_baevski_gbw, decoder_self="cope", no_absolute_positions=True
+)
+# Dai et al. 2019: Transformer-XL's relative attention in every layer (without its segment recurrence).
+architecture(
+    "distattn_lm_transformer_xl_gbw",
+    fairseq_lm.transformer_lm_baevski_gbw,
+    decoder_self="transformer-xl",
+    no_absolute_positions=True,
+)
 # Haviv et al. 2022: no position information at all; the causal mask alone lets an LM infer positions.
 architecture("distattn_lm_nope_gbw", fairseq_lm.transformer_lm_baevski_gbw, no_absolute_positions=True)
 # Nguyen et al. 2020 LM: multiplicative window in the first 3 decoder layers.

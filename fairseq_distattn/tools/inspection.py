@@ -15,7 +15,10 @@ the hub refuse it):
   boundaries;
 - for a layer whose mechanism depends on the positions alone
   (``Mechanism.position_term``: DA's coefficients f(w_h |i-j|) of eq. 5,
-  ALiBi's, T5's and the distance mask's biases) that term per head.
+  ALiBi's, T5's and the distance mask's biases) that term per head;
+- for a layer whose mechanism computes a term of the sentence itself
+  (``Mechanism.sentence_term``: CoPE's contextual positions p_ij) that term
+  per head.
 
 Model-level plots, per mechanism the model uses: what its layers learned
 (``Mechanism.learned_values``: DA's w and v per head, as the paper's Figs.
@@ -48,7 +51,7 @@ import torch
 from torch import Tensor
 
 from .. import functional as DF
-from ..mechanisms.base import LearnedValues
+from ..mechanisms.base import LearnedValues, PositionTerm
 from ..modules.summary import AttentionSite, attention_sites, attention_summary
 from ..registry import CROSS, DECODER_SELF, ENCODER_SELF, AttentionKind
 
@@ -182,6 +185,7 @@ class AttentionRecord:
     site: AttentionSite
     probs: Tensor  # [H, Tq, Tk] float64 (MW: softmax * M, rows need not sum to 1)
     window: Optional[WindowInternals] = None
+    sentence_term: Optional[PositionTerm] = None  # Mechanism.sentence_term: CoPE's contextual positions
 
 
 def _heads(module, x: Tensor) -> Tensor:
@@ -219,6 +223,7 @@ class AttentionRecorder:
         self.sites = attention_sites(model)
         self.records: Dict[AttentionSite, AttentionRecord] = {}
         self._windows: Dict[AttentionSite, WindowInternals] = {}
+        self._sentence_terms: Dict[AttentionSite, PositionTerm] = {}
         self._handles = []
 
     def __enter__(self) -> "AttentionRecorder":
@@ -228,7 +233,7 @@ class AttentionRecorder:
                 continue
             self._handles.append(site.module.register_forward_pre_hook(_ask_for_head_weights, with_kwargs=True))
             self._handles.append(site.module.register_forward_hook(self._weights_hook(site)))
-            self._handles.append(site.mechanism.register_forward_hook(self._window_hook(site), with_kwargs=True))
+            self._handles.append(site.mechanism.register_forward_hook(self._inputs_hook(site), with_kwargs=True))
         return self
 
     def __exit__(self, *exc_info):
@@ -244,7 +249,8 @@ class AttentionRecorder:
         records = [self.records[site] for site in self.sites]
         for record in records:
             record.window = self._windows.get(record.site)
-        self.records, self._windows = {}, {}
+            record.sentence_term = self._sentence_terms.get(record.site)
+        self.records, self._windows, self._sentence_terms = {}, {}, {}
         return records
 
     def _store(self, site: AttentionSite, probs: Tensor):
@@ -268,18 +274,18 @@ class AttentionRecorder:
 
         return hook
 
-    def _window_hook(self, site):
+    def _inputs_hook(self, site):
+        """What the mechanism computes from its inputs: its soft window, its sentence term."""
+
         def hook(mechanism, args, kwargs, output):
             inputs = signature(mechanism.forward).bind(*args, **kwargs).arguments
-            window = mechanism.soft_window(
-                inputs["queries"],
-                inputs["keys"],
-                inputs["key_padding_mask"],
-                inputs["causal"],
-                inputs["query_offset"],
-            )
+            arguments = [inputs[name] for name in ("queries", "keys", "key_padding_mask", "causal", "query_offset")]
+            window = mechanism.soft_window(*arguments)
             if window is not None:
                 self._windows[site] = WindowInternals.of_first_sentence(window)
+            term = mechanism.sentence_term(*arguments)
+            if term is not None:
+                self._sentence_terms[site] = term
 
         return hook
 
@@ -559,10 +565,12 @@ def plot_sentence(
         )
         if record.window is not None:
             plot_window(record, axes, directory / f"window-{site.slug}.png", written)
-        term = (
+        position_term = (
             None if site.mechanism is None else site.mechanism.position_term(*record.probs.shape[-2:], site.kind.causal)
         )
-        if term is not None:
+        for term in (position_term, record.sentence_term):
+            if term is None:
+                continue
             _heatmaps(
                 term.values,
                 [f"head {h}" for h in range(term.values.size(0))],

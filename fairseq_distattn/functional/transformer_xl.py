@@ -1,0 +1,119 @@
+"""Transformer-XL's relative attention (Dai, Yang, Yang, Carbonell, Le,
+Salakhutdinov 2019, *Transformer-XL: Attentive Language Models Beyond a
+Fixed-Length Context*, sec. 3.3).
+
+The logit of query i and key j, with the absolute embeddings taken out of the
+inputs and the key's position replaced by the relative one:
+
+    A_ij = q_i k_j  +  q_i W_R R_{i-j}  +  u k_j  +  v W_R R_{i-j}
+           (a)         (b)                (c)       (d)
+
+``R`` the sinusoids of the distance ``i - j`` (not learned), ``W_R`` a learned
+projection of them, ``u`` and ``v`` learned vectors per head that replace the
+query in the position-free terms. As the authors' PyTorch code
+(kimiyoung/transformer-xl, ``pytorch/mem_transformer.py``,
+``RelPartialLearnableMultiHeadAttn``) computes it: ``(a) + (c)`` as
+``(q + u) k``, ``(b) + (d)`` as ``(q + v) W_R R``, both scaled by
+``1/sqrt(d_head)``; ``R`` is ``[sin(x f), cos(x f)]`` concatenated (not
+interleaved), ``f = 10000^(-2i/d_model)``, ``d_model`` wide; ``W_R`` maps it to
+every head's ``d_head``. Keys after the query have a negative distance, which
+the causal mask hides in the decoder; the encoder uses them (XLNet's
+two-stream form: distances from ``klen`` down to ``-qlen``). The paper's
+segment-level recurrence is a training scheme, not an attention: not here.
+
+The position terms are formed once per distance the call spans (``Tq + Tk -
+1`` of them, ``O((Tq + Tk) d)``), then each (query, key) pair reads its own
+(the authors' ``_rel_shift``, here a gather).
+"""
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .flex import offsets
+from .masking import attend, check_attention_arguments, check_tensor_argument, logit_dtype
+
+
+def relative_sinusoids(distances: Tensor, width: int) -> Tensor:
+    """``R`` ``[N, width]`` for the float ``distances`` ``[N]``: sin then cos of
+    ``distance * 10000^(-2i/width)``, i = 0..width/2 - 1 (the authors' layout)."""
+    inverse_frequencies = 1.0 / (
+        10000.0 ** (torch.arange(0, width, 2, device=distances.device, dtype=distances.dtype) / width)
+    )
+    angles = distances[:, None] * inverse_frequencies
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+def check_transformer_xl_arguments(relative_weight, content_bias, position_bias, q: Tensor) -> None:
+    heads, head_dim = q.size(1), q.size(-1)
+    for name, value in (("content_bias", content_bias), ("position_bias", position_bias)):
+        check_tensor_argument(name, value, "q", q, dtypes=None)  # any floating dtype: converted
+        if tuple(value.shape) != (heads, head_dim):
+            raise ValueError(f"{name} must be [H, D] = ({heads}, {head_dim}), got {tuple(value.shape)}")
+    check_tensor_argument("relative_weight", relative_weight, "q", q, dtypes=None)
+    if relative_weight.dim() != 2 or relative_weight.size(0) != heads * head_dim or relative_weight.size(1) % 2:
+        raise ValueError(
+            f"relative_weight must be [H * D, width] = ({heads * head_dim}, width) with an even width (the "
+            f"sinusoids' sin/cos pairs), got {tuple(relative_weight.shape)}"
+        )
+
+
+def relative_position_scores(
+    q: Tensor, relative_weight: Tensor, position_bias: Tensor, src_len: int, query_offset: int
+) -> Tensor:
+    """``(q_i + v) W_R R_{i-j}`` ``[B, H, Tq, Tk]`` in the logit dtype (unscaled)."""
+    batch, heads, tgt_len, head_dim = q.shape
+    dtype = logit_dtype(q.dtype)
+    # distance i - j per diagonal: entry j - i + Tq - 1 holds -(j - (query_offset + i))
+    distances = -offsets(tgt_len, src_len, query_offset, q.device, dtype)
+    sinusoids = relative_sinusoids(distances, relative_weight.size(1))
+    relative_keys = torch.nn.functional.linear(sinusoids, relative_weight.to(dtype))  # [N, H * D]
+    relative_keys = relative_keys.view(-1, heads, head_dim).transpose(0, 1)  # [H, N, D]
+    queries = q.to(dtype) + position_bias.to(dtype)[:, None, :]
+    by_distance = torch.matmul(queries, relative_keys.transpose(-1, -2))  # [B, H, Tq, N]
+    rows = torch.arange(tgt_len, device=q.device)[:, None]
+    columns = torch.arange(src_len, device=q.device)[None, :]
+    index = (columns - rows + tgt_len - 1).expand(batch, heads, tgt_len, src_len)
+    return by_distance.gather(-1, index)
+
+
+def transformer_xl_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    relative_weight: Tensor,
+    content_bias: Tensor,
+    position_bias: Tensor,
+    *,
+    key_padding_mask: Optional[Tensor] = None,
+    causal: bool = False,
+    query_offset: int = 0,
+    dropout_p: float = 0.0,
+    need_weights: bool = True,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """``softmax(((q + u) k^T + (q + v) W_R R_{i-j}) / sqrt(D)) v`` (self-attention:
+    query row i sits at ``query_offset + i`` of the keys) with ``relative_weight``
+    ``W_R`` ``[H * D, width]``, ``content_bias`` ``u`` and ``position_bias`` ``v``
+    ``[H, D]``. Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``; fused with
+    ``need_weights=False`` (the three extra terms as SDPA's additive mask)."""
+    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
+    check_transformer_xl_arguments(relative_weight, content_bias, position_bias, q)
+    dtype = logit_dtype(q.dtype)
+    content = torch.matmul(content_bias.to(dtype)[None, :, None, :], k.to(dtype).transpose(-1, -2))  # u k_j
+    position = relative_position_scores(q, relative_weight, position_bias, k.size(2), query_offset)
+    bias = (position + content) * (q.size(-1) ** -0.5)
+    return attend(
+        q,
+        k,
+        v,
+        bias=bias,
+        key_padding_mask=key_padding_mask,
+        causal=causal,
+        query_offset=query_offset,
+        dropout_p=dropout_p,
+        need_weights=need_weights,
+    )
+
+
+__all__ = ["relative_sinusoids", "transformer_xl_attention"]
