@@ -58,9 +58,9 @@ R2_NAMES = {"log": "rate", "power": "exponent"}
 )
 class Kerple(Mechanism):
     """Chi et al. 2022: ``r1``, ``r2`` ``[H]`` per layer (``scale``, and ``rate``
-    or ``exponent``), initialised and
-    projected onto the constraints as in the authors' gpt-neox code
-    (chijames/KERPLE, ``megatron/mpu/layers.py``): uniform in (0, 2) and (0, 1)
+    or ``exponent``), initialised and projected onto the constraints as in the
+    authors' gpt-neox code (chijames/KERPLE, ``megatron/mpu/layers.py``): uniform
+    in (0, 2) and (0, 1)
     (the logarithmic kernel's r1, r2; the power kernel's r2, r1), and their
     data clamped to >= 0.01 (the power's r2 to <= 2) at each training forward,
     so that a step that leaves the bounds is undone before the next one uses
