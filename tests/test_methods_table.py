@@ -1,0 +1,67 @@
+"""The one-table summary per method (``benchmarks.quality.methods``): its rows
+derive from the registry, and its cells from the other harnesses' run files."""
+
+import json
+
+from benchmarks.quality import methods
+from benchmarks.quality.lm import lm_configs
+from benchmarks.quality.mt import CONFIGS
+from fairseq_distattn.registry import registered
+
+
+def test_every_registered_mechanism_has_a_row_with_a_configuration():
+    rows = methods.method_rows(list(CONFIGS), list(lm_configs()))
+    names = [name for name, _, mt, lm in rows]
+    for info in registered():
+        family = [name for name in names if info.name == name or info.name.startswith(name + "-")]
+        assert family, f"{info.name} has neither a translation configuration nor an LM preset to compare"
+    assert all(mt or lm for _, _, mt, lm in rows)
+    assert names[-1] == "nope"
+
+
+def write(path, records):
+    path.mkdir(parents=True)
+    for index, record in enumerate(records):
+        (path / f"{record['config']}-{index}.json").write_text(json.dumps(record))
+
+
+def test_cells_are_mean_std_and_seed_count_with_deltas(tmp_path):
+    results = tmp_path / "results"
+    write(
+        results / "quality" / "runs",
+        [
+            {"config": "vanilla", methods.MT_METRIC: 30.0},
+            {"config": "vanilla", methods.MT_METRIC: 32.0},
+            {"config": "alibi", methods.MT_METRIC: 33.0},
+        ],
+    )
+    write(
+        results / "lm_quality" / "runs",
+        [{"config": "transformer_lm_gbw", "test_ppl": 200.0}, {"config": "distattn_lm_alibi_gbw", "test_ppl": 190.0}],
+    )
+    write(
+        results / "lm_extrapolation" / "runs",
+        [
+            {
+                "config": "distattn_lm_alibi_gbw",
+                "train_tokens_per_sample": 64,
+                "tokens_per_sample": 512,
+                "blocks": {"ppl": 180.0},
+            },
+            {
+                "config": "distattn_lm_alibi_gbw",
+                "train_tokens_per_sample": 64,
+                "tokens_per_sample": 2048,
+                "blocks": {"ppl": 185.5},
+            },
+        ],
+    )
+    markdown = methods.report(tmp_path / "out", results)
+    baseline = next(line for line in markdown.splitlines() if line.startswith("| baseline"))
+    assert "| 31.00 +- 1.41 (2) |" in baseline and "| 200.00 (1) |" in baseline
+    alibi = next(line for line in markdown.splitlines() if line.startswith("| `alibi`"))
+    cells = [cell.strip() for cell in alibi.strip("|").split("|")]
+    assert cells[2:] == ["alibi", "33.00 (1)", "+2.00", "190.00 (1)", "-10.00", "180.00 (1)", "185.50 (1)"]
+    kerple = next(line for line in markdown.splitlines() if line.startswith("| `kerple`"))
+    assert kerple.count("| - ") >= 5  # not run: dashes, no numbers
+    assert (tmp_path / "out" / "methods.md").read_text() == markdown
