@@ -837,3 +837,44 @@ def test_the_length_limit_counts_tokens_after_bpe_with_eos_as_fairseq_does(short
     assert len(batches(8)) == 1
     with pytest.raises(Exception, match="Size of sample #0 is invalid"):
         batches(9)
+
+
+def test_the_newer_relative_methods_show_what_they_learned(tmp_path, capsys):
+    """KERPLE's kernel per head, FIRE's learned function of the distance (their position
+    terms, per sentence and against the distance) and CoPE's contextual positions of the
+    sentence (Mechanism.sentence_term), through the per-mechanism hooks."""
+    d = dictionary()
+    flags = [*TINY_LM, "--decoder-layers", "3", "--decoder-self-attention", "cope@0,kerple@1,fire@2"]
+    model, args = build(
+        "language_modeling", "distattn_lm", flags, lambda args: LanguageModelingTask(args, d, output_dictionary=d), 6
+    )
+    d.save(str(tmp_path / "dict.txt"))
+    checkpoint = save_checkpoint(model, args, tmp_path / "lm.pt")
+    status, out, _ = run_tool(
+        capsys, checkpoint, "--dict", tmp_path / "dict.txt", "--sentence", SOURCE, "--out", tmp_path / "out"
+    )
+    assert status == 0, out
+    assert {p.name for p in (tmp_path / "out" / "sentence-0").iterdir()} == {
+        "attention-decoder-self-layer0.png",
+        "attention-decoder-self-layer1.png",
+        "attention-decoder-self-layer2.png",
+        "cope-positions-decoder-self-layer0.png",
+        "kerple-log-bias-decoder-self-layer1.png",
+        "fire-bias-decoder-self-layer2.png",
+    }
+    assert {p.name for p in (tmp_path / "out").glob("*.png")} == {
+        "learned-cope.png",
+        "learned-kerple.png",
+        "learned-fire.png",
+        "kerple-log-bias-curves.png",
+        "fire-bias-curves.png",
+    }
+    for path in (tmp_path / "out").rglob("*.png"):
+        assert_valid_png(path)
+    kerple = model.decoder.layers[1].self_attn.mechanism
+    torch.testing.assert_close(
+        torch.tensor(numbers_after("r1 (scale) per head:", out)),
+        kerple.scale.detach().clamp(min=0.01),
+        atol=5e-5,
+        rtol=0,
+    )
