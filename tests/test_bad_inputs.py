@@ -170,7 +170,7 @@ BAD_INPUTS = [
     (MT, ["--kerple-kernel", "cubic"], "--kerple-kernel", ["cubic"]),
     (MT, ["--cross-attention", "kerple"], "--cross-attention", ["kerple"]),
     (MT, ["--sandwich-dim", "7"], "--sandwich-dim", ["'7'"]),
-    (MT, ["--encoder-self-attention", "sandwich", "--encoder-attention-heads", "32"], "--sandwich-dim", ["odd"]),
+    (MT, ["--sandwich-dim", "0"], "--sandwich-dim", ["'0'"]),
     (MT, ["--fire-mlp-width", "0"], "--fire-mlp-width", ["'0'"]),
     (MT, ["--fire-threshold", "0"], "--fire-threshold", ["'0.0'"]),
     (MT, ["--fire-threshold", "inf"], "--fire-threshold", ["inf"]),

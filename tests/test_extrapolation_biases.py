@@ -14,7 +14,7 @@ import torch
 
 from fairseq_distattn import functional as DF
 from fairseq_distattn.mechanisms import build_mechanism
-from fairseq_distattn.registry import DECODER_SELF, ENCODER_SELF, SpecError
+from fairseq_distattn.registry import DECODER_SELF, ENCODER_SELF
 from fairseq_distattn.spec import MechanismOptions
 
 from .model_helpers import TINY_LM, language_model, random_tokens, translation_model
@@ -199,12 +199,13 @@ def test_sandwich_bias_at_a_glance():
     assert (bias >= -64).all()
 
 
-def test_sandwich_refuses_odd_widths():
+def test_sandwich_refuses_odd_widths_and_defaults_to_the_presets_head_size():
     with pytest.raises(ValueError, match="even"):
         DF.sandwich_bias(2, 2, 1, 3, 0, "cpu", torch.float64)
-    with pytest.raises(SpecError, match="odd"):
-        build_mechanism("sandwich", 2, 3, MechanismOptions())
-    assert build_mechanism("sandwich", 2, 3, MechanismOptions(sandwich_dim=4)).dim == 4
+    assert build_mechanism("sandwich", 2, 3, MechanismOptions()).dim == 64
+    for arch in ("distattn_lm_sandwich_gbw",):
+        model, _ = language_model(arch=arch, extra=[*TINY_LM])
+        assert model.decoder.layers[0].self_attn.mechanism.dim == 64
 
 
 # ----------------------------------------------------------------------------- FIRE

@@ -180,7 +180,7 @@ def _choices(field):
 def _other_values(field):
     """Every other value of an option that its own check accepts: each choice, else one value
     (twice a number: its successor may be refused, an odd --t5-bias-buckets in the encoder; half
-    a number whose double is refused, one or two more than a zero: --sandwich-dim takes even numbers)."""
+    a number whose double is refused, one more than a zero)."""
     from fairseq_distattn.registry import OptionContext
 
     flag = option_flag(field)
@@ -189,7 +189,7 @@ def _other_values(field):
         return [value for value in _choices(field) if value != default]
     if not isinstance(default, (int, float)) or isinstance(default, bool):
         return [value for value in [_another_value(field)] if value != default]
-    for value in (2 * default, default / 2, default + 1, default + 2):
+    for value in (2 * default, default / 2, default + 1):
         try:
             flag.convert(value, OptionContext())
         except SpecError:
