@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from .. import functional as DF
+from ..functional.transformer_xl import relative_position_scores
 from ..registry import CROSS_KIND, DIFFERENT_SEQUENCES, SELF_ATTENTION, option, register_attention
 from .base import LearnedValues, Mechanism, MechanismConfig, PositionTerm, shared_arguments
 
@@ -103,7 +104,7 @@ class TransformerXL(Mechanism):
             query = torch.zeros(1, heads, tgt_len, head_dim, dtype=torch.float64)
             weight = self.relative_projection.weight.detach().double().cpu()
             bias = self.position_bias.detach().double().cpu()
-            scores = DF.transformer_xl.relative_position_scores(query, weight, bias, src_len, 0)[0]
+            scores = relative_position_scores(query, weight, bias, src_len, 0)[0]
         return PositionTerm(
             "transformer-xl-v-term", "Transformer-XL term (d) v W_R R_{i-j} / sqrt(d)", scores * head_dim**-0.5
         )
