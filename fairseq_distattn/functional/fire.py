@@ -74,6 +74,14 @@ def check_fire_arguments(c, threshold, hidden_weight, hidden_bias, output_weight
         raise ValueError(f"output_weight must be [H, width] with H = {num_heads}, got {tuple(output_weight.shape)}")
 
 
+def check_self_attention_lengths(tgt_len: int, src_len: int, query_offset: int) -> None:
+    if src_len < tgt_len + query_offset:
+        raise ValueError(
+            f"self-attention keys: src_len ({src_len}) must be at least tgt_len + query_offset "
+            f"({tgt_len} + {query_offset})"
+        )
+
+
 def normalized_distance(
     c: Tensor, threshold: Tensor, query_positions: Tensor, key_positions: Tensor, eps: float = FIRE_EPS
 ) -> Tensor:
@@ -107,11 +115,36 @@ def fire_bias(
     check_position_argument("tgt_len", tgt_len)
     check_position_argument("src_len", src_len)
     check_position_argument("query_offset", query_offset)
-    if src_len < tgt_len + query_offset:
-        raise ValueError(
-            f"self-attention keys: src_len ({src_len}) must be at least tgt_len + query_offset "
-            f"({tgt_len} + {query_offset})"
-        )
+    check_self_attention_lengths(tgt_len, src_len, query_offset)
+    return _fire_bias(
+        c,
+        threshold,
+        hidden_weight,
+        hidden_bias,
+        output_weight,
+        output_bias,
+        tgt_len,
+        src_len,
+        query_offset,
+        key_padding_mask,
+        dtype,
+    )
+
+
+def _fire_bias(
+    c,
+    threshold,
+    hidden_weight,
+    hidden_bias,
+    output_weight,
+    output_bias,
+    tgt_len,
+    src_len,
+    query_offset,
+    key_padding_mask,
+    dtype,
+) -> Tensor:
+    """:func:`fire_bias` unchecked."""
     dtype = dtype or c.dtype
     device = c.device
     key_positions = sequence_positions(key_padding_mask, src_len, 0, device)
@@ -144,9 +177,10 @@ def fire_attention(
     Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``; fused with ``need_weights=False``."""
     check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
     check_fire_arguments(c, threshold, hidden_weight, hidden_bias, output_weight, output_bias, q.size(1))
+    check_self_attention_lengths(q.size(2), k.size(2), query_offset)
     for name, value in (("c", c), ("output_weight", output_weight)):
         check_tensor_argument(name, value, "q", q, dtypes=None)  # any floating dtype: converted
-    bias = fire_bias(
+    bias = _fire_bias(
         c,
         threshold,
         hidden_weight,

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from .. import functional as DF
-from ..functional.kerple import KERPLE_MIN, KERPLE_POWER_MAX, constrained
+from ..functional.kerple import constrained
 from ..registry import CROSS_KIND, DIFFERENT_SEQUENCES, SELF_ATTENTION, one_of, option, register_attention
 from .base import LearnedValues, Mechanism, MechanismConfig, PositionTerm, shared_arguments
 
@@ -90,8 +90,9 @@ class Kerple(Mechanism):
     def project_onto_constraints(self) -> None:
         # on .data, as the authors' code: a projection, not part of the graph, so neither the
         # autograd version counter nor a recomputation in backward sees it
-        self.scale.data.clamp_(min=KERPLE_MIN)
-        self.r2.data.clamp_(min=KERPLE_MIN, max=KERPLE_POWER_MAX if self.kernel == "power" else None)
+        r1, r2 = constrained(self.scale.data, self.r2.data, self.kernel)
+        self.scale.data.copy_(r1)
+        self.r2.data.copy_(r2)
 
     def learned_values(self, causal):
         r1, r2 = constrained(self.scale.detach().double().cpu(), self.r2.detach().double().cpu(), self.kernel)
