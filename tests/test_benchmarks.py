@@ -123,6 +123,33 @@ def test_quick_run_writes_all_outputs(quick_run):
     assert width >= 200 and height >= 200
 
 
+def test_report_all_rebuilds_every_output_from_results_json_alone(quick_run, tmp_path):
+    """A GPU machine brings back a few files only: results.json is enough to rebuild the others."""
+    out, _ = quick_run
+    (tmp_path / "results.json").write_bytes((out / "results.json").read_bytes())
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.speed.report", "--all", str(tmp_path / "results.json")],
+        cwd=str(REPO_ROOT),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in ("results.md", "summary.md"):
+        assert (tmp_path / name).read_text(encoding="utf-8") == (out / name).read_text(encoding="utf-8"), name
+    assert png_info((tmp_path / "benchmark.png").read_bytes())[0] >= 200
+
+
+@pytest.mark.parametrize(
+    "lengths, expected",
+    [((128, 256, 512, 1024, 2048), 2048), ((128, 256, 512, 1024), 512), ((16, 32, 64), 64), (("512", "2048"), 2048)],
+)
+def test_the_memory_target_is_read_at_2048_tokens_where_measured_else_512(lengths, expected):
+    from benchmarks.speed.report import memory_target_length
+
+    assert memory_target_length(lengths) == expected
+
+
 def test_machine_description(quick_run):
     out, _ = quick_run
     rows = {r["item"]: r["value"] for r in sections((out / "results.md").read_text())["## Machine"]}

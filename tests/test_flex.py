@@ -30,6 +30,7 @@ def _ops(device, dtype, head_size=8):
     distance_weight, sharpness = per_head(0.5), per_head()
     t5_table = torch.randn(32, HEADS, generator=generator, dtype=dtype).to(device)
     slopes = per_head(0.3).abs()
+    kerple_scale, kerple_rate = per_head().abs() + 0.1, per_head(0.5).abs() + 0.1
     relative_keys, relative_values = (
         torch.randn(2 * 3 + 1, head_size, generator=generator, dtype=dtype).to(device) for _ in range(2)
     )
@@ -72,6 +73,11 @@ def _ops(device, dtype, head_size=8):
         "da-sigmoid": lambda q, k, v, **kw: DF.distance_aware_attention(
             q, k, v, distance_weight, None, mapping="sigmoid", **kw
         ),
+        "kerple-log": lambda q, k, v, **kw: DF.kerple_attention(q, k, v, kerple_scale, kerple_rate, **kw),
+        "kerple-power": lambda q, k, v, **kw: DF.kerple_attention(
+            q, k, v, kerple_scale, kerple_rate, kernel="power", **kw
+        ),
+        "sandwich": lambda q, k, v, **kw: DF.sandwich_attention(q, k, v, **kw),
     }
 
 
@@ -390,6 +396,48 @@ def test_offset_table_dense_is_the_toeplitz_matrix():
         flex.OffsetTable(values, 3, combine="multiply")
     with pytest.raises(ValueError, match=r"values must be \[H or 1, Tq \+ Tk - 1\]"):
         flex.OffsetTable(values[0], 3)
+
+
+def _captured_numbers(function, seen=None):
+    """Every int or float (bools aside) that ``function`` or a function it
+    closes over captures, with its name."""
+    seen = set() if seen is None else seen
+    if id(function) in seen or not callable(function) or getattr(function, "__closure__", None) is None:
+        return []
+    seen.add(id(function))
+    found = []
+    for name, cell in zip(function.__code__.co_freevars, function.__closure__):
+        value = cell.cell_contents
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            found.append((function.__code__.co_name, name, value))
+        elif callable(value):
+            found.extend(_captured_numbers(value, seen))
+    return found
+
+
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_score_mods_capture_tensors_not_python_numbers(name, monkeypatch):
+    """The kernel is compiled with dynamic shapes, so a Python int that a score_mod
+    closes over becomes a symbol inside flex's lowering, which torch 2.11's
+    inductor could not compile (rpr's clipping distance, found on an H200:
+    "'ShapeAsConstantBuffer' object has no attribute 'dtype'", and every rpr
+    model failed to train on CUDA). Numbers reach a score_mod as 0-d tensors."""
+    score_mods = []
+    real = flex.flex_attend
+
+    def spy(q, k, v, table, **kwargs):
+        if table is not None:
+            score_mods.append(table.score_mod())
+        return real(q, k, v, table, **kwargs)
+
+    for module in (DF.masking, DF.differentiable_window):
+        monkeypatch.setattr(module, "flex_attend", spy)
+    q, k, v = _inputs(3, 11, 8, torch.float64)
+    with torch.no_grad(), flex.flex_mode("always"):
+        _ops("cpu", torch.float64)[name](q, k, v, key_padding_mask=_padding(3, 11), need_weights=False)
+    assert score_mods
+    for score_mod in score_mods:
+        assert _captured_numbers(score_mod) == []
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled flex kernel runs on CUDA")

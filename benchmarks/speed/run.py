@@ -461,16 +461,31 @@ def _profile_misses(results: dict, section: str, models_by_task: Dict[str, tuple
 
 
 def finish(args, results: dict, started: float) -> int:
+    meta = results["meta"]
+    results["machine"]["load_average_end"] = load_average()
+    meta["wall_seconds"] = time.perf_counter() - started
+    out: Path = args.out
+    markdown = write_reports(results, out)
+    sys.stdout.write(markdown)
+    sys.stdout.flush()
+    log(
+        f"wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'benchmark.png'} ({meta['plot_backend']}) "
+        f"in {meta['wall_seconds']:.1f} s"
+    )
+    return 0
+
+
+def write_reports(results: dict, out: Path) -> str:
+    """Targets, floors, ``benchmark.png``, ``results.md``, ``profiles.md`` (when
+    profiled), ``results.json`` and ``summary.md`` into ``out``, from the
+    measurements in ``results``; returns the markdown report."""
     from .plot import write_plot
     from .report import evaluate_targets, floor_comparisons, render_markdown, write_summary
 
     meta = results["meta"]
-    results["machine"]["load_average_end"] = load_average()
-    meta["wall_seconds"] = time.perf_counter() - started
     targets = evaluate_targets(results)
     results["targets"] = [t.as_dict() for t in targets]
     results["floors"] = [c.as_dict() for c in floor_comparisons(results)]
-    out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     plot_name = "benchmark.png"
     # the plot shows ratios to vanilla: targets relative to a floor are not drawn
@@ -490,13 +505,7 @@ def finish(args, results: dict, started: float) -> int:
         json.dumps(_jsonable(results), indent=1, sort_keys=False) + "\n", encoding="utf-8"
     )
     write_summary(out / "results.json")
-    sys.stdout.write(markdown)
-    sys.stdout.flush()
-    log(
-        f"wrote {out / 'results.md'}, {out / 'results.json'}, {out / plot_name} ({meta['plot_backend']}) "
-        f"in {meta['wall_seconds']:.1f} s"
-    )
-    return 0
+    return markdown
 
 
 def _profiles_markdown(results: dict) -> str:

@@ -195,12 +195,15 @@ class RelativeKeyScores:
         return _BucketGather.apply(self.per_bucket, self.buckets, self.max_distance, self.query_offset, self.causal)
 
     def score_mod(self):
-        per_bucket, max_distance = self.per_bucket, self.max_distance
+        per_bucket = self.per_bucket
         offset = index_scalar(self.query_offset, per_bucket.device)
+        # a tensor, not a Python int: compiled with dynamic shapes, a captured int becomes a
+        # symbol that torch 2.11's inductor cannot lower inside score_mod (seen on an H200)
+        max_distance = index_scalar(self.max_distance, per_bucket.device)
 
         def add_relative_key_score(score, b, h, q_idx, kv_idx):
-            bucket = (kv_idx - q_idx - offset).clamp(-max_distance, max_distance) + max_distance
-            return score + per_bucket[b, h, q_idx, bucket]
+            distance = torch.minimum(torch.maximum(kv_idx - q_idx - offset, -max_distance), max_distance)
+            return score + per_bucket[b, h, q_idx, distance + max_distance]
 
         return add_relative_key_score
 
