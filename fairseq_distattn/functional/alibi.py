@@ -24,7 +24,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .flex import OffsetTable, check_position_argument, offsets
+from .flex import OffsetTable, check_bias_table_arguments, offsets
 from .masking import attend, check_attention_arguments, check_tensor_argument, logit_dtype, position_tensor
 
 
@@ -66,12 +66,8 @@ def alibi_bias(tgt_len: int, src_len: int, num_heads: int, query_offset: int, de
     """``-m_h |i - j|`` as ``[H, Tq, Tk]`` in the floating ``dtype`` (formed in
     float64) with the paper's slopes; the lengths and ``query_offset`` are
     integers >= 0 (else a ValueError naming the argument)."""
-    check_position_argument("tgt_len", tgt_len)
-    check_position_argument("src_len", src_len)
-    check_position_argument("query_offset", query_offset)
+    check_bias_table_arguments(tgt_len, src_len, query_offset, dtype)
     alibi_slopes(num_heads)  # its ValueError names num_heads
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating point torch.dtype, got {dtype!r}")
     return alibi_table(tgt_len, src_len, num_heads, query_offset, device, dtype).dense()
 
 

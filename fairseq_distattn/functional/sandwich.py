@@ -25,7 +25,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .flex import OffsetTable, check_position_argument, offsets
+from .flex import OffsetTable, check_bias_table_arguments, offsets
 from .masking import attend, check_attention_arguments, logit_dtype, position_tensor
 
 SANDWICH_BASE = 10000.0
@@ -55,14 +55,10 @@ def sandwich_table(
 def sandwich_bias(tgt_len: int, src_len: int, num_heads: int, dim: int, query_offset: int, device, dtype) -> Tensor:
     """The bias ``[H, Tq, Tk]`` in the floating ``dtype`` (formed in float64);
     each mistake is a ValueError naming the argument."""
-    check_position_argument("tgt_len", tgt_len)
-    check_position_argument("src_len", src_len)
-    check_position_argument("query_offset", query_offset)
+    check_bias_table_arguments(tgt_len, src_len, query_offset, dtype)
     if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
         raise ValueError(f"num_heads must be an integer >= 1, got {num_heads!r}")
     check_sandwich_dim(dim)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating point torch.dtype, got {dtype!r}")
     return sandwich_table(tgt_len, src_len, num_heads, dim, query_offset, device, dtype).dense()
 
 
