@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .flex import check_position_argument
+from .flex import check_position_arguments
 from .masking import (
     attend,
     check_attention_arguments,
@@ -112,9 +112,7 @@ def fire_bias(
     real key), computed in ``dtype`` (None: the parameters'). The MLP is
     ``output_weight [H, W] relu(hidden_weight [W] x + hidden_bias) + output_bias``."""
     check_fire_arguments(c, threshold, hidden_weight, hidden_bias, output_weight, output_bias)
-    check_position_argument("tgt_len", tgt_len)
-    check_position_argument("src_len", src_len)
-    check_position_argument("query_offset", query_offset)
+    check_position_arguments(tgt_len, src_len, query_offset)
     check_self_attention_lengths(tgt_len, src_len, query_offset)
     return _fire_bias(
         c,

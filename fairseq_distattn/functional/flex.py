@@ -95,12 +95,17 @@ def check_position_argument(name: str, value) -> None:
         raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
 
 
-def check_bias_table_arguments(tgt_len: int, src_len: int, query_offset: int, dtype) -> None:
-    """The arguments every public ``*_bias(tgt_len, src_len, ..., query_offset,
-    device, dtype)`` helper shares: a ValueError naming the one that is wrong."""
+def check_position_arguments(tgt_len: int, src_len: int, query_offset: int) -> None:
+    """:func:`check_position_argument` for the lengths and ``query_offset`` every position helper takes."""
     check_position_argument("tgt_len", tgt_len)
     check_position_argument("src_len", src_len)
     check_position_argument("query_offset", query_offset)
+
+
+def check_bias_table_arguments(tgt_len: int, src_len: int, query_offset: int, dtype) -> None:
+    """The arguments every public ``*_bias(tgt_len, src_len, ..., query_offset,
+    device, dtype)`` helper shares: a ValueError naming the one that is wrong."""
+    check_position_arguments(tgt_len, src_len, query_offset)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating point torch.dtype, got {dtype!r}")
 
@@ -108,9 +113,7 @@ def check_bias_table_arguments(tgt_len: int, src_len: int, query_offset: int, dt
 def offsets(tgt_len: int, src_len: int, query_offset: int, device, dtype=torch.long) -> Tensor:
     """The key's position relative to the query's, ``j - (query_offset + i)``,
     once per diagonal of a ``[Tq, Tk]`` matrix: entry ``j - i + Tq - 1``."""
-    check_position_argument("tgt_len", tgt_len)
-    check_position_argument("src_len", src_len)
-    check_position_argument("query_offset", query_offset)
+    check_position_arguments(tgt_len, src_len, query_offset)
     return torch.arange(-(tgt_len - 1) - query_offset, src_len - query_offset, device=device, dtype=dtype)
 
 

@@ -32,7 +32,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .flex import OffsetTable, check_position_argument, offsets
+from .flex import OffsetTable, check_position_arguments, offsets
 from .masking import attend, check_attention_arguments, check_tensor_argument, logit_dtype
 
 KERPLE_KERNELS = ("log", "power")
@@ -80,9 +80,7 @@ def kerple_bias(r1: Tensor, r2: Tensor, kernel: str, tgt_len: int, src_len: int,
     check_kernel_arguments(kernel, r1, r2)
     check_tensor_argument("r1", r1)
     check_tensor_argument("r2", r2, "r1", r1)
-    check_position_argument("tgt_len", tgt_len)
-    check_position_argument("src_len", src_len)
-    check_position_argument("query_offset", query_offset)
+    check_position_arguments(tgt_len, src_len, query_offset)
     return kerple_table(r1, r2, kernel, tgt_len, src_len, query_offset, r1.dtype).dense()
 
 

@@ -26,7 +26,7 @@ from typing import Callable, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .flex import ScoreTable, check_position_argument, flex_applies, flex_attend
+from .flex import ScoreTable, check_position_argument, check_position_arguments, flex_applies, flex_attend
 
 # Position tensors depend only on sizes, offsets, device and dtype; generation
 # asks for the same ones in every layer at every step. Small ones are kept.
@@ -81,9 +81,7 @@ def relative_distance(tgt_len: int, src_len: int, query_offset: int, device) -> 
     """``[Tq, Tk]`` long tensor of ``j - (query_offset + i)``; the lengths and
     ``query_offset`` are integers >= 0 (else a ValueError naming the argument).
     Cached (:func:`position_tensor`): the result is shared, never modify it."""
-    check_position_argument("tgt_len", tgt_len)
-    check_position_argument("src_len", src_len)
-    check_position_argument("query_offset", query_offset)
+    check_position_arguments(tgt_len, src_len, query_offset)
     return _relative_distance(tgt_len, src_len, query_offset, device)
 
 

@@ -28,7 +28,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .flex import OffsetTable, check_position_argument, offsets
+from .flex import OffsetTable, check_position_arguments, offsets
 from .masking import attend, check_attention_arguments, check_tensor_argument, logit_dtype
 
 NUM_BUCKETS = 32
@@ -129,9 +129,7 @@ def t5_relative_bias(
             f"table must be [buckets, H], got {tuple(table.shape) if isinstance(table, Tensor) else repr(table)}"
         )
     check_tensor_argument("table", table)
-    check_position_argument("tgt_len", tgt_len)
-    check_position_argument("src_len", src_len)
-    check_position_argument("query_offset", query_offset)
+    check_position_arguments(tgt_len, src_len, query_offset)
     if not isinstance(bidirectional, bool):
         raise ValueError(f"bidirectional must be a bool, got {bidirectional!r}")
     check_bucket_arguments(table.size(0), max_distance, bidirectional)
