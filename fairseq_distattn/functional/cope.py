@@ -102,11 +102,10 @@ def cope_attention(
     no fused path: the positions need the whole row of gates."""
     check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
     check_position_table(position_embeddings, q)
-    mask, _ = logit_mask(key_padding_mask, causal, query_offset, q.size(2), k.size(2), q.device, logit_dtype(q.dtype))
     scale = q.size(-1) ** -0.5
     max_position = position_embeddings.size(1) - 1
 
-    def with_positions(scaled_scores: Tensor) -> Tensor:
+    def with_positions(scaled_scores: Tensor, mask: Optional[Tensor]) -> Tensor:
         positions = contextual_positions(scaled_scores, mask, max_position)
         return scaled_scores + interpolated_position_logits(q, position_embeddings, positions) * scale
 

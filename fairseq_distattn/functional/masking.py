@@ -337,8 +337,10 @@ def softmax_attention(
     )
 
 
-# score_mod(raw scores q k^T / sqrt(D), in logit_dtype) -> logits, before any mask
-ScoreMod = Callable[[Tensor], Tensor]
+# score_mod(raw scores q k^T / sqrt(D) in logit_dtype, the additive mask that will be added
+# after it or None) -> logits: the mask is passed so a mod that reads which keys are visible
+# (CoPE's gates) does not build it a second time
+ScoreMod = Callable[[Tensor, Optional[Tensor]], Tensor]
 # weight_mod(softmax weights, additive mask, hidden rows) -> the weights that multiply the values
 WeightMod = Callable[[Tensor, Optional[Tensor], Optional[Tensor]], Tensor]
 # value_term(the (dropped) weights) -> a [B, H, Tq, D] term added to the output
@@ -370,7 +372,7 @@ def attention_weights(
         if bias is not None:
             logits = logits.add_(bias)
     else:
-        logits = score_mod(torch.matmul(scaled(q), k.transpose(-2, -1)).to(logit_dtype(q.dtype)))
+        logits = score_mod(torch.matmul(scaled(q), k.transpose(-2, -1)).to(logit_dtype(q.dtype)), mask)
         if bias is not None:
             logits = logits + bias
         if mask is not None:
@@ -469,7 +471,7 @@ def _flex_attend(q, k, v, offset_table, value_term, allowed, key_padding_mask, c
     return out + value_term.from_log_normaliser(lse, lse_beyond, key_padding_mask).to(out.dtype)
 
 
-def _relu_multiply(scores: Tensor, coefficients: Tensor) -> Tensor:
+def _relu_multiply(scores: Tensor, mask: Optional[Tensor], coefficients: Tensor) -> Tensor:
     return torch.relu(scores) * coefficients
 
 
