@@ -104,10 +104,8 @@ class TransformerXL(Mechanism):
             query = torch.zeros(1, heads, tgt_len, head_dim, dtype=torch.float64)
             weight = self.relative_projection.weight.detach().double().cpu()
             bias = self.position_bias.detach().double().cpu()
-            scores = relative_position_scores(query, weight, bias, src_len, 0)[0]
-        return PositionTerm(
-            "transformer-xl-v-term", "Transformer-XL term (d) v W_R R_{i-j} / sqrt(d)", scores * head_dim**-0.5
-        )
+            scores = relative_position_scores(query, weight, bias, src_len, 0, head_dim**-0.5)[0]
+        return PositionTerm("transformer-xl-v-term", "Transformer-XL term (d) v W_R R_{i-j} / sqrt(d)", scores)
 
     def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
         return DF.transformer_xl_attention(
