@@ -198,6 +198,39 @@ def test_left_padding_shifts_positions_to_the_first_real_token():
     assert positions[0].tolist() == [0, 0, 0, 0, 1, 2, 3] and positions[1].tolist() == list(range(T))
 
 
+@pytest.mark.parametrize("xpos", [None, 4.0], ids=["rope", "xpos"])
+@pytest.mark.parametrize("query_offset", [0, 5], ids=["full", "decoding"])
+def test_padded_rows_are_rotated_at_positions_from_their_first_real_token(xpos, query_offset):
+    """The rotated queries and keys themselves, pair by pair in Python floats: the
+    attention cannot show a shift of every position (RoPE and xPos are relative in
+    exact arithmetic), so this checks the positions each padded row is rotated at."""
+    q, k, _ = draw(4)
+    q = q[:, :, query_offset:]
+    mask = torch.zeros(B, T, dtype=torch.bool)
+    mask[0, :3] = True  # row 0 left-padded by 3: its key j sits at position max(j - 3, 0)
+    rotated_q, rotated_k = DF.rotary_query_key(
+        q, k, key_padding_mask=mask, xpos_scale_base=xpos, query_offset=query_offset
+    )
+    thetas, _ = paper_theta(D)
+    leading = [3, 0]
+    for b in range(B):
+        for h in range(H):
+            for j in range(T):
+                position = max(j - leading[b], 0)
+                power = None if xpos is None else -position / xpos
+                expected = paper_rotate(k[b, h, j].tolist(), position, D, thetas, power)
+                torch.testing.assert_close(
+                    rotated_k[b, h, j], torch.tensor(expected, dtype=k.dtype), rtol=1e-12, atol=1e-12
+                )
+            for i in range(q.size(2)):
+                position = max(query_offset + i - leading[b], 0)
+                power = None if xpos is None else position / xpos
+                expected = paper_rotate(q[b, h, i].tolist(), position, D, thetas, power)
+                torch.testing.assert_close(
+                    rotated_q[b, h, i], torch.tensor(expected, dtype=q.dtype), rtol=1e-12, atol=1e-12
+                )
+
+
 def test_rotation_is_relative_only():
     """(R_m q)^T (R_n k) depends on n - m alone: shifting every position changes no logit."""
     q, k, _ = draw(3)

@@ -213,10 +213,14 @@ def rotary_query_key(
             for side, x, offset in (("query", q, query_offset), ("key", k, key_offset))
         )
     else:
-        theta, _, query_scale, key_scale = _rotation(*configuration, q.device, compute)
+        # rows of the (cached) unpadded turns at each sentence's positions: a gather
+        # instead of the sines and cosines of every [B, T] angle in every layer
+        longest = max(query_offset + q.size(2), key_offset + k.size(2))
         query_turn, key_turn = (
-            turns(sequence_positions(key_padding_mask, x.size(2), offset, x.device), theta, log_scale)
-            for x, offset, log_scale in ((q, query_offset, query_scale), (k, key_offset, key_scale))
+            _unpadded_turns(longest, 1, 0, side, configuration, x.device, compute)[0, 0][
+                sequence_positions(key_padding_mask, x.size(2), offset, x.device)
+            ][:, None]
+            for side, x, offset in (("query", q, query_offset), ("key", k, key_offset))
         )
     q, k = apply_turns(q, query_turn), apply_turns(k, key_turn)
     logit_factor = yarn_logit_factor(scaling, scaling_factor)
