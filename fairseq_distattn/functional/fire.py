@@ -145,8 +145,25 @@ def _fire_bias(
     """:func:`fire_bias` unchecked."""
     dtype = dtype or c.dtype
     device = c.device
+    mlp = (c, threshold, hidden_weight, hidden_bias, output_weight, output_bias, dtype)
     key_positions = sequence_positions(key_padding_mask, src_len, 0, device)
     query_positions = key_positions[:, query_offset : query_offset + tgt_len]
+    rows = query_offset + tgt_len  # every position a padded row's query can have: 0 .. rows - 1
+    if key_padding_mask is None or rows >= key_positions.size(0) * tgt_len:
+        return _fire_mlp(*mlp, query_positions, key_positions)
+    # A padded row's (query, key) positions are a pair of the unpadded rows: the MLP runs
+    # once over those [rows, Tk] pairs and each row gathers its own, instead of running
+    # over [B, Tq, Tk] (W times the attention's elements per layer)
+    unpadded = torch.arange(src_len, device=device)[None]
+    table = _fire_mlp(*mlp, unpadded[:, :rows], unpadded)[0].flatten(1)  # [H, rows * Tk]
+    pairs = query_positions[:, :, None] * src_len + key_positions[:, None, :]  # [B, Tq, Tk]
+    return table[:, pairs].transpose(0, 1)
+
+
+def _fire_mlp(
+    c, threshold, hidden_weight, hidden_bias, output_weight, output_bias, dtype, query_positions, key_positions
+):
+    """The bias ``[B|1, H, Tq, Tk]`` at these ``[B|1, Tq]`` query and ``[B|1, Tk]`` key positions."""
     x = normalized_distance(c.to(dtype), threshold.to(dtype), query_positions, key_positions)
     hidden = F.relu(x[..., None] * hidden_weight.to(dtype) + hidden_bias.to(dtype))
     bias = F.linear(hidden, output_weight.to(dtype), output_bias.to(dtype))  # [B|1, Tq, Tk, H]
