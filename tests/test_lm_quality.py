@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks.quality import lm as lm_quality
 from benchmarks.quality import lm_extrapolation
 
@@ -104,6 +106,8 @@ def test_lm_harnesses_write_one_json_per_run_skip_done_runs_and_report(tmp_path)
         "64,128",
         "--out",
         str(extra),
+        "--quality-out",
+        str(out),
         "--configs",
         "distattn_lm_alibi_gbw",
     ]
@@ -128,6 +132,15 @@ def test_lm_harnesses_write_one_json_per_run_skip_done_runs_and_report(tmp_path)
     before = {path: path.stat().st_mtime_ns for path in (extra / "runs").glob("*.json")}
     assert lm_extrapolation.main(extra_argv) == 0
     assert {path: path.stat().st_mtime_ns for path in (extra / "runs").glob("*.json")} == before
+    # a length evaluated from another checkpoint (the model was trained again since) is evaluated again
+    stale = extra / "runs" / "distattn_lm_alibi_gbw-seed3-L128.json"
+    fingerprint = json.loads(stale.read_text())["checkpoint_sha256"]
+    assert len(fingerprint) == 64
+    stale.write_text(json.dumps({**json.loads(stale.read_text()), "checkpoint_sha256": "0" * 64}))
+    assert lm_extrapolation.main(extra_argv) == 0
+    assert json.loads(stale.read_text())["checkpoint_sha256"] == fingerprint
+    after = {path: path.stat().st_mtime_ns for path in (extra / "runs").glob("*.json")}
+    assert [path.name for path in after if after[path] != before[path]] == [stale.name]
 
 
 def quality_record(config, baseline, seed, ppl):
@@ -176,6 +189,46 @@ def test_quality_report_means_stds_and_deltas_against_an_independent_computation
     [single] = table_cells(markdown, "distattn_lm")
     assert single[2] == "120.00" and single[3] == "-" and single[4] == "transformer_lm"
     assert (tmp_path / "valid_loss.png").is_file()
+
+
+def extrapolation_record(seed, length, blocks, **extra):
+    return {
+        "config": "distattn_lm_alibi_gbw",
+        "seed": seed,
+        "baseline": "transformer_lm_gbw",
+        "train_tokens_per_sample": 64,
+        "tokens_per_sample": length,
+        "blocks": {"ppl": blocks},
+        "sliding": {"ppl": blocks},
+        **extra,
+    }
+
+
+def test_extrapolation_report_refuses_a_seed_evaluated_from_two_models(tmp_path):
+    """One seed's row must come from one checkpoint: its lengths' fingerprints agree, and
+    its training length scores what its quality run recorded (a model trained again
+    whose old lengths were kept would mix two models in one row)."""
+    out, quality = tmp_path / "extrapolation", tmp_path / "quality"
+    (out / "runs").mkdir(parents=True)
+    quality.mkdir()
+    record = quality_record("distattn_lm_alibi_gbw", "transformer_lm_gbw", 1, 50.0)
+    (quality / "distattn_lm_alibi_gbw-seed1.json").write_text(json.dumps(record))
+
+    def write(length, blocks, fingerprint):
+        path = out / "runs" / f"distattn_lm_alibi_gbw-seed1-L{length}.json"
+        path.write_text(json.dumps(extrapolation_record(1, length, blocks, checkpoint_sha256=fingerprint)))
+
+    write(64, 50.0, "a" * 64)
+    write(128, 60.0, "a" * 64)
+    assert "50.00" in lm_extrapolation.report(out, quality)
+    write(128, 60.0, "b" * 64)
+    with pytest.raises(SystemExit, match="distattn_lm_alibi_gbw seed 1: 2 checkpoints"):
+        lm_extrapolation.report(out, quality)
+    write(128, 60.0, "a" * 64)
+    write(64, 48.0, "a" * 64)  # not the 50.0 the quality run recorded
+    with pytest.raises(SystemExit, match="distattn_lm_alibi_gbw seed 1: 48.0 at the training length, 50.0 in"):
+        lm_extrapolation.report(out, quality)
+    assert "48.00" in lm_extrapolation.report(out)  # without quality runs only the fingerprints are checked
 
 
 def test_extrapolation_report_ratios_against_an_independent_computation(tmp_path):
@@ -233,23 +286,27 @@ def test_the_reports_print_no_debug_logging(tmp_path):
         "baseline": "transformer_lm_gbw",
         "train_tokens_per_sample": 64,
         "tokens_per_sample": 64,
-        "blocks": {"ppl": 50.0},
-        "sliding": {"ppl": 48.0},
+        "blocks": {"ppl": 100.0},
+        "sliding": {"ppl": 98.0},
     }
     (extrapolation_out / "runs" / "transformer_lm_gbw-seed1-L64.json").write_text(json.dumps(record), encoding="utf-8")
-    for module, out, plot in (
-        ("benchmarks.quality.lm", quality_out, "valid_loss.png"),
-        ("benchmarks.quality.lm_extrapolation", extrapolation_out, "ppl_vs_length.png"),
+    for module, arguments, plot in (
+        ("benchmarks.quality.lm", ["--out", str(quality_out)], quality_out / "valid_loss.png"),
+        (
+            "benchmarks.quality.lm_extrapolation",
+            ["--out", str(extrapolation_out), "--quality-out", str(quality_out)],
+            extrapolation_out / "ppl_vs_length.png",
+        ),
     ):
         done = subprocess.run(
-            [sys.executable, "-m", module, "--report", "--out", str(out)],
+            [sys.executable, "-m", module, "--report", *arguments],
             cwd=REPO_ROOT,
             capture_output=True,
             text=True,
             timeout=600,
         )
         assert done.returncode == 0, done.stderr
-        assert (out / plot).is_file()
+        assert plot.is_file()
         assert "DEBUG" not in done.stderr, (module, done.stderr[:500])
 
 

@@ -29,6 +29,7 @@ One JSON per (run, scaling, length) under ``<out>/runs``, skipped when present;
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import re
@@ -49,6 +50,7 @@ from ..common import (
     scale_results,
     without_machine_paths,
 )
+from .lm import DEFAULT_OUT as LM_QUALITY_OUT
 from .lm import DEFAULT_WORK, eval_lm, lm_configs, run_env
 from .mt import log, mean_std
 
@@ -104,10 +106,22 @@ def training_setup(run_dir: Path) -> Dict[str, object]:
     return {"data_bin": Path(words[1]), "tokens_per_sample": int(words[words.index("--tokens-per-sample") + 1])}
 
 
+def checkpoint_fingerprint(path: Path) -> str:
+    """sha256 of a checkpoint file: which model a length was evaluated from."""
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def evaluate_run(run_dir: Path, lengths: Sequence[int], out: Path, env: Dict[str, str]) -> None:
-    """One JSON per length for one run (lengths with a JSON already are skipped)."""
+    """One JSON per length for one run. A length with a JSON already is skipped
+    unless that JSON records another checkpoint than the run's (a model trained
+    again): then it is evaluated again, so one seed's row never mixes models."""
     config, seed = run_dir.name.rsplit("-seed", 1)
     setup = training_setup(run_dir)
+    fingerprint = checkpoint_fingerprint(run_dir / "checkpoint_best.pt")
     trained = setup["tokens_per_sample"]
     reference: Optional[int] = None
     scalings = (None, *ROPE_SCALINGS) if config in rotary_configs() else (None,)
@@ -116,8 +130,11 @@ def evaluate_run(run_dir: Path, lengths: Sequence[int], out: Path, env: Dict[str
         name = run_dir.name if scaling is None else f"{run_dir.name}-{scaling}"
         path = out / "runs" / f"{name}-L{length}.json"
         if path.is_file():
-            reference = reference or json.loads(path.read_text(encoding="utf-8"))["blocks"]["tokens"]
-            continue
+            existing = json.loads(path.read_text(encoding="utf-8"))
+            if existing.get("checkpoint_sha256", fingerprint) == fingerprint:
+                reference = reference or existing["blocks"]["tokens"]
+                continue
+            log(f"{path.name} was evaluated from another checkpoint than {run_dir.name}'s: again")
         overrides = None if scaling is None else scaling_overrides(scaling, length, trained)
         log(f"{name} at {length} tokens per sample")
         results = {
@@ -146,6 +163,7 @@ def evaluate_run(run_dir: Path, lengths: Sequence[int], out: Path, env: Dict[str
             "train_tokens_per_sample": trained,
             "tokens_per_sample": length,
             "scale": run_dir.parent.name,
+            "checkpoint_sha256": fingerprint,
             **({} if overrides is None else {"model_overrides": overrides}),
             **results,
         }
@@ -183,8 +201,50 @@ def cell(values: Optional[Sequence[float]]) -> str:
     return f"{mean:.2f} +- {std:.2f}" if len(values) > 1 else f"{mean:.2f}"
 
 
-def report(out: Path) -> str:
+def check_one_model_per_seed(records: Sequence[Dict], quality_runs: Optional[Path]) -> None:
+    """Refuse a table whose row would mix models: one seed's lengths evaluated from
+    different checkpoints (their recorded fingerprints differ), or its training
+    length scoring other than the test ppl its quality run file records (the same
+    evaluation of the same model gives the same number)."""
+    problems = []
+    fingerprints: Dict[tuple, set] = {}
+    for record in records:
+        if "checkpoint_sha256" in record:
+            fingerprints.setdefault((record["config"].split("+")[0], record["seed"]), set()).add(
+                record["checkpoint_sha256"]
+            )
+    problems += [
+        f"{config} seed {seed}: {len(found)} checkpoints"
+        for (config, seed), found in fingerprints.items()
+        if len(found) > 1
+    ]
+    for record in records:
+        if (
+            quality_runs is None
+            or "+" in record["config"]
+            or record["tokens_per_sample"] != record["train_tokens_per_sample"]
+        ):
+            continue
+        quality = quality_runs / f"{record['config']}-seed{record['seed']}.json"
+        if quality.is_file():
+            recorded = json.loads(quality.read_text(encoding="utf-8"))["test_ppl"]
+            if abs(record["blocks"]["ppl"] - recorded) > 0.011:
+                problems.append(
+                    f"{record['config']} seed {record['seed']}: {record['blocks']['ppl']} at the training length, "
+                    f"{recorded} in {quality}"
+                )
+    if problems:
+        raise SystemExit(
+            "LM extrapolation results from more than one model per seed (remove that seed's "
+            "runs/<config>-seed<N>-L*.json and evaluate again): " + "; ".join(problems)
+        )
+
+
+def report(out: Path, quality_runs: Optional[Path] = None) -> str:
+    """The tables and plot from the run files; ``quality_runs``: the LM quality run
+    files the training-length results must agree with."""
     records = [json.loads(p.read_text(encoding="utf-8")) for p in sorted((out / "runs").glob("*.json"))]
+    check_one_model_per_seed(records, quality_runs)
     table = ppl_table(records)
     baselines = {r["config"]: r["baseline"] for r in records}
     order = sorted(table, key=lambda name: (baselines[name], name != baselines[name], name))
@@ -296,10 +356,18 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help=f"tokens per sample at evaluation, even numbers (default: {','.join(map(str, LENGTHS))})",
     )
     add_out_argument(p, DEFAULT_OUT)
+    p.add_argument(
+        "--quality-out",
+        type=Path,
+        default=None,
+        help="benchmarks.quality.lm's --out, whose run files each training-length result must match "
+        f"(default: {LM_QUALITY_OUT} for the scale)",
+    )
     p.add_argument("--threads", type=at_least(1), default=1, help="OMP_NUM_THREADS (default: 1)")
     p.add_argument("--report", action="store_true", help="only rebuild the table and plot")
     args = p.parse_args(argv)
     args.out = args.out or scale_results(DEFAULT_OUT, args.scale)
+    args.quality_out = args.quality_out or scale_results(LM_QUALITY_OUT, args.scale)
     if not args.report:
         check_same_budget(p, args.out, {"scale": args.scale})
     args.length_list = comma_separated_ints(p, "--lengths", args.lengths, 2)
@@ -327,7 +395,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         log(f"{len(runs)} trained models under {args.quality_work / args.scale}")
         for run_dir in runs:
             evaluate_run(run_dir, args.length_list, args.out, env)
-    print(report(args.out))
+    print(report(args.out, args.quality_out / "runs"))
     return 0
 
 
