@@ -191,7 +191,7 @@ def test_quality_report_means_stds_and_deltas_against_an_independent_computation
     assert (tmp_path / "valid_loss.png").is_file()
 
 
-def extrapolation_record(seed, length, blocks, **extra):
+def extrapolation_record(seed, length, blocks, sliding=None, **extra):
     return {
         "config": "distattn_lm_alibi_gbw",
         "seed": seed,
@@ -199,7 +199,7 @@ def extrapolation_record(seed, length, blocks, **extra):
         "train_tokens_per_sample": 64,
         "tokens_per_sample": length,
         "blocks": {"ppl": blocks},
-        "sliding": {"ppl": blocks},
+        "sliding": {"ppl": blocks if sliding is None else sliding},
         **extra,
     }
 
@@ -236,15 +236,7 @@ def test_extrapolation_report_ratios_against_an_independent_computation(tmp_path
     runs.mkdir()
     values = {(1, 64): (50.0, 48.0), (1, 256): (80.0, 45.0), (2, 64): (54.0, 52.0), (2, 256): (100.0, 43.0)}
     for (seed, n), (blocks, sliding) in values.items():
-        record = {
-            "config": "distattn_lm_alibi_gbw",
-            "seed": seed,
-            "baseline": "transformer_lm_gbw",
-            "train_tokens_per_sample": 64,
-            "tokens_per_sample": n,
-            "blocks": {"ppl": blocks},
-            "sliding": {"ppl": sliding},
-        }
+        record = extrapolation_record(seed, n, blocks, sliding)
         (runs / f"alibi-seed{seed}-L{n}.json").write_text(json.dumps(record), encoding="utf-8")
     markdown = lm_extrapolation.report(tmp_path)
     blocks, sliding = table_cells(markdown, "distattn_lm_alibi_gbw")
