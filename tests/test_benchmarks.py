@@ -95,7 +95,7 @@ def number(text: str) -> float:
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--quick", "--out", str(out)],
+        [sys.executable, "-m", "benchmarks.run", "--quick", "--train-repeats", "3", "--out", str(out)],
         cwd=str(REPO_ROOT),
         capture_output=True,
         text=True,
@@ -616,8 +616,13 @@ def test_results_json_matches_report(quick_run):
         for key, r in results["train"][section].items():
             assert r["throughput"]["n"] == len(r["samples"]) > 0
             if r["kind"] != "baseline":
-                assert len(r["ratios"]) == results["meta"]["repeats"]
+                # the train section takes its own rounds (--train-repeats 3), every other section --repeats
+                assert len(r["ratios"]) == results["meta"]["train_repeats"] == 3
                 assert all(x > 0 for x in r["ratios"])
+    for section in ("translation", "lm"):
+        for key, r in results["generate"][section].items():
+            if r["kind"] != "baseline":
+                assert len(r["ratios"]) == results["meta"]["repeats"] == 2
 
 
 def test_fallback_plot_is_a_valid_png(quick_run, tmp_path):

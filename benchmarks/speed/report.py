@@ -260,7 +260,7 @@ def machine_section(machine: dict, meta: dict) -> str:
         ),
         ("scale", f"{meta.get('scale')}: {meta.get('scale_description')}"),
         ("timing clock", _clock(meta.get("clock"))),
-        ("repeats (interleaved rounds) / warm-up", f"{meta.get('repeats')} / {meta.get('warmup')}"),
+        ("interleaved rounds: train / other sections; warm-up", f"{_rounds(meta)}; {meta.get('warmup')}"),
         ("translation data", meta.get("translation_data", "-")),
         ("LM data", meta.get("lm_data", "-")),
         ("command", f"`{meta.get('command')}`"),
@@ -276,6 +276,11 @@ def _clock(name) -> str:
             "holding the core"
         )
     return f"{name}: wall time (time.perf_counter)"
+
+
+def _rounds(meta: dict) -> str:
+    """``train / other sections`` rounds (results from before --train-repeats: one count for all)."""
+    return f"{meta.get('train_repeats', meta.get('repeats'))} / {meta.get('repeats')}"
 
 
 def _load(value) -> str:
@@ -696,7 +701,8 @@ def render_summary(results: dict, targets: List[TargetRow]) -> str:
         "",
         f"Ratio to vanilla fairseq measured in the same run: median [min-max] over interleaved rounds "
         f"(target) status. Device {device}, {machine.get('cpu')}, {machine.get('torch_threads')} torch thread(s), "
-        f"scale `{meta.get('scale')}`, {meta.get('repeats')} rounds, git revision `{machine.get('git')}`, "
+        f"scale `{meta.get('scale')}`, {_rounds(meta)} rounds (train / other sections), "
+        f"git revision `{machine.get('git')}`, "
         f"command `{meta.get('command')}`.",
         "",
     ]

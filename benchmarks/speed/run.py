@@ -52,6 +52,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument(
         "--repeats", type=int, default=None, help="interleaved rounds per comparison (default: 5; 2 with --quick)"
     )
+    p.add_argument(
+        "--train-repeats",
+        type=int,
+        default=None,
+        help="interleaved rounds of the train section (default: 15; 2 with --quick): one training step per "
+        "sample varies by about 5%% between steps on a quiet CPU, so the median of 5 ratios cannot tell a "
+        "3%% target apart",
+    )
     p.add_argument("--warmup", type=int, default=1, help="discarded warm-up measurements per model (default: 1)")
     p.add_argument(
         "--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)"
@@ -111,12 +119,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.scale = args.scale or ("tiny" if args.quick else "small")
     args.repeats = args.repeats or (2 if args.quick else 5)
+    args.train_repeats = args.train_repeats or (2 if args.quick else 15)
     args.sections = _choices(args.sections, SECTIONS, "--sections", p)
     args.tasks = _choices(args.tasks, TASKS, "--tasks", p)
     args.op_modes = _choices(args.op_modes, ("fwd", "fwd+bwd"), "--op-modes", p)
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    if args.repeats < 1 or args.warmup < 0:
-        p.error("--repeats must be >= 1 and --warmup >= 0")
+    if args.repeats < 1 or args.train_repeats < 1 or args.warmup < 0:
+        p.error("--repeats and --train-repeats must be >= 1 and --warmup >= 0")
     return args
 
 
@@ -189,6 +198,7 @@ def _run(args: argparse.Namespace, argv: Optional[Sequence[str]]) -> int:
         "scale": scale.name,
         "scale_description": scale.description,
         "repeats": args.repeats,
+        "train_repeats": args.train_repeats,
         "warmup": args.warmup,
         "sections": args.sections,
         "tasks": args.tasks,
@@ -286,7 +296,7 @@ def _run(args: argparse.Namespace, argv: Optional[Sequence[str]]) -> int:
         for task, configs, dictionary, batches in tasks:
             log(f"train/{task}: {len(configs)} models")
             train[task] = run_training(
-                configs, scale, dictionary, batches, device, args.repeats, args.warmup, args.seed, log
+                configs, scale, dictionary, batches, device, args.train_repeats, args.warmup, args.seed, log
             )
             kept = train[task].pop("_built")
             if not args.no_profile:

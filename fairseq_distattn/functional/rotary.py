@@ -207,21 +207,21 @@ def rotary_query_key(
         int(original_length),
         None if xpos_scale_base is None else float(xpos_scale_base),
     )
-    if key_padding_mask is None:
-        query_turn, key_turn = (
-            _unpadded_turns(x.size(2), 1, offset, side, configuration, x.device, compute)
-            for side, x, offset in (("query", q, query_offset), ("key", k, key_offset))
-        )
-    else:
+
+    def turn(side: str, x: Tensor, offset: int) -> Tensor:
+        if key_padding_mask is None:
+            return _unpadded_turns(x.size(2), 1, offset, side, configuration, x.device, compute)
         # rows of the (cached) unpadded turns at each sentence's positions: a gather
         # instead of the sines and cosines of every [B, T] angle in every layer
         longest = max(query_offset + q.size(2), key_offset + k.size(2))
-        query_turn, key_turn = (
-            _unpadded_turns(longest, 1, 0, side, configuration, x.device, compute)[0, 0][
-                sequence_positions(key_padding_mask, x.size(2), offset, x.device)
-            ][:, None]
-            for side, x, offset in (("query", q, query_offset), ("key", k, key_offset))
-        )
+        table = _unpadded_turns(longest, 1, 0, side, configuration, x.device, compute)[0, 0]
+        return table[sequence_positions(key_padding_mask, x.size(2), offset, x.device)][:, None]
+
+    query_turn = turn("query", q, query_offset)
+    # RoPE turns a key as it turns a query at the same position (xPos scales them apart):
+    # a self-attention forward pass rotates both by one tensor
+    same = xpos_scale_base is None and key_offset == query_offset and k.size(2) == q.size(2)
+    key_turn = query_turn if same else turn("key", k, key_offset)
     q, k = apply_turns(q, query_turn), apply_turns(k, key_turn)
     logit_factor = yarn_logit_factor(scaling, scaling_factor)
     if logit_factor != 1.0:
