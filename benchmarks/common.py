@@ -5,6 +5,7 @@ description of the machine a result was measured on.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -90,6 +91,18 @@ def comma_separated_names(parser, flag: str, text: str, known: Iterable[str]) ->
     if unknown:
         parser.error(f"argument {flag}: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
     return names
+
+
+# --------------------------------------------------------------------------- which model a result is from
+
+
+def checkpoint_fingerprint(path: Path) -> str:
+    """sha256 of a checkpoint file: which model a result was evaluated from."""
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 # --------------------------------------------------------------------------- paths in results

@@ -135,7 +135,7 @@ def test_lm_harnesses_write_one_json_per_run_skip_done_runs_and_report(tmp_path)
     # a length evaluated from another checkpoint (the model was trained again since) is evaluated again
     stale = extra / "runs" / "distattn_lm_alibi_gbw-seed3-L128.json"
     fingerprint = json.loads(stale.read_text())["checkpoint_sha256"]
-    assert len(fingerprint) == 64
+    assert len(fingerprint) == 64 and fingerprint == records["distattn_lm_alibi_gbw-seed3"]["checkpoint_sha256"]
     stale.write_text(json.dumps({**json.loads(stale.read_text()), "checkpoint_sha256": "0" * 64}))
     assert lm_extrapolation.main(extra_argv) == 0
     assert json.loads(stale.read_text())["checkpoint_sha256"] == fingerprint
@@ -229,6 +229,12 @@ def test_extrapolation_report_refuses_a_seed_evaluated_from_two_models(tmp_path)
     with pytest.raises(SystemExit, match="distattn_lm_alibi_gbw seed 1: 48.0 at the training length, 50.0 in"):
         lm_extrapolation.report(out, quality)
     assert "48.00" in lm_extrapolation.report(out)  # without quality runs only the fingerprints are checked
+    write(64, 50.0, "a" * 64)
+    (quality / "distattn_lm_alibi_gbw-seed1.json").write_text(json.dumps({**record, "checkpoint_sha256": "c" * 64}))
+    with pytest.raises(SystemExit, match="distattn_lm_alibi_gbw seed 1: another model than the one .* records"):
+        lm_extrapolation.report(out, quality)
+    (quality / "distattn_lm_alibi_gbw-seed1.json").write_text(json.dumps({**record, "checkpoint_sha256": "a" * 64}))
+    assert "50.00" in lm_extrapolation.report(out, quality)
 
 
 def test_extrapolation_report_ratios_against_an_independent_computation(tmp_path):

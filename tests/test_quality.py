@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 try:  # tests/ is a package (tests/__init__.py)
     from .conftest import read_lines, write_lines
 except ImportError:  # rootdir-relative import mode without the package
@@ -110,6 +112,69 @@ def test_quality_and_extrapolation_harnesses_write_one_json_per_run_skip_done_ru
         bucket: entry["tokenized_bleu_compound_split"] for bucket, entry in grouped["per_source_length"].items()
     }
     assert "## BLEU by source length" in (extra / "extrapolation.md").read_text()
+
+    # every factor names the averaged model it translated with, the one its quality run recorded
+    quality_records = {name: json.loads((out / "runs" / f"{name}.json").read_text()) for name in ("window-seed3",)}
+    fingerprint = quality_records["window-seed3"]["checkpoint_sha256"]
+    assert len(fingerprint) == 64 and single["checkpoint_sha256"] == grouped["checkpoint_sha256"] == fingerprint
+    # a factor from another model (a run trained again after it was evaluated) is evaluated again, and only it
+    stale = extra / "runs" / "window-seed3-x4.json"
+    stale.write_text(json.dumps({**grouped, "checkpoint_sha256": "0" * 64, "sentences": -1}))
+    others = {p: p.stat().st_mtime_ns for p in (extra / "runs").glob("*.json") if p != stale}
+    argv = ["--quality-work", str(work), "--scale", "tiny", "--factors", "1,4", "--out", str(extra)]
+    assert extrapolation.main([*argv, "--quality-out", str(out)]) == 0
+    again = json.loads(stale.read_text())
+    assert again["checkpoint_sha256"] == fingerprint and again["sentences"] == 30
+    assert {p: p.stat().st_mtime_ns for p in others} == others
+
+
+def extrapolation_record(config, seed, factor, bleu, **extra):
+    """A run file of benchmarks.quality.mt_extrapolation, for (config, seed, factor, BLEU)."""
+    return {
+        "config": config,
+        "seed": seed,
+        "factor": factor,
+        "scale": "tiny",
+        "sentences": 10,
+        "mean_source_bpe_tokens": 16.0 * factor,
+        "max_source_bpe_tokens": 20 * factor,
+        "tokenized_bleu_compound_split": bleu,
+        "sacrebleu": bleu,
+        "per_source_length": {},
+        **extra,
+    }
+
+
+def test_extrapolation_report_refuses_a_run_evaluated_from_two_models(tmp_path):
+    """One run's row must come from one model: its factors' fingerprints agree, and
+    they name the averaged model its quality run file records."""
+    from benchmarks.quality import mt_extrapolation as extrapolation
+
+    out, quality = tmp_path / "extrapolation", tmp_path / "quality"
+    (out / "runs").mkdir(parents=True)
+    write_run_records(quality, (("window", 1, 30.0),))
+    run_file = quality / "runs" / "window-seed1.json"
+    run_file.write_text(json.dumps({**json.loads(run_file.read_text()), "checkpoint_sha256": "a" * 64}))
+
+    def write(factor, bleu, fingerprint):
+        record = extrapolation_record("window", 1, factor, bleu, checkpoint_sha256=fingerprint)
+        (out / "runs" / f"window-seed1-x{factor}.json").write_text(json.dumps(record))
+
+    write(1, 30.0, "a" * 64)
+    write(2, 24.0, "a" * 64)
+    assert "| window | 30.00 | 24.00 | 0.80 |" in extrapolation.report(out, quality / "runs")
+    write(2, 24.0, "b" * 64)
+    with pytest.raises(SystemExit, match="window seed 1: 2 checkpoints"):
+        extrapolation.report(out, quality / "runs")
+    write(1, 30.0, "b" * 64)  # one model, but not the run's
+    with pytest.raises(SystemExit, match="window seed 1: another model than the one .* records"):
+        extrapolation.report(out, quality / "runs")
+    assert "| window | 30.00 | 24.00 | 0.80 |" in extrapolation.report(out)  # without quality runs: fingerprints only
+    # files from before fingerprints were recorded are reported as they are
+    for factor, bleu in ((1, 30.0), (2, 21.0)):
+        path = out / "runs" / f"window-seed1-x{factor}.json"
+        path.write_text(json.dumps(extrapolation_record("window", 1, factor, bleu)))
+    assert "| window | 30.00 | 21.00 | 0.70 |" in extrapolation.report(out, quality / "runs")
 
 
 def write_run_records(out, runs):

@@ -52,6 +52,7 @@ from ..common import (
     add_out_argument,
     at_least,
     check_same_budget,
+    checkpoint_fingerprint,
     comma_separated_ints,
     comma_separated_names,
     device_model,
@@ -407,6 +408,8 @@ def train_run(
         "test_loss_base2": test["loss_base2"],
         "test_ppl": test["ppl"],
         "test_tokens": test["tokens"],
+        # which model every later evaluation of this run must be from (benchmarks.quality.lm_extrapolation)
+        "checkpoint_sha256": checkpoint_fingerprint(best),
         "eval_command": test["command"],
         "train_command": shlex.join(str(c) for c in train_args(config, scale, seed, data_bin, save_dir)),
         "mechanism_parameters": moved,

@@ -29,7 +29,6 @@ One JSON per (run, scaling, length) under ``<out>/runs``, skipped when present;
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import re
@@ -45,6 +44,7 @@ from ..common import (
     add_out_argument,
     at_least,
     check_same_budget,
+    checkpoint_fingerprint,
     comma_separated_ints,
     comma_separated_names,
     scale_results,
@@ -104,15 +104,6 @@ def training_setup(run_dir: Path) -> Dict[str, object]:
         raise SystemExit(f"no fairseq-train command in {run_dir / 'train.log'}")
     words = shlex.split(command)
     return {"data_bin": Path(words[1]), "tokens_per_sample": int(words[words.index("--tokens-per-sample") + 1])}
-
-
-def checkpoint_fingerprint(path: Path) -> str:
-    """sha256 of a checkpoint file: which model a length was evaluated from."""
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def evaluate_run(run_dir: Path, lengths: Sequence[int], out: Path, env: Dict[str, str]) -> None:
@@ -203,9 +194,10 @@ def cell(values: Optional[Sequence[float]]) -> str:
 
 def check_one_model_per_seed(records: Sequence[Dict], quality_runs: Optional[Path]) -> None:
     """Refuse a table whose row would mix models: one seed's lengths evaluated from
-    different checkpoints (their recorded fingerprints differ), or its training
-    length scoring other than the test ppl its quality run file records (the same
-    evaluation of the same model gives the same number)."""
+    different checkpoints (their recorded fingerprints differ) or from another than
+    the one its quality run file records, or its training length scoring other than
+    the test ppl that file records (the same evaluation of the same model gives the
+    same number)."""
     problems = []
     fingerprints: Dict[tuple, set] = {}
     for record in records:
@@ -227,7 +219,13 @@ def check_one_model_per_seed(records: Sequence[Dict], quality_runs: Optional[Pat
             continue
         quality = quality_runs / f"{record['config']}-seed{record['seed']}.json"
         if quality.is_file():
-            recorded = json.loads(quality.read_text(encoding="utf-8"))["test_ppl"]
+            quality_record = json.loads(quality.read_text(encoding="utf-8"))
+            model = quality_record.get("checkpoint_sha256")
+            if model is not None and record.get("checkpoint_sha256", model) != model:
+                problems.append(
+                    f"{record['config']} seed {record['seed']}: another model than the one {quality} records"
+                )
+            recorded = quality_record["test_ppl"]
             if abs(record["blocks"]["ppl"] - recorded) > 0.011:
                 problems.append(
                     f"{record['config']} seed {record['seed']}: {record['blocks']['ppl']} at the training length, "

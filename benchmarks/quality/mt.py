@@ -39,6 +39,7 @@ from ..common import (
     add_out_argument,
     at_least,
     check_same_budget,
+    checkpoint_fingerprint,
     comma_separated_ints,
     comma_separated_names,
     device_model,
@@ -502,6 +503,8 @@ def train_run(
         "sacrebleu": bleu["sacrebleu"],
         "sacrebleu_signature": bleu["sacrebleu_signature"],
         "averaged_checkpoints": CHECKPOINTS_AVERAGED,
+        # which model every later evaluation of this run must be from (benchmarks.quality.mt_extrapolation)
+        "checkpoint_sha256": checkpoint_fingerprint(averaged),
         "valid_loss_averaged": float(valid_loss),
         "valid_ppl_averaged": float(valid_ppl),
         "mechanism_parameters": moved,

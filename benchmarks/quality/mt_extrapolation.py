@@ -6,7 +6,8 @@ averaged model translates test sets built by concatenating 1, 2, 4 and 8
 consecutive test_2016_flickr sentences (sources and references alike), with
 beam 5; BLEU is reported per concatenation factor and per source-length
 bucket, per mechanism. One JSON per (run, factor) under ``<out>/runs``,
-skipped when present; ``<out>/extrapolation.md`` and ``<out>/bleu_vs_length.png``
+skipped when present unless it records another model than the run's (a run
+trained again); ``<out>/extrapolation.md`` and ``<out>/bleu_vs_length.png``
 are rebuilt from them. The default grid's runs are evaluated; an ablation's
 (``benchmarks.quality.mt --grid ablations``) when ``--configs`` names it.
 """
@@ -29,6 +30,7 @@ from ..common import (
     add_out_argument,
     at_least,
     check_same_budget,
+    checkpoint_fingerprint,
     comma_separated_ints,
     comma_separated_names,
     scale_results,
@@ -43,6 +45,7 @@ from .mt import (
     tool,
     translation_args,
 )
+from .mt import DEFAULT_OUT as QUALITY_OUT
 
 PROG = "python -m benchmarks.quality.mt_extrapolation"
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "extrapolation"
@@ -163,8 +166,39 @@ def evaluate(model: Path, test_set: Path, out_dir: Path, env: Dict[str, str]) ->
     }
 
 
-def report(out: Path) -> str:
+def check_one_model_per_run(records: Sequence[Dict], quality_runs: Optional[Path]) -> None:
+    """Refuse a table whose row would mix models: one run's factors evaluated from
+    different averaged checkpoints (their recorded fingerprints differ), or from
+    another model than the one its quality run file records. (Files from before
+    fingerprints were recorded are not checked. The x1 BLEU is not compared with
+    the quality run's: x1 decodes with ``--max-len-a 1.5 --max-len-b 10`` in
+    batches of 32, the quality run with fairseq's default length limit in
+    batches of 64, so the same model need not give the same hypotheses; the
+    fingerprints name the model itself.)"""
+    problems = []
+    fingerprints: Dict[tuple, set] = {}
+    for record in records:
+        if "checkpoint_sha256" in record:
+            fingerprints.setdefault((record["config"], record["seed"]), set()).add(record["checkpoint_sha256"])
+    for (config, seed), found in sorted(fingerprints.items()):
+        if len(found) > 1:
+            problems.append(f"{config} seed {seed}: {len(found)} checkpoints")
+            continue
+        quality = None if quality_runs is None else quality_runs / f"{config}-seed{seed}.json"
+        if quality is not None and quality.is_file():
+            recorded = json.loads(quality.read_text(encoding="utf-8")).get("checkpoint_sha256")
+            if recorded is not None and recorded not in found:
+                problems.append(f"{config} seed {seed}: another model than the one {quality} records")
+    if problems:
+        raise SystemExit(
+            "translation extrapolation results from more than one model per run (remove that run's "
+            "runs/<config>-seed<N>-x*.json and evaluate again): " + "; ".join(problems)
+        )
+
+
+def report(out: Path, quality_runs: Optional[Path] = None) -> str:
     records = [json.loads(p.read_text(encoding="utf-8")) for p in sorted((out / "runs").glob("*.json"))]
+    check_one_model_per_run(records, quality_runs)
     table: Dict[str, Dict[int, List[float]]] = {}
     for record in records:
         table.setdefault(record["config"], {}).setdefault(record["factor"], []).append(
@@ -317,10 +351,18 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "(default: the default grid's; each run with a trained model)",
     )
     add_out_argument(p, DEFAULT_OUT)
+    p.add_argument(
+        "--quality-out",
+        type=Path,
+        default=None,
+        help="benchmarks.quality.mt's --out, whose run files say which model each run's factors must come from "
+        "(default: the scale's results folder of benchmarks.quality.mt)",
+    )
     p.add_argument("--threads", type=at_least(1), default=1, help="OMP_NUM_THREADS (default: 1)")
     p.add_argument("--report", action="store_true", help="only rebuild the table and plot")
     args = p.parse_args(argv)
     args.out = args.out or scale_results(DEFAULT_OUT, args.scale)
+    args.quality_out = args.quality_out or scale_results(QUALITY_OUT, args.scale)
     if not args.report:
         check_same_budget(p, args.out, {"scale": args.scale})
     args.factor_list = comma_separated_ints(p, "--factors", args.factors, 1)
@@ -355,10 +397,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             data = args.quality_work / f"data-{_merges_of(model)}"
             if not (data / "data-bin" / ".done").is_file():
                 raise SystemExit(f"no prepared data {data} for {model}")
+            fingerprint = checkpoint_fingerprint(model)
             for factor in args.factor_list:
                 path = args.out / "runs" / f"{run_name}-x{factor}.json"
                 if path.is_file():
-                    continue
+                    existing = json.loads(path.read_text(encoding="utf-8"))
+                    if existing.get("checkpoint_sha256", fingerprint) == fingerprint:
+                        continue
+                    log(f"{path.name} was evaluated from another model than {run_name}'s: again")
                 test_set = build_test_set(
                     data / "prep", data / "data-bin", factor, args.quality_work / "extrapolation", env
                 )
@@ -368,11 +414,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     "seed": int(seed),
                     "factor": factor,
                     "scale": args.scale,
+                    "checkpoint_sha256": fingerprint,
                     **evaluate(model, test_set, model.parent / "extrapolation" / f"x{factor}", env),
                 }
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    print(report(args.out))
+    print(report(args.out, args.quality_out / "runs"))
     return 0
 
 
