@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
 import struct
@@ -784,3 +785,31 @@ def test_machine_paths_are_rewritten_only_where_a_path_starts(monkeypatch):
     assert common.without_machine_paths(text) == (
         "fairseq-eval-lm ../main/x/lm/data-bin --path=work/a.pt --user-dir fairseq_distattn"
     )
+
+
+def test_profile_rows_are_in_the_same_order_in_every_process():
+    """Operators tied on time (an op the candidate never calls, several with the same
+    baseline time) are listed by name: a set's order follows string hashing, which
+    Python seeds per process, and `report --all` must rebuild results.md as the run wrote it."""
+    script = (
+        "import json\n"
+        "from benchmarks.speed.report import profile_rows\n"
+        "ops = {f'aten::op_{c}': {'self_cpu_ms': 0.5, 'calls': 6} for c in 'abcdefghij'}\n"
+        "pair = {'baseline': {'ops': ops}, 'candidate': {'ops': {'aten::mm': {'self_cpu_ms': 2.0, 'calls': 9}}}}\n"
+        "print(json.dumps([row['op'] for row in profile_rows(pair)]))\n"
+    )
+    orders = {
+        subprocess.run(
+            [sys.executable, "-c", script],
+            cwd=str(REPO_ROOT),
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout
+        for seed in range(4)
+    }
+    assert len(orders) == 1
+    rows = json.loads(orders.pop())
+    assert rows[0] == "aten::mm" and rows[1:] == sorted(rows[1:])

@@ -446,9 +446,15 @@ def profile_rows(pair: dict, top: int = 10, top_delta: int = 8) -> List[dict]:
     def delta(k):
         return cand.get(k, {}).get("self_cpu_ms", 0.0) - base.get(k, {}).get("self_cpu_ms", 0.0)
 
-    names |= set(sorted(set(cand) | set(base), key=lambda k: -delta(k))[:top_delta])
+    # ties broken by name: a set's order follows string hashing, which differs between processes,
+    # and the report rebuilt from results.json must list the same rows in the same order
+    names |= set(sorted(set(cand) | set(base), key=lambda k: (-delta(k), k))[:top_delta])
     rows = []
-    for name in sorted(names, key=lambda k: -cand.get(k, {}).get("self_cpu_ms", 0.0)):
+
+    def by_time(k):
+        return -cand.get(k, {}).get("self_cpu_ms", 0.0), -base.get(k, {}).get("self_cpu_ms", 0.0), k
+
+    for name in sorted(names, key=by_time):
         rows.append(
             {
                 "op": name,
