@@ -105,6 +105,34 @@ def checkpoint_fingerprint(path: Path) -> str:
     return digest.hexdigest()
 
 
+def models_per_run(
+    records: Iterable[dict],
+    run_of: Callable[[dict], Tuple[str, int]],
+    quality_file: Callable[[str, int], Optional[Path]],
+) -> List[str]:
+    """What keeps result records from coming from one model per run: per run
+    (``run_of(record)``: its configuration and seed), the ``checkpoint_sha256``
+    its records name must be one, and the one its quality run file
+    (``quality_file(config, seed)``; None or absent: not compared) records where
+    that file records one. Records from before fingerprints were recorded name
+    none and are not checked. Returns the problems, one line each."""
+    fingerprints: Dict[Tuple[str, int], set] = {}
+    for record in records:
+        if "checkpoint_sha256" in record:
+            fingerprints.setdefault(run_of(record), set()).add(record["checkpoint_sha256"])
+    problems = []
+    for (config, seed), found in sorted(fingerprints.items()):
+        if len(found) > 1:
+            problems.append(f"{config} seed {seed}: {len(found)} checkpoints")
+            continue
+        quality = quality_file(config, seed)
+        if quality is not None and quality.is_file():
+            recorded = json.loads(quality.read_text(encoding="utf-8")).get("checkpoint_sha256")
+            if recorded is not None and recorded not in found:
+                problems.append(f"{config} seed {seed}: another model than the one {quality} records")
+    return problems
+
+
 # --------------------------------------------------------------------------- paths in results
 
 

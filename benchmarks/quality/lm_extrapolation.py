@@ -47,6 +47,7 @@ from ..common import (
     checkpoint_fingerprint,
     comma_separated_ints,
     comma_separated_names,
+    models_per_run,
     scale_results,
     without_machine_paths,
 )
@@ -198,18 +199,11 @@ def check_one_model_per_seed(records: Sequence[Dict], quality_runs: Optional[Pat
     the one its quality run file records, or its training length scoring other than
     the test ppl that file records (the same evaluation of the same model gives the
     same number)."""
-    problems = []
-    fingerprints: Dict[tuple, set] = {}
-    for record in records:
-        if "checkpoint_sha256" in record:
-            fingerprints.setdefault((record["config"].split("+")[0], record["seed"]), set()).add(
-                record["checkpoint_sha256"]
-            )
-    problems += [
-        f"{config} seed {seed}: {len(found)} checkpoints"
-        for (config, seed), found in fingerprints.items()
-        if len(found) > 1
-    ]
+    problems = models_per_run(
+        records,
+        lambda record: (record["config"].split("+")[0], record["seed"]),  # a scaling's files: the same model
+        lambda config, seed: None if quality_runs is None else quality_runs / f"{config}-seed{seed}.json",
+    )
     for record in records:
         if (
             quality_runs is None
@@ -219,13 +213,7 @@ def check_one_model_per_seed(records: Sequence[Dict], quality_runs: Optional[Pat
             continue
         quality = quality_runs / f"{record['config']}-seed{record['seed']}.json"
         if quality.is_file():
-            quality_record = json.loads(quality.read_text(encoding="utf-8"))
-            model = quality_record.get("checkpoint_sha256")
-            if model is not None and record.get("checkpoint_sha256", model) != model:
-                problems.append(
-                    f"{record['config']} seed {record['seed']}: another model than the one {quality} records"
-                )
-            recorded = quality_record["test_ppl"]
+            recorded = json.loads(quality.read_text(encoding="utf-8"))["test_ppl"]
             if abs(record["blocks"]["ppl"] - recorded) > 0.011:
                 problems.append(
                     f"{record['config']} seed {record['seed']}: {record['blocks']['ppl']} at the training length, "

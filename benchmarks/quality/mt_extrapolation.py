@@ -33,6 +33,7 @@ from ..common import (
     checkpoint_fingerprint,
     comma_separated_ints,
     comma_separated_names,
+    models_per_run,
     scale_results,
 )
 from .mt import (
@@ -175,20 +176,11 @@ def check_one_model_per_run(records: Sequence[Dict], quality_runs: Optional[Path
     batches of 32, the quality run with fairseq's default length limit in
     batches of 64, so the same model need not give the same hypotheses; the
     fingerprints name the model itself.)"""
-    problems = []
-    fingerprints: Dict[tuple, set] = {}
-    for record in records:
-        if "checkpoint_sha256" in record:
-            fingerprints.setdefault((record["config"], record["seed"]), set()).add(record["checkpoint_sha256"])
-    for (config, seed), found in sorted(fingerprints.items()):
-        if len(found) > 1:
-            problems.append(f"{config} seed {seed}: {len(found)} checkpoints")
-            continue
-        quality = None if quality_runs is None else quality_runs / f"{config}-seed{seed}.json"
-        if quality is not None and quality.is_file():
-            recorded = json.loads(quality.read_text(encoding="utf-8")).get("checkpoint_sha256")
-            if recorded is not None and recorded not in found:
-                problems.append(f"{config} seed {seed}: another model than the one {quality} records")
+    problems = models_per_run(
+        records,
+        lambda record: (record["config"], record["seed"]),
+        lambda config, seed: None if quality_runs is None else quality_runs / f"{config}-seed{seed}.json",
+    )
     if problems:
         raise SystemExit(
             "translation extrapolation results from more than one model per run (remove that run's "
