@@ -22,6 +22,7 @@ CASES = [
     (quality.parse_args, ["--jobs", "0"], "argument --jobs: invalid value '0': must be an integer >= 1"),
     (quality.parse_args, ["--threads", "0"], "argument --threads: invalid value '0': must be an integer >= 1"),
     (quality.parse_args, ["--updates", "0"], "argument --updates: invalid value '0': must be an integer >= 1"),
+    (quality.parse_args, ["--undecided"], "argument --undecided: only with --grid ablations"),
     (lm_quality.parse_args, ["--configs", "nosuch"], "argument --configs: unknown nosuch; choose from transformer_lm"),
     (lm_quality.parse_args, ["--seeds", ""], "argument --seeds: give at least one value"),
     (lm_quality.parse_args, ["--threads", "two"], "argument --threads: invalid value 'two': must be an integer >= 1"),

@@ -269,6 +269,44 @@ def test_ablation_runs_have_their_own_table_each_read_against_its_papers_choice(
     assert (tmp_path / "valid_loss.png").is_file() and (tmp_path / "valid_loss_ablations.png").is_file()
 
 
+def test_an_ablation_within_one_vanilla_std_of_its_reference_is_due_a_second_seed(tmp_path):
+    """The issue's rule for the ablation grid's second seeds: one seed that seed noise alone
+    could put on either side of its reference is listed, and --undecided runs exactly those."""
+    write_run_records(
+        tmp_path,
+        [
+            ("vanilla", 1, 30.0),
+            ("vanilla", 2, 32.0),  # std 1.41
+            ("da", 1, 33.0),
+            ("da", 2, 35.0),  # reference mean 34
+            ("da-map-clip", 1, 33.0),  # -1.00: within
+            ("da-map-linear", 1, 35.5),  # +1.50: outside
+            ("da-map-sigmoid", 1, 32.0),  # -2.00: outside
+            ("da-adjust-late-add", 1, 35.4),  # +1.40: within
+            ("da-adjust-early-add", 1, 34.0),
+            ("da-adjust-early-add", 2, 34.0),  # two seeds: decided
+            ("qvi-summation", 1, 30.0),  # no qvi run to read it against
+        ],
+    )
+    text = quality.report(tmp_path)
+    due = [line for line in text.splitlines() if line.startswith("One seed within one vanilla std")]
+    assert len(due) == 1 and due[0].startswith("One seed within one vanilla std (1.41 BLEU over 2 seeds) ")
+    assert due[0].endswith(
+        "(2; `python -m benchmarks.quality.mt --grid ablations --undecided --seeds 2`): "
+        "da-map-clip, da-adjust-late-add."
+    )
+    argv = ["--grid", "ablations", "--undecided", "--seeds", "2", "--scale", "tiny", "--updates", "10"]
+    args = quality.parse_args([*argv, "--out", str(tmp_path)])
+    assert args.config_names == ["da-map-clip", "da-adjust-late-add"]
+    assert quality.parse_args(
+        [*argv, "--out", str(tmp_path), "--configs", "da-map-linear,da-map-clip"]
+    ).config_names == ["da-map-clip"]
+    # vanilla with one seed has no spread: nothing is due yet
+    (tmp_path / "runs" / "vanilla-seed2.json").unlink()
+    assert "One seed within one vanilla std" not in quality.report(tmp_path)
+    assert quality.parse_args([*argv, "--out", str(tmp_path)]).config_names == []
+
+
 def test_training_wall_time_sums_the_segments_of_a_resumed_run():
     """fairseq restarts its wall meter on resume: each fairseq-train segment's last value counts."""
     log = "\n".join(

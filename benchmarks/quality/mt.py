@@ -671,7 +671,7 @@ def ablation_table(by_config: Dict[str, List[Dict]], order: Sequence[str], refer
     ]
     for name in order:
         records = by_config[name]
-        metric = "tokenized_bleu_compound_split"
+        metric = ABLATION_METRIC
         lines.append(
             table_row(
                 [
@@ -690,7 +690,38 @@ def ablation_table(by_config: Dict[str, List[Dict]], order: Sequence[str], refer
     missing = [name for name in references if name not in by_config]
     if missing:
         lines += ["", f"Not run yet ({len(missing)} of {len(references)}): {', '.join(missing)}."]
+    undecided = undecided_ablations(by_config, references)
+    if undecided:
+        spread = statistics.stdev(r[ABLATION_METRIC] for r in baseline)
+        lines += [
+            "",
+            f"One seed within one vanilla std ({spread:.2f} BLEU over {len(baseline)} seeds) of the configuration "
+            f"it is read against, so a second seed decides it ({len(undecided)}; "
+            "`python -m benchmarks.quality.mt --grid ablations --undecided --seeds 2`): "
+            f"{', '.join(undecided)}.",
+        ]
     return lines
+
+
+ABLATION_METRIC = "tokenized_bleu_compound_split"
+
+
+def undecided_ablations(by_config: Dict[str, Sequence[Dict]], references: Dict[str, str]) -> List[str]:
+    """The ablations with one seed whose BLEU is within one vanilla std of their
+    reference's mean: seed noise alone could put them on either side, so they get a
+    second seed. Needs vanilla's spread (two seeds or more) and a reference run."""
+    baseline = by_config.get("vanilla", ())
+    if len(baseline) < 2:
+        return []
+    spread = statistics.stdev(r[ABLATION_METRIC] for r in baseline)
+    undecided = []
+    for name, reference in references.items():
+        records, against = by_config.get(name, ()), by_config.get(reference)
+        if len(records) == 1 and against:
+            gap = records[0][ABLATION_METRIC] - statistics.fmean(r[ABLATION_METRIC] for r in against)
+            if abs(gap) <= spread:
+                undecided.append(name)
+    return undecided
 
 
 def pending_lines(by_config: Dict[str, Sequence[Dict]], grid: Dict[str, str]) -> List[str]:
@@ -808,6 +839,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--configs", default="", help="comma-separated subset of the grid's configurations")
     p.add_argument("--seeds", default="1,2", help="comma-separated seeds (default: 1,2)")
     p.add_argument(
+        "--undecided",
+        action="store_true",
+        help="with --grid ablations: only the ablations with one seed in --out's run files whose BLEU is within "
+        "one vanilla std of the configuration they are read against (the report lists them); give --seeds the "
+        "next seed",
+    )
+    p.add_argument(
         "--scale",
         choices=sorted(SCALES),
         default="small",
@@ -853,6 +891,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         )
     args.grid_configs = grid_configs(args.grid, SCALES[args.scale]["layers"])
     args.config_names = comma_separated_names(p, f"--configs (grid {args.grid})", args.configs, args.grid_configs)
+    if args.undecided:
+        if args.grid != "ablations":
+            p.error("argument --undecided: only with --grid ablations")
+        by_config: Dict[str, List[Dict]] = {}
+        for record in load_runs(args.out):
+            by_config.setdefault(record["config"], []).append(record)
+        undecided = set(undecided_ablations(by_config, ablation_references()))
+        args.config_names = [name for name in args.config_names if name in undecided]
     args.seed_list = comma_separated_ints(p, "--seeds", args.seeds, 0)
     if args.data is None:
         shared = REPO_ROOT.parent / "shared" / "data" / "multi30k"
