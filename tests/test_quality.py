@@ -308,17 +308,22 @@ def test_an_ablation_within_one_vanilla_std_of_its_reference_is_due_a_second_see
 
 
 def test_training_wall_time_sums_the_segments_of_a_resumed_run():
-    """fairseq restarts its wall meter on resume: each fairseq-train segment's last value counts."""
+    """Each fairseq-train segment's last wall value counts; fairseq 0.12 prints wall=0 all
+    through a segment resumed from a checkpoint (a transformer-xl run recorded 183 s of
+    about 2000 that way), and such a segment counts its log's time span instead."""
     log = "\n".join(
         [
             "$ fairseq-train data-bin --max-update 20",
-            "epoch 001:     10 / 20 loss=9.1, train_wall=3, wall=4",
-            "epoch 001 | loss 9 | train_wall 5 | wall 7.5",
+            "2026-11-26 10:44:19 | INFO | train_inner | epoch 001:     10 / 20 loss=9.1, train_wall=3, wall=4",
+            "2026-11-26 10:44:22 | INFO | train | epoch 001 | loss 9 | train_wall 5 | wall 7.5",
             "$ fairseq-train data-bin --max-update 20",
-            "epoch 002:     15 / 20 loss=8.1, train_wall=2, wall=3",
-            "epoch 002 | loss 8 | train_wall 4 | wall 6",
+            "2026-11-26 11:52:30 | INFO | fairseq_cli.train | loaded checkpoint checkpoint_last.pt",
+            "2026-11-26 11:54:01 | INFO | train_inner | epoch 002:     15 / 20 loss=8.1, train_wall=2, wall=0",
+            "2026-11-26 12:23:43 | INFO | train | epoch 002 | loss 8 | train_wall 4 | wall 0",
             "$ fairseq-generate data-bin --beam 5 | wall 99",
         ]
     )
-    assert quality.training_wall_seconds(log) == 13.5
+    assert quality.training_wall_seconds(log) == 7.5 + 31 * 60 + 13
+    # a segment whose meter ran, resumed or not, keeps its own value
+    assert quality.training_wall_seconds(log.replace("wall=0", "wall=6").replace("wall 0", "wall 8")) == 15.5
     assert quality.training_wall_seconds("$ fairseq-train data-bin\ncrashed before any log line") is None

@@ -18,6 +18,7 @@ sessions. ``--report`` (and the end of every invocation) rebuilds
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import re
@@ -328,16 +329,26 @@ def validation_curve(train_log: str) -> List[Dict[str, float]]:
 
 
 TRAIN_WALL = re.compile(r"\bwall[= ](\d+(?:\.\d+)?)")
+LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \| ", re.M)
 
 
 def training_wall_seconds(train_log: str) -> Optional[float]:
-    """Wall seconds fairseq-train reported, summed over the runs the log holds: fairseq
-    restarts its ``wall`` meter when a run resumes from a checkpoint (a run cut off by
-    the end of a session), so each ``$ fairseq-train`` segment's last value counts."""
+    """Wall seconds of training, summed over the ``$ fairseq-train`` segments the log
+    holds (a run cut off by the end of a session resumes in a new segment). A segment
+    counts its meter's last ``wall`` value; fairseq 0.12 restores that meter from the
+    checkpoint stopped, so a resumed segment reads ``wall=0`` throughout, and then
+    counts the span between its first and last log timestamps instead."""
     # re.split with a group alternates [before, command, output, command, output, ...]
     parts = re.split(r"^(\$ .*)$", train_log, flags=re.M)
     segments = [output for command, output in zip(parts[1::2], parts[2::2]) if "fairseq-train" in command]
-    walls = [float(values[-1]) for values in (TRAIN_WALL.findall(part) for part in segments) if values]
+    walls = []
+    for segment in segments:
+        values = [float(value) for value in TRAIN_WALL.findall(segment)]
+        stamps = [datetime.datetime.fromisoformat(stamp) for stamp in LOG_TIME.findall(segment)]
+        if values and values[-1] > 0:
+            walls.append(values[-1])
+        elif values and len(stamps) > 1:
+            walls.append((stamps[-1] - stamps[0]).total_seconds())
     return sum(walls) if walls else None
 
 
