@@ -6,7 +6,10 @@ under ``docs/``, and one file may be copied into several pages.
 
 The copy drops the file's own title (the page's section has one) and moves its
 other headings down so that the highest of them sits one level under the
-section the block is in (``####`` under a ``###`` section).
+section the block is in (``####`` under a ``###`` section). A marker that says
+``, up to its first section,`` after the file's name copies only what comes
+before the file's first heading below its title (the README shows the translation
+table, docs/results.md the ablations and the rest under it).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from typing import Dict, Iterator, List, Optional, Tuple
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the repository of a checkout
 
 BLOCK = re.compile(
-    r"<!-- generated from (?P<source>\S+) by `(?P<command>[^`]+)`; edit that, not this -->\n"
+    r"<!-- generated from (?P<source>\S+)(?P<first_part>, up to its first section,)? by `(?P<command>[^`]+)`; "
+    r"edit that, not this -->\n"
     r"(?P<body>.*?)"
     r"<!-- end of generated (?P=source) -->\n",
     re.S,
@@ -52,12 +56,15 @@ def section_level(page_text: str, position: int) -> int:
     return level
 
 
-def readme_copy(markdown: str, section: int = 3) -> str:
-    """What a page shows of a results file, in a block under a heading of level ``section``."""
+def readme_copy(markdown: str, section: int = 3, first_part: bool = False) -> str:
+    """What a page shows of a results file, in a block under a heading of level
+    ``section``; ``first_part``: only what precedes the file's first section."""
     lines = markdown.strip("\n").splitlines()
     if lines and lines[0].startswith("# "):
         lines = lines[1:]
     headings = list(_headings(lines))
+    if first_part and headings:
+        lines, headings = lines[: headings[0][0]], []
     if headings:
         shift = section + 1 - min(level for _, level in headings)
         for index, level in headings:
@@ -77,7 +84,11 @@ def stale_blocks(page: Path) -> List[str]:
         match["source"]
         for match in BLOCK.finditer(text)
         if match["body"]
-        != readme_copy((REPO_ROOT / match["source"]).read_text(encoding="utf-8"), section_level(text, match.start()))
+        != readme_copy(
+            (REPO_ROOT / match["source"]).read_text(encoding="utf-8"),
+            section_level(text, match.start()),
+            bool(match["first_part"]),
+        )
     ]
 
 
@@ -94,7 +105,7 @@ def update_page(source: Path, page: Path) -> bool:
         if match["source"] != relative:
             return match.group(0)
         found = True
-        body = readme_copy(markdown, section_level(text, match.start()))
+        body = readme_copy(markdown, section_level(text, match.start()), bool(match["first_part"]))
         start, end = match.start("body") - match.start(), match.end("body") - match.start()
         return match.group(0)[:start] + body + match.group(0)[end:]
 
