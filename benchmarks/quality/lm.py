@@ -71,6 +71,7 @@ from .mt import (
     pending_lines,
     plot_curves,
     run,
+    runs_by_config,
     tool,
     training_wall_seconds,
 )
@@ -422,9 +423,7 @@ def train_run(
 def report(out: Path) -> str:
     """Rebuild ``lm_quality.md`` and ``valid_loss.png`` from the run files; returns the markdown."""
     runs = load_runs(out)
-    by_config: Dict[str, List[Dict]] = {}
-    for record in runs:
-        by_config.setdefault(record["config"], []).append(record)
+    by_config = runs_by_config(runs)
     order = sorted(
         by_config, key=lambda name: (by_config[name][0]["baseline"], name != by_config[name][0]["baseline"], name)
     )

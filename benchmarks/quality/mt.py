@@ -561,6 +561,14 @@ def load_runs(out: Path) -> List[Dict[str, object]]:
     return [json.loads(path.read_text(encoding="utf-8")) for path in sorted((out / "runs").glob("*.json"))]
 
 
+def runs_by_config(runs: Sequence[Dict]) -> Dict[str, List[Dict]]:
+    """``{configuration: its run records}``, in the order the runs come."""
+    by_config: Dict[str, List[Dict]] = {}
+    for record in runs:
+        by_config.setdefault(record["config"], []).append(record)
+    return by_config
+
+
 def mean_std(values: Sequence[float]) -> Tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
@@ -596,9 +604,7 @@ def report(out: Path) -> str:
     """Rebuild ``quality.md``, ``valid_loss.png`` and, once ablations ran,
     ``valid_loss_ablations.png`` from the run files; returns the markdown."""
     runs = load_runs(out)
-    by_config: Dict[str, List[Dict]] = {}
-    for record in runs:
-        by_config.setdefault(record["config"], []).append(record)
+    by_config = runs_by_config(runs)
     references = ablation_references() if set(by_config) - set(CONFIGS) else {}
     order = [name for name in CONFIGS if name in by_config] + sorted(set(by_config) - set(CONFIGS) - set(references))
     ablation_order = [name for name in references if name in by_config]
@@ -703,7 +709,7 @@ def ablation_table(by_config: Dict[str, List[Dict]], order: Sequence[str], refer
         lines += ["", f"Not run yet ({len(missing)} of {len(references)}): {', '.join(missing)}."]
     undecided = undecided_ablations(by_config, references)
     if undecided:
-        spread = statistics.stdev(r[ABLATION_METRIC] for r in baseline)
+        spread = seed_noise(baseline)
         lines += [
             "",
             f"One seed within one vanilla std ({spread:.2f} BLEU over {len(baseline)} seeds) of the configuration "
@@ -717,6 +723,11 @@ def ablation_table(by_config: Dict[str, List[Dict]], order: Sequence[str], refer
 ABLATION_METRIC = "tokenized_bleu_compound_split"
 
 
+def seed_noise(baseline: Sequence[Dict]) -> float:
+    """Vanilla's sample std of the ablation metric over its seeds (at least two)."""
+    return statistics.stdev(r[ABLATION_METRIC] for r in baseline)
+
+
 def undecided_ablations(by_config: Dict[str, Sequence[Dict]], references: Dict[str, str]) -> List[str]:
     """The ablations with one seed whose BLEU is within one vanilla std of their
     reference's mean: seed noise alone could put them on either side, so they get a
@@ -724,7 +735,7 @@ def undecided_ablations(by_config: Dict[str, Sequence[Dict]], references: Dict[s
     baseline = by_config.get("vanilla", ())
     if len(baseline) < 2:
         return []
-    spread = statistics.stdev(r[ABLATION_METRIC] for r in baseline)
+    spread = seed_noise(baseline)
     undecided = []
     for name, reference in references.items():
         records, against = by_config.get(name, ()), by_config.get(reference)
@@ -905,10 +916,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.undecided:
         if args.grid != "ablations":
             p.error("argument --undecided: only with --grid ablations")
-        by_config: Dict[str, List[Dict]] = {}
-        for record in load_runs(args.out):
-            by_config.setdefault(record["config"], []).append(record)
-        undecided = set(undecided_ablations(by_config, ablation_references()))
+        undecided = set(undecided_ablations(runs_by_config(load_runs(args.out)), ablation_references()))
         args.config_names = [name for name in args.config_names if name in undecided]
     args.seed_list = comma_separated_ints(p, "--seeds", args.seeds, 0)
     if args.data is None:

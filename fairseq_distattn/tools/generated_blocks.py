@@ -72,6 +72,11 @@ def readme_copy(markdown: str, section: int = 3, first_part: bool = False) -> st
     return "\n".join(lines).strip("\n") + "\n"
 
 
+def block_copy(match: re.Match, page_text: str, markdown: str) -> str:
+    """What the block ``match`` of ``page_text`` shows of its file's ``markdown``."""
+    return readme_copy(markdown, section_level(page_text, match.start()), bool(match["first_part"]))
+
+
 def generated_blocks(readme_text: str) -> Dict[str, str]:
     """``{results file relative to the repository: the page's copy}``."""
     return {match["source"]: match["body"] for match in BLOCK.finditer(readme_text)}
@@ -83,12 +88,7 @@ def stale_blocks(page: Path) -> List[str]:
     return [
         match["source"]
         for match in BLOCK.finditer(text)
-        if match["body"]
-        != readme_copy(
-            (REPO_ROOT / match["source"]).read_text(encoding="utf-8"),
-            section_level(text, match.start()),
-            bool(match["first_part"]),
-        )
+        if match["body"] != block_copy(match, text, (REPO_ROOT / match["source"]).read_text(encoding="utf-8"))
     ]
 
 
@@ -105,7 +105,7 @@ def update_page(source: Path, page: Path) -> bool:
         if match["source"] != relative:
             return match.group(0)
         found = True
-        body = readme_copy(markdown, section_level(text, match.start()), bool(match["first_part"]))
+        body = block_copy(match, text, markdown)
         start, end = match.start("body") - match.start(), match.end("body") - match.start()
         return match.group(0)[:start] + body + match.group(0)[end:]
 
