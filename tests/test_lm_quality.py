@@ -89,6 +89,12 @@ def test_lm_harnesses_write_one_json_per_run_skip_done_runs_and_report(tmp_path)
     before = {path: path.stat().st_mtime_ns for path in (out / "runs").glob("*.json")}
     assert lm_quality.main(argv) == 0
     assert {path: path.stat().st_mtime_ns for path in (out / "runs").glob("*.json")} == before
+    # --retrain trains a done run again, and only the runs asked for
+    [retrained, *others] = sorted((out / "runs").glob("*.json"))
+    config = retrained.stem.rsplit("-seed", 1)[0]
+    assert lm_quality.main([*argv, "--configs", config, "--retrain"]) == 0
+    assert retrained.stat().st_mtime_ns != before[retrained]
+    assert {path: path.stat().st_mtime_ns for path in others} == {path: before[path] for path in others}
     # a run file written before the parameters were measured gets them from its kept checkpoint
     older = out / "runs" / "distattn_lm_alibi_gbw-seed3.json"
     older.write_text(json.dumps({k: v for k, v in records[older.stem].items() if k != "mechanism_parameters"}))

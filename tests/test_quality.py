@@ -76,6 +76,11 @@ def test_quality_and_extrapolation_harnesses_write_one_json_per_run_skip_done_ru
     before = {path: path.stat().st_mtime_ns for path in (out / "runs").glob("*.json")}
     assert quality.main(argv) == 0
     assert {path: path.stat().st_mtime_ns for path in (out / "runs").glob("*.json")} == before
+    # --retrain trains a done run again, and only the runs asked for
+    assert quality.main([*argv, "--configs", "window", "--retrain"]) == 0
+    after = {path: path.stat().st_mtime_ns for path in (out / "runs").glob("*.json")}
+    assert [path.stem for path in after if after[path] != before[path]] == ["window-seed3"]
+    assert json.loads((out / "runs" / "window-seed3.json").read_text())["updates"] == 5
 
     # an ablation runs by name under --grid ablations, with the same recipe, and gets its own table
     assert quality.main([*argv, "--grid", "ablations", "--configs", "da-map-clip"]) == 0  # the last --configs wins

@@ -893,6 +893,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     add_out_argument(p, DEFAULT_OUT)
     p.add_argument("--jobs", type=at_least(1), default=2, help="runs at a time (default: 2)")
     p.add_argument("--threads", type=at_least(1), default=1, help="OMP_NUM_THREADS of each run (default: 1)")
+    p.add_argument(
+        "--retrain",
+        action="store_true",
+        help="train the selected runs again even where their run file exists (replacing it; the log gives the "
+        "recorded and the new BLEU), e.g. to have their models for benchmarks.quality.mt_extrapolation on a "
+        "machine that lacks them",
+    )
     p.add_argument("--report", action="store_true", help="only rebuild the table and plot from the run files")
     args = p.parse_args(argv)
     args.out = args.out or scale_results(DEFAULT_OUT, args.scale)
@@ -939,7 +946,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             (args.grid_configs[name], seed)
             for seed in args.seed_list
             for name in args.config_names
-            if not (args.out / "runs" / f"{name}-seed{seed}.json").is_file()
+            if args.retrain or not (args.out / "runs" / f"{name}-seed{seed}.json").is_file()
         ]
         log(f"{len(todo)} runs to do ({args.scale}, {scale['updates']} updates, {args.jobs} at a time)")
         machine = f"{device_model()}, {args.threads} thread(s) per run"
@@ -963,6 +970,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 f"FFN {scale['ffn']}, {scale['heads']} heads",
             )
             path = args.out / "runs" / f"{config.name}-seed{seed}.json"
+            if path.is_file():
+                recorded = json.loads(path.read_text(encoding="utf-8"))
+                new, old = record["tokenized_bleu_compound_split"], recorded["tokenized_bleu_compound_split"]
+                log(f"retrained {config.name} seed {seed}: BLEU {new}, recorded {old}")
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
             log(
