@@ -105,6 +105,27 @@ def checkpoint_fingerprint(path: Path) -> str:
     return digest.hexdigest()
 
 
+def recorded_fingerprint(quality_file: Optional[Path]) -> Optional[str]:
+    """The ``checkpoint_sha256`` a quality run file records (None: no such file, or
+    one written before fingerprints were recorded)."""
+    if quality_file is None or not quality_file.is_file():
+        return None
+    return json.loads(quality_file.read_text(encoding="utf-8")).get("checkpoint_sha256")
+
+
+def evaluated_from(record: dict, fingerprint: str, quality_fingerprint: Optional[str]) -> bool:
+    """Whether a run's result ``record`` may come from its model with ``fingerprint``,
+    given the fingerprint its quality run file records. A record naming a checkpoint:
+    when it names that one. A record naming none (written before fingerprints were
+    recorded): unless the quality run names one, for a quality run that records
+    a fingerprint was trained after fingerprints came, and every evaluation of its
+    model since names it: such a record is from a model trained before (the run was
+    trained again, e.g. ``--retrain``)."""
+    if "checkpoint_sha256" in record:
+        return record["checkpoint_sha256"] == fingerprint
+    return quality_fingerprint is None
+
+
 def models_per_run(
     records: Iterable[dict],
     run_of: Callable[[dict], Tuple[str, int]],
@@ -114,22 +135,34 @@ def models_per_run(
     (``run_of(record)``: its configuration and seed), the ``checkpoint_sha256``
     its records name must be one, and the one its quality run file
     (``quality_file(config, seed)``; None or absent: not compared) records where
-    that file records one. Records from before fingerprints were recorded name
-    none and are not checked. Returns the problems, one line each."""
+    that file records one; there, every record must name it (see
+    ``evaluated_from``). Records from before fingerprints were recorded, of a run
+    whose quality run file records none, cannot be checked. Returns the problems,
+    one line each."""
     fingerprints: Dict[Tuple[str, int], set] = {}
+    unnamed: Dict[Tuple[str, int], int] = {}
     for record in records:
         if "checkpoint_sha256" in record:
             fingerprints.setdefault(run_of(record), set()).add(record["checkpoint_sha256"])
+        else:
+            unnamed[run_of(record)] = unnamed.get(run_of(record), 0) + 1
     problems = []
-    for (config, seed), found in sorted(fingerprints.items()):
+    for config, seed in sorted({*fingerprints, *unnamed}):
+        found = fingerprints.get((config, seed), set())
         if len(found) > 1:
             problems.append(f"{config} seed {seed}: {len(found)} checkpoints")
             continue
         quality = quality_file(config, seed)
-        if quality is not None and quality.is_file():
-            recorded = json.loads(quality.read_text(encoding="utf-8")).get("checkpoint_sha256")
-            if recorded is not None and recorded not in found:
-                problems.append(f"{config} seed {seed}: another model than the one {quality} records")
+        recorded = recorded_fingerprint(quality)
+        if recorded is None:
+            continue
+        if found and recorded not in found:
+            problems.append(f"{config} seed {seed}: another model than the one {quality} records")
+        elif (config, seed) in unnamed:
+            problems.append(
+                f"{config} seed {seed}: {unnamed[config, seed]} result(s) naming no checkpoint, from a model "
+                f"trained before the one {quality} records"
+            )
     return problems
 
 

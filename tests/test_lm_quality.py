@@ -147,6 +147,13 @@ def test_lm_harnesses_write_one_json_per_run_skip_done_runs_and_report(tmp_path)
     assert json.loads(stale.read_text())["checkpoint_sha256"] == fingerprint
     after = {path: path.stat().st_mtime_ns for path in (extra / "runs").glob("*.json")}
     assert [path.name for path in after if after[path] != before[path]] == [stale.name]
+    # so is a length from before fingerprints were recorded, as the quality run records one
+    stale.write_text(json.dumps({k: v for k, v in json.loads(stale.read_text()).items() if k != "checkpoint_sha256"}))
+    before = {path: path.stat().st_mtime_ns for path in (extra / "runs").glob("*.json")}
+    assert lm_extrapolation.main(extra_argv) == 0
+    assert json.loads(stale.read_text())["checkpoint_sha256"] == fingerprint
+    after = {path: path.stat().st_mtime_ns for path in (extra / "runs").glob("*.json")}
+    assert [path.name for path in after if after[path] != before[path]] == [stale.name]
 
 
 def quality_record(config, baseline, seed, ppl):
@@ -240,6 +247,13 @@ def test_extrapolation_report_refuses_a_seed_evaluated_from_two_models(tmp_path)
     with pytest.raises(SystemExit, match="distattn_lm_alibi_gbw seed 1: another model than the one .* records"):
         lm_extrapolation.report(out, quality)
     (quality / "distattn_lm_alibi_gbw-seed1.json").write_text(json.dumps({**record, "checkpoint_sha256": "a" * 64}))
+    assert "50.00" in lm_extrapolation.report(out, quality)
+    # a length from before fingerprints were recorded is from a model trained before the one the quality run
+    # records, when it records one; with a quality run that records none it cannot be checked
+    (out / "runs" / "distattn_lm_alibi_gbw-seed1-L128.json").write_text(json.dumps(extrapolation_record(1, 128, 60.0)))
+    with pytest.raises(SystemExit, match="alibi_gbw seed 1: 1 result.* naming no checkpoint, from a model trained"):
+        lm_extrapolation.report(out, quality)
+    (quality / "distattn_lm_alibi_gbw-seed1.json").write_text(json.dumps(record))
     assert "50.00" in lm_extrapolation.report(out, quality)
 
 

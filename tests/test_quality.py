@@ -131,6 +131,11 @@ def test_quality_and_extrapolation_harnesses_write_one_json_per_run_skip_done_ru
     again = json.loads(stale.read_text())
     assert again["checkpoint_sha256"] == fingerprint and again["sentences"] == 30
     assert {p: p.stat().st_mtime_ns for p in others} == others
+    # so is one from before fingerprints were recorded, when the quality run records one (a model trained again)
+    stale.write_text(json.dumps({**{k: v for k, v in again.items() if k != "checkpoint_sha256"}, "sentences": -1}))
+    assert extrapolation.main([*argv, "--quality-out", str(out)]) == 0
+    assert json.loads(stale.read_text())["checkpoint_sha256"] == fingerprint
+    assert {p: p.stat().st_mtime_ns for p in others} == others
 
 
 def extrapolation_record(config, seed, factor, bleu, **extra):
@@ -175,10 +180,17 @@ def test_extrapolation_report_refuses_a_run_evaluated_from_two_models(tmp_path):
     with pytest.raises(SystemExit, match="window seed 1: another model than the one .* records"):
         extrapolation.report(out, quality / "runs")
     assert "| window | 30.00 | 24.00 | 0.80 |" in extrapolation.report(out)  # without quality runs: fingerprints only
-    # files from before fingerprints were recorded are reported as they are
-    for factor, bleu in ((1, 30.0), (2, 21.0)):
-        path = out / "runs" / f"window-seed1-x{factor}.json"
-        path.write_text(json.dumps(extrapolation_record("window", 1, factor, bleu)))
+    # files from before fingerprints were recorded are reported as they are, unless the quality run
+    # records one: then they are from a model trained before it (the run was trained again)
+    write(1, 30.0, "a" * 64)
+    (out / "runs" / "window-seed1-x2.json").write_text(json.dumps(extrapolation_record("window", 1, 2, 21.0)))
+    with pytest.raises(SystemExit, match="window seed 1: 1 result.* naming no checkpoint, from a model trained before"):
+        extrapolation.report(out, quality / "runs")
+    (out / "runs" / "window-seed1-x1.json").write_text(json.dumps(extrapolation_record("window", 1, 1, 30.0)))
+    with pytest.raises(SystemExit, match="window seed 1: 2 result.* naming no checkpoint"):
+        extrapolation.report(out, quality / "runs")
+    without = {key: value for key, value in json.loads(run_file.read_text()).items() if key != "checkpoint_sha256"}
+    run_file.write_text(json.dumps(without))
     assert "| window | 30.00 | 21.00 | 0.70 |" in extrapolation.report(out, quality / "runs")
 
 

@@ -47,7 +47,9 @@ from ..common import (
     checkpoint_fingerprint,
     comma_separated_ints,
     comma_separated_names,
+    evaluated_from,
     models_per_run,
+    recorded_fingerprint,
     scale_results,
     without_machine_paths,
 )
@@ -107,13 +109,15 @@ def training_setup(run_dir: Path) -> Dict[str, object]:
     return {"data_bin": Path(words[1]), "tokens_per_sample": int(words[words.index("--tokens-per-sample") + 1])}
 
 
-def evaluate_run(run_dir: Path, lengths: Sequence[int], out: Path, env: Dict[str, str]) -> None:
+def evaluate_run(run_dir: Path, lengths: Sequence[int], out: Path, quality_runs: Path, env: Dict[str, str]) -> None:
     """One JSON per length for one run. A length with a JSON already is skipped
-    unless that JSON records another checkpoint than the run's (a model trained
-    again): then it is evaluated again, so one seed's row never mixes models."""
+    unless that JSON is from another checkpoint than the run's (a model trained
+    again; ``evaluated_from``, with the run's file in ``quality_runs``): then it is
+    evaluated again, so one seed's row never mixes models."""
     config, seed = run_dir.name.rsplit("-seed", 1)
     setup = training_setup(run_dir)
     fingerprint = checkpoint_fingerprint(run_dir / "checkpoint_best.pt")
+    recorded = recorded_fingerprint(quality_runs / f"{run_dir.name}.json")
     trained = setup["tokens_per_sample"]
     reference: Optional[int] = None
     scalings = (None, *ROPE_SCALINGS) if config in rotary_configs() else (None,)
@@ -123,7 +127,7 @@ def evaluate_run(run_dir: Path, lengths: Sequence[int], out: Path, env: Dict[str
         path = out / "runs" / f"{name}-L{length}.json"
         if path.is_file():
             existing = json.loads(path.read_text(encoding="utf-8"))
-            if existing.get("checkpoint_sha256", fingerprint) == fingerprint:
+            if evaluated_from(existing, fingerprint, recorded):
                 reference = reference or existing["blocks"]["tokens"]
                 continue
             log(f"{path.name} was evaluated from another checkpoint than {run_dir.name}'s: again")
@@ -380,7 +384,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         )
         log(f"{len(runs)} trained models under {args.quality_work / args.scale}")
         for run_dir in runs:
-            evaluate_run(run_dir, args.length_list, args.out, env)
+            evaluate_run(run_dir, args.length_list, args.out, args.quality_out / "runs", env)
     print(report(args.out, args.quality_out / "runs"))
     return 0
 

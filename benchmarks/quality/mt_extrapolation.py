@@ -33,7 +33,9 @@ from ..common import (
     checkpoint_fingerprint,
     comma_separated_ints,
     comma_separated_names,
+    evaluated_from,
     models_per_run,
+    recorded_fingerprint,
     scale_results,
 )
 from .mt import (
@@ -390,11 +392,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if not (data / "data-bin" / ".done").is_file():
                 raise SystemExit(f"no prepared data {data} for {model}")
             fingerprint = checkpoint_fingerprint(model)
+            recorded = recorded_fingerprint(args.quality_out / "runs" / f"{run_name}.json")
             for factor in args.factor_list:
                 path = args.out / "runs" / f"{run_name}-x{factor}.json"
                 if path.is_file():
-                    existing = json.loads(path.read_text(encoding="utf-8"))
-                    if existing.get("checkpoint_sha256", fingerprint) == fingerprint:
+                    if evaluated_from(json.loads(path.read_text(encoding="utf-8")), fingerprint, recorded):
                         continue
                     log(f"{path.name} was evaluated from another model than {run_name}'s: again")
                 test_set = build_test_set(
