@@ -11,6 +11,7 @@ import os
 import platform
 import re
 import subprocess
+from collections import Counter
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
@@ -140,12 +141,12 @@ def models_per_run(
     whose quality run file records none, cannot be checked. Returns the problems,
     one line each."""
     fingerprints: Dict[Tuple[str, int], set] = {}
-    unnamed: Dict[Tuple[str, int], int] = {}
+    unnamed: Counter = Counter()
     for record in records:
         if "checkpoint_sha256" in record:
             fingerprints.setdefault(run_of(record), set()).add(record["checkpoint_sha256"])
         else:
-            unnamed[run_of(record)] = unnamed.get(run_of(record), 0) + 1
+            unnamed[run_of(record)] += 1
     problems = []
     for config, seed in sorted({*fingerprints, *unnamed}):
         found = fingerprints.get((config, seed), set())
@@ -158,7 +159,7 @@ def models_per_run(
             continue
         if found and recorded not in found:
             problems.append(f"{config} seed {seed}: another model than the one {quality} records")
-        elif (config, seed) in unnamed:
+        elif unnamed[config, seed]:
             problems.append(
                 f"{config} seed {seed}: {unnamed[config, seed]} result(s) naming no checkpoint, from a model "
                 f"trained before the one {quality} records"

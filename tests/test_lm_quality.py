@@ -89,7 +89,7 @@ def test_lm_harnesses_write_one_json_per_run_skip_done_runs_and_report(tmp_path)
     before = {path: path.stat().st_mtime_ns for path in (out / "runs").glob("*.json")}
     assert lm_quality.main(argv) == 0
     assert {path: path.stat().st_mtime_ns for path in (out / "runs").glob("*.json")} == before
-    # --retrain trains a done run again, and only the runs asked for
+    # --retrain redoes a done run (from its kept checkpoint, as here), and only the runs asked for
     [retrained, *others] = sorted((out / "runs").glob("*.json"))
     config = retrained.stem.rsplit("-seed", 1)[0]
     assert lm_quality.main([*argv, "--configs", config, "--retrain"]) == 0

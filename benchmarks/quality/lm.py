@@ -554,7 +554,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         action="store_true",
         help="train the selected runs again even where their run file exists (replacing it; the log gives the "
         "recorded and the new test ppl), e.g. to have their checkpoints for benchmarks.quality.lm_extrapolation "
-        "on a machine that lacks them",
+        "on a machine that lacks them; a run whose checkpoint is still here is evaluated again from it",
     )
     p.add_argument("--report", action="store_true", help="only rebuild the table and plot from the run files")
     args = p.parse_args(argv)
