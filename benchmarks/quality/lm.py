@@ -53,11 +53,14 @@ from ..common import (
     at_least,
     check_same_budget,
     checkpoint_fingerprint,
+    claimed,
     comma_separated_ints,
     comma_separated_names,
     device_model,
+    file_version,
     git_revision,
     scale_results,
+    train_unless_taken,
     without_machine_paths,
 )
 from .mt import (
@@ -585,20 +588,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         scale["updates"] = args.updates or scale["updates"]
         scale["tokens_per_sample"] = args.tokens_per_sample or scale["tokens_per_sample"]
         env = run_env(args.threads)
-        data_bin, splits = prepare(args.data, args.work, env)
+        with claimed(args.work, wait=True):  # one process prepares, the others wait
+            data_bin, splits = prepare(args.data, args.work, env)
         configs = lm_configs()
+
+        def run_file(name: str, seed: int) -> Path:
+            return args.out / "runs" / f"{name}-seed{seed}.json"
+
         todo = [
             (configs[name], seed)
             for seed in args.seed_list
             for name in args.config_names
-            if args.retrain or not (args.out / "runs" / f"{name}-seed{seed}.json").is_file()
+            if args.retrain or not run_file(name, seed).is_file()
         ]
+        listed = {run_file(config.name, seed): file_version(run_file(config.name, seed)) for config, seed in todo}
         log(f"{len(todo)} runs to do ({args.scale}, {scale['updates']} updates, one at a time)")
         machine = f"{device_model()}, {args.threads} thread(s) per run"
         revision = git_revision()
-        for config, seed in todo:
-            run_dir = args.work / args.scale / f"{config.name}-seed{seed}"
-            run_dir.mkdir(parents=True, exist_ok=True)
+
+        def train_one(config: LMConfig, seed: int, run_dir: Path, path: Path) -> None:
             log(f"start {config.name} seed {seed} ({run_dir})")
             record = train_run(config, seed, scale, data_bin, run_dir, env)
             record.update(
@@ -610,7 +618,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 max_tokens=scale["max_tokens"],
                 model=f"{scale['layers']} layers x {scale['dim']}, FFN {scale['ffn']}, {scale['heads']} heads",
             )
-            path = args.out / "runs" / f"{config.name}-seed{seed}.json"
             if path.is_file():
                 recorded = json.loads(path.read_text(encoding="utf-8"))
                 new, old = record["test_ppl"], recorded["test_ppl"]
@@ -618,6 +625,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(without_machine_paths(json.dumps(record, indent=1)) + "\n", encoding="utf-8")
             log(f"done {config.name} seed {seed}: test ppl {record['test_ppl']}, {record['wall_s']:.0f}s")
+
+        for config, seed in todo:
+            run_dir = args.work / args.scale / f"{config.name}-seed{seed}"
+            path = run_file(config.name, seed)
+            train = functools.partial(train_one, config, seed, run_dir, path)
+            train_unless_taken(f"{config.name} seed {seed}", run_dir, path, listed[path], train, log)
 
         def model_of(record: Dict[str, object], path: Path) -> Tuple[Path, Path, Path]:
             run_dir = args.work / str(record.get("scale", args.scale)) / path.stem

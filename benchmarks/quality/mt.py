@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import re
@@ -41,11 +42,14 @@ from ..common import (
     at_least,
     check_same_budget,
     checkpoint_fingerprint,
+    claimed,
     comma_separated_ints,
     comma_separated_names,
     device_model,
+    file_version,
     git_revision,
     scale_results,
+    train_unless_taken,
 )
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "quality"
@@ -941,21 +945,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         merges = args.merges or scale["merges"] or 500
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1"}
         env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
-        prep, data_bin = prepare(args.data, args.work / f"data-{merges}", merges, env)
+        with claimed(args.work / f"data-{merges}", wait=True):  # one process prepares, the others wait
+            prep, data_bin = prepare(args.data, args.work / f"data-{merges}", merges, env)
+
+        def run_file(config: QualityConfig, seed: int) -> Path:
+            return args.out / "runs" / f"{config.name}-seed{seed}.json"
+
         todo = [
             (args.grid_configs[name], seed)
             for seed in args.seed_list
             for name in args.config_names
-            if args.retrain or not (args.out / "runs" / f"{name}-seed{seed}.json").is_file()
+            if args.retrain or not run_file(args.grid_configs[name], seed).is_file()
         ]
+        listed = {run_file(config, seed): file_version(run_file(config, seed)) for config, seed in todo}
         log(f"{len(todo)} runs to do ({args.scale}, {scale['updates']} updates, {args.jobs} at a time)")
         machine = f"{device_model()}, {args.threads} thread(s) per run"
         revision = git_revision()
 
-        def one(job):
-            config, seed = job
-            run_dir = args.work / args.scale / f"{config.name}-seed{seed}"
-            run_dir.mkdir(parents=True, exist_ok=True)
+        def train_one(config: QualityConfig, seed: int, run_dir: Path, path: Path) -> None:
             log(f"start {config.name} seed {seed} ({run_dir})")
             record = train_run(config, seed, scale, prep, data_bin, run_dir, env, args.precision)
             record.update(
@@ -969,7 +976,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 model=f"{scale['layers']}+{scale['layers']} layers x {scale['dim']}, "
                 f"FFN {scale['ffn']}, {scale['heads']} heads",
             )
-            path = args.out / "runs" / f"{config.name}-seed{seed}.json"
             if path.is_file():
                 recorded = json.loads(path.read_text(encoding="utf-8"))
                 new, old = record["tokenized_bleu_compound_split"], recorded["tokenized_bleu_compound_split"]
@@ -980,6 +986,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 f"done {config.name} seed {seed}: BLEU {record['tokenized_bleu_compound_split']}, "
                 f"sacreBLEU {record['sacrebleu']}, {record['wall_s']:.0f}s"
             )
+
+        def one(job):
+            config, seed = job
+            run_dir = args.work / args.scale / f"{config.name}-seed{seed}"
+            path = run_file(config, seed)
+            train = functools.partial(train_one, config, seed, run_dir, path)
+            train_unless_taken(f"{config.name} seed {seed}", run_dir, path, listed[path], train, log)
 
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
             for future in [pool.submit(one, job) for job in todo]:
