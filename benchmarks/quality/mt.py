@@ -957,7 +957,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for name in args.config_names
             if args.retrain or not run_file(args.grid_configs[name], seed).is_file()
         ]
-        listed = {run_file(config, seed): file_version(run_file(config, seed)) for config, seed in todo}
+        # each run file as this process saw it: one that changes meanwhile was written by another
+        listed = {path: file_version(path) for path in (run_file(config, seed) for config, seed in todo)}
         log(f"{len(todo)} runs to do ({args.scale}, {scale['updates']} updates, {args.jobs} at a time)")
         machine = f"{device_model()}, {args.threads} thread(s) per run"
         revision = git_revision()
