@@ -205,13 +205,15 @@ class AttentionModuleOptions:
     attention_flex: str = option(
         "auto",
         "--attention-flex",
-        "auto: on CUDA, mechanisms that declare a flex_attention path (the mechanism table) run their "
+        "on CUDA, mechanisms that declare a flex_attention path (the mechanism table) can run their "
         "full-sequence calls without weights or attention dropout through compiled "
-        "torch.nn.attention.flex_attention; never: always the eager/SDPA path, to compare or where "
-        "torch.compile cannot build the kernel (default: {default}); CPU is never affected. A trained model "
-        "takes it at generation time as --model-overrides \"{{'attention_flex': 'never'}}\"",
-        convert=one_of("--attention-flex", ("auto", "never")),
-        metavar="auto|never",
+        "torch.nn.attention.flex_attention. auto: for keys from --attention-recompute-length on (where it "
+        "keeps no [B, H, Tq, Tk] tensor; shorter keys take the eager path, which trained faster on an H100); "
+        "always: at every length; never: always the eager/SDPA path, to compare or where torch.compile "
+        "cannot build the kernel (default: {default}); CPU is never affected. A trained model takes it at "
+        "generation time as --model-overrides \"{{'attention_flex': 'never'}}\"",
+        convert=one_of("--attention-flex", ("auto", "always", "never")),
+        metavar="auto|always|never",
         role=RUNTIME,
     )
 

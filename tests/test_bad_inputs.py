@@ -128,7 +128,7 @@ BAD_INPUTS = [
     (MT, ["--window-segment-size", "-1"], "--window-segment-size", ["-1"]),
     (MT, ["--arch", "transformer", "--window-expected-mask"], "--window-expected-mask", ["distattn_transformer"]),
     (MT, ["--attention-recompute-length", "-5"], "--attention-recompute-length", ["-5"]),
-    (MT, ["--attention-flex", "always"], "--attention-flex", ["always", "auto, never"]),
+    (MT, ["--attention-flex", "sometimes"], "--attention-flex", ["sometimes", "auto, always, never"]),
     (MT, ["--distance-mask-alpha", "inf"], "--distance-mask-alpha", ["inf"]),
     (MT, ["--distance-mask-alpha", "1e39"], "--distance-mask-alpha", ["1e+39"]),
     (MT, ["--distance-mask-alpha", "nan"], "--distance-mask-alpha", ["nan"]),

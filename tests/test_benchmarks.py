@@ -760,17 +760,34 @@ def test_data_descriptions_are_relative_to_the_repository(tmp_path):
     assert shown(REPO_ROOT.parent / "shared" / "data") == "../shared/data"
 
 
-def test_attention_flex_never_runs_the_whole_harness_off_flex(monkeypatch):
+def test_attention_flex_reaches_every_plugin_model_and_never_the_ops_too(monkeypatch):
+    """The harness's --attention-flex is the plugin models' own option (fairseq's
+    models have none); never also keeps the functional ops of the ops section off flex."""
+    from benchmarks.speed import configs as C
     from benchmarks.speed import run
     from fairseq_distattn.functional import flex
 
-    modes = []
-    monkeypatch.setattr(run, "_run", lambda args, argv: modes.append(flex._mode) or 0)
-    assert run.main(["--attention-flex", "never"]) == 0
+    mechanism = next(c for c in C.translation_configs() if c.kind == "mechanism")
+    seen = []
+
+    def record(args, argv):
+        flags = {c.kind: C.common_flags(c, C.SCALES["tiny"], 64) for c in (C.MT_BASELINE, C.MT_PRESETS[0], mechanism)}
+        seen.append((flex._mode, flags))
+        return 0
+
+    monkeypatch.setattr(run, "_run", record)
+    for setting in ("never", "always", "auto"):
+        assert run.main(["--attention-flex", setting]) == 0
     assert run.main([]) == 0
-    assert modes == ["never", "auto"] and flex._mode == "auto"
+    assert [mode for mode, _ in seen] == ["never", "auto", "auto", "auto"] and flex._mode == "auto"
+    for (_, flags), setting in zip(seen, ("never", "always", "auto", "auto")):
+        assert "--attention-flex" not in flags["baseline"]
+        for kind in ("preset", "mechanism"):
+            assert flags[kind][flags[kind].index("--attention-flex") + 1] == setting
+    outside = C.common_flags(mechanism, C.SCALES["tiny"], 64)
+    assert outside[outside.index("--attention-flex") + 1] == "auto"
     with pytest.raises(SystemExit):
-        run.parse_args(["--attention-flex", "always"])
+        run.parse_args(["--attention-flex", "sometimes"])
 
 
 def test_machine_paths_are_rewritten_only_where_a_path_starts(monkeypatch):

@@ -467,6 +467,7 @@ def test_a_translation_model_gives_the_same_logits_through_flex(flex_calls, bloc
     model, d = translation_model(
         extra=[
             *TINY,
+            *("--attention-flex", "always"),
             "--encoder-self-attention",
             "alibi@0,distance-mask@1",
             "--decoder-self-attention",
@@ -515,6 +516,7 @@ def test_a_training_step_through_flex_gives_every_parameter_the_eager_paths_grad
     model, d = translation_model(
         extra=[
             *TINY,
+            *("--attention-flex", "always"),
             *("--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed-dim", "64"),
             *("--decoder-embed-dim", "64", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"),
             *("--encoder-self-attention", "rpr@0,da@1,alibi@2"),
@@ -590,6 +592,7 @@ def test_the_compiled_kernel_is_not_recompiled_per_batch_and_never_falls_back(mo
     model, d = translation_model(
         extra=[
             *TINY,
+            *("--attention-flex", "always"),
             "--encoder-layers",
             "3",
             "--decoder-layers",
@@ -651,7 +654,9 @@ def test_the_registry_declares_which_mechanisms_take_the_flex_path(mechanism, fl
     from .model_helpers import TINY, left_pad, random_tokens, translation_model
 
     name, *options = mechanism.split()
-    model, d = translation_model(extra=[*TINY, "--encoder-self-attention", name, *options])
+    model, d = translation_model(
+        extra=[*TINY, "--attention-flex", "always", "--encoder-self-attention", name, *options]
+    )
     sentences = [random_tokens(d, 1, length, seed)[0] for seed, length in enumerate((6, 3))]
     src_tokens, src_lengths = left_pad(sentences, d.pad()), torch.tensor([6, 3])
     prev_output_tokens = random_tokens(d, 2, 4, seed=5)
@@ -699,20 +704,27 @@ def test_layers_on_the_flex_path_are_not_recomputed(monkeypatch):
     assert window.recompute_saves_memory(query, False, 0.0)  # its M is [B, H, Tq, Tk] on either path
 
 
-def test_attention_flex_never_keeps_every_layer_off_flex(flex_calls):
+def test_attention_flex_takes_flex_from_the_recompute_length_on_in_auto(flex_calls):
+    """--attention-flex: always takes flex on every qualifying call, never on none,
+    auto only where the keys reach --attention-recompute-length (on shorter keys the
+    eager path trained faster on an H100), so a recompute length of 0 keeps auto off it.
+    Encoder keys are 5 long, decoder keys 4: four self-attention layers in all."""
     from .model_helpers import TINY, random_tokens, translation_model
 
     calls = flex_calls
-    for setting, expected in (("auto", 4), ("never", 0)):
+    for setting, recompute_length, expected in (
+        ("always", 256, 4),
+        ("never", 1, 0),
+        ("auto", 256, 0),
+        ("auto", 5, 2),  # the encoder's keys only
+        ("auto", 4, 4),
+        ("auto", 0, 0),
+    ):
         model, d = translation_model(
             extra=[
                 *TINY,
-                "--encoder-self-attention",
-                "alibi",
-                "--decoder-self-attention",
-                "distance-mask",
-                "--attention-flex",
-                setting,
+                *("--encoder-self-attention", "alibi", "--decoder-self-attention", "distance-mask"),
+                *("--attention-flex", setting, "--attention-recompute-length", str(recompute_length)),
             ]
         )
         assert model.encoder.layers[0].self_attn.attention_flex == setting
@@ -720,4 +732,4 @@ def test_attention_flex_never_keeps_every_layer_off_flex(flex_calls):
         calls.clear()
         with torch.no_grad(), flex.flex_mode("always"):
             model(src_tokens, torch.tensor([5, 5]), prev_output_tokens)
-        assert len(calls) == expected, setting
+        assert len(calls) == expected, (setting, recompute_length)

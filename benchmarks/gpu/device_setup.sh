@@ -1,19 +1,14 @@
 # Sourced at the start of every device call: the plugin's Python dependencies
-# from carried wheels (fairseq-fixed built there from its sdist once, brought
-# back in 15 MB parts, carried since), ../shared/data from the carried copy.
+# from carried wheels (fairseq-fixed's own cp312 wheel: building its sdist there cost
+# 120 s of device time), ../shared/data from the carried copy.
 T0=$(date +%s)
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
-WHEEL=.devdata/fairseq_fixed-0.12.3.1-cp312-cp312-linux_x86_64.whl
 if [ ! -d /tmp/site/fairseq ]; then
-  if [ -e .devdata/fairseq_whl_part_aa ]; then cat .devdata/fairseq_whl_part_* > $WHEEL; fi
-  if [ ! -e $WHEEL ]; then
-    (unset CUDA_HOME; MAX_JOBS=16 python3 -m pip wheel -q --no-index --no-deps --no-build-isolation -w .devdata .whl/fairseq_fixed-0.12.3.1.tar.gz)
-    split -b 15M $WHEEL $OUT/fairseq_whl_part_
-  fi
+  ls .whl/fairseq_fixed-*.whl > /dev/null || { echo "no fairseq-fixed wheel in .whl/: run bash benchmarks/gpu/fetch_wheels.sh here first" >&2; return 1; }
   # one pip call: each `--upgrade --target` call replaces /tmp/site/bin wholesale, so a
   # later call would drop the console scripts (subword-nmt, sacremoses) of an earlier one
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/antlr4-python3-runtime-4.9.3.tar.gz .whl/*.whl $WHEEL
+    --target /tmp/site .whl/antlr4-python3-runtime-4.9.3.tar.gz .whl/*.whl
 fi
 [ -e ../shared ] || ln -s "$PWD/.devdata" ../shared
 # scripts/quickstart.sh (the quality harnesses' preprocessing) installs into and activates
@@ -26,3 +21,15 @@ fi
 echo "setup took $(( $(date +%s) - T0 )) s"
 python3 -c "import torch, numpy, fairseq; print(torch.__version__, numpy.__version__, fairseq.__version__, torch.cuda.get_device_name())"
 which fairseq-train
+# gpu_step CAP NAME cmd...: cmd under a timeout of CAP seconds or what is left of the call's
+# GPU_BUDGET seconds (counted from this setup, 15 s kept to bring $OUT back), whichever is
+# less; skipped under 20 s. One step that overruns then costs its own results, not the call's.
+gpu_step() {
+  local cap=$1 name=$2; shift 2
+  local left=$(( ${GPU_BUDGET:-560} - 15 - ($(date +%s) - T0) ))
+  local limit=$(( cap < left ? cap : left ))
+  if [ "$limit" -lt 20 ]; then echo "== $name: skipped, ${left} s left"; return; fi
+  echo "== $name (timeout ${limit} s) at +$(( $(date +%s) - T0 )) s"
+  local started=$(date +%s)
+  timeout "$limit" "$@"; echo "== $name: rc $? in $(( $(date +%s) - started )) s"
+}

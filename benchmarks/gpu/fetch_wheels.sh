@@ -4,8 +4,9 @@
 # machine, which has no network. That machine's image has Python 3.12, torch, numpy,
 # sacrebleu, regex, sentencepiece, pytest and pytest-xdist (the device tool's
 # KINDS.md); these are the rest of the plugin's dependencies, at the versions the
-# constraints give here, plus the two sdists it builds there (fairseq-fixed has no
-# wheel; antlr4's runtime is a pure-Python sdist). About 12 MB; carry [".whl", ".devdata"].
+# constraints give here: fairseq-fixed's cp312 wheel (built against numpy 2, which that
+# machine has; its torch extensions libbase/libnat serve only models the plugin does not
+# use) and antlr4's runtime, a pure-Python sdist. About 25 MB; carry [".whl", ".devdata"].
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p .whl .devdata
@@ -13,13 +14,13 @@ PY=${PYTHON:-.venv/bin/python}
 WHEELS=(
     hydra-core==1.3.2 omegaconf==2.3.0 bitarray==3.12.3 cffi==2.1.1 pycparser==3.12
     subword-nmt==0.3.8 sacremoses==0.2.0 mock==5.2.0 tensorboardX==2.6.5 click==8.5.1 joblib==1.6.0
+    fairseq-fixed==0.12.3.1
 )
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d .whl "${WHEELS[@]}"
-# pip prepares an sdist's metadata even to download it: without build isolation it does so
-# in this virtualenv (fairseq's setup.py imports torch), instead of fetching a CUDA torch
+# antlr4's runtime has no wheel: its sdist is built there
 "$PY" -m pip download -q --no-deps --no-build-isolation --no-binary=:all: -d .whl \
-    fairseq-fixed==0.12.3.1 antlr4-python3-runtime==4.9.3
+    antlr4-python3-runtime==4.9.3
 ls -la .whl
 du -sh .whl

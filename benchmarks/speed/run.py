@@ -111,10 +111,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--beam", type=int, default=5)
     p.add_argument(
         "--attention-flex",
-        choices=("auto", "never"),
+        choices=("auto", "always", "never"),
         default="auto",
-        help="auto: the plugin's flex_attention path where it applies (CUDA); never: without it, "
-        "to measure what it gains (default: auto)",
+        help="the plugin models' --attention-flex: auto: the flex_attention path where it applies (CUDA, keys "
+        "from --attention-recompute-length on); always: at every length; never: without it, also in the ops "
+        "section, to measure what it gains (default: auto)",
     )
     args = p.parse_args(argv)
     args.scale = args.scale or ("tiny" if args.quick else "small")
@@ -164,8 +165,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     from fairseq_distattn.functional.flex import flex_mode
 
-    # "never" measures the plugin without its flex_attention path (on CUDA; CPU never takes it)
-    with flex_mode(args.attention_flex):
+    # the models' own option decides where flex runs; "never" keeps the functional ops
+    # of the ops section off it too (on CUDA; CPU never takes it)
+    with flex_mode("never" if args.attention_flex == "never" else "auto"), C.attention_flex(args.attention_flex):
         return _run(args, argv)
 
 

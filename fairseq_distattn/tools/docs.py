@@ -58,7 +58,8 @@ def mechanism_table() -> str:
         "",
         "*Fused path*: with `need_weights=False` (training, generation) the mechanism runs as one "
         "`F.scaled_dot_product_attention` with an additive bias. *flex_attention*: on CUDA, for full sequences "
-        "without weights and without attention dropout, the mechanism's bias or score modification, a table "
+        "without weights and without attention dropout whose keys reach `--attention-recompute-length` "
+        "(`--attention-flex auto`; `always`: at every length), the mechanism's bias or score modification, a table "
         "read inside `score_mod`, runs in compiled `torch.nn.attention.flex_attention` (no attention matrix "
         "is kept, only what the mechanism itself builds, such as MW's window M; it takes precedence over the "
         "fused path). *Recomputed in row blocks*: from "
