@@ -6,7 +6,7 @@
 # KINDS.md); these are the rest of the plugin's dependencies, at the versions the
 # constraints give here: fairseq-fixed's cp312 wheel (built against numpy 2, which that
 # machine has; its torch extensions libbase/libnat serve only models the plugin does not
-# use) and antlr4's runtime, a pure-Python sdist. About 25 MB; carry [".whl", ".devdata"].
+# use) and antlr4's runtime, a pure-Python sdist. About 22 MB; carry [".whl", ".devdata"].
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p .whl .devdata
