@@ -175,13 +175,16 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
         tokens/s through flex, t5-bias 0.93 against 0.64; benchmarks/results/speed/
         gpu-nvidia-h100-flex). ``always`` takes it at every length."""
         if self.attention_flex == "auto":
-            return 0 < self.recompute_length <= key_length
+            return self._keys_reach_recompute_length(key_length)
         return self.attention_flex == "always"
 
+    def _keys_reach_recompute_length(self, key_length: int) -> bool:
+        """--attention-recompute-length's test (0: never), which also bounds auto's flex path."""
+        return 0 < self.recompute_length <= key_length
+
     def _recomputes(self, query: Tensor, key: Tensor, need_weights: bool, dropout_p: float) -> bool:
-        threshold = self.recompute_length
         return (
-            0 < threshold <= key.size(2)
+            self._keys_reach_recompute_length(key.size(2))
             and torch.is_grad_enabled()
             and query.requires_grad
             and self.mechanism.recompute_saves_memory(query, need_weights, dropout_p)
