@@ -524,6 +524,27 @@ def test_report_computes_the_floor_ratios_per_round():
     assert floors[0]["floor / vanilla"] == "0.800 [0.750-0.800]"
 
 
+def test_the_summary_shows_the_memory_pass_time_beside_the_memory_target():
+    """On an H100 window-preset passed the memory target while its recomputed pass took 137x
+    vanilla's time; the README's table must show that time, at the target's length."""
+    from benchmarks.speed.report import evaluate_targets, render_summary
+
+    def memory_row(kind, peaks, seconds):
+        row = {"kind": kind, "task": "translation", "peak_bytes": peaks, "pass_seconds": seconds}
+        row["ratio"] = {n: peaks[n] / 100.0 for n in peaks}
+        row["time_ratio"] = {n: seconds[n] / 0.09 for n in seconds}
+        return row
+
+    results = _hand_made_results()
+    results["memory"] = {
+        "transformer": memory_row("baseline", {"512": 100.0, "2048": 100.0}, {"512": 0.09, "2048": 0.09}),
+        "window-preset": memory_row("preset", {"512": 90.0, "2048": 93.0}, {"512": 0.9, "2048": 12.33}),
+    }
+    summary = render_summary(results, evaluate_targets(results))
+    row = next(line for line in summary.splitlines() if line.startswith("| `window-preset`"))
+    assert row.endswith("| 0.93 (<= 1.1) PASS; pass time 137.00x |"), row
+
+
 def test_report_without_the_floor_keeps_the_vanilla_targets():
     """A run without window-floor (or an older results.json) is judged as before."""
     from benchmarks.speed.report import evaluate_targets, floor_comparisons, render_summary
@@ -709,6 +730,22 @@ def test_script_entry_point_and_bad_flags():
         timeout=120,
     )
     assert unknown.returncode == 2 and "no-such-model" in unknown.stderr
+
+
+def test_configs_select_the_ops_of_the_ops_section_too(tmp_path):
+    """--configs alibi --sections ops times alibi's op against sdpa and nothing else: a GPU
+    call compares one mechanism's compiled and eager op without compiling every other one."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--quick", "--sections", "ops", "--op-modes", "fwd"]
+        + ["--configs", "alibi", "--device", "cpu", "--out", str(tmp_path)],
+        cwd=str(REPO_ROOT),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ops = json.loads((tmp_path / "results.json").read_text())["ops"]
+    assert {result["op"] for result in ops.values()} == {"sdpa", "alibi"}, sorted(ops)
 
 
 def test_fit_exponent_recovers_power_laws():

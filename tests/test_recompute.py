@@ -2,6 +2,8 @@
 keeps no [B, H, Tq, Tk] tensor for backward and recomputes the mechanism in
 blocks of query rows. Values and gradients must not change, dropout included."""
 
+import copy
+
 import pytest
 import torch
 
@@ -137,3 +139,31 @@ def test_recompute_inside_fairseq_checkpoint_activations(small_chunks):
     assert grads.keys() == kept_grads.keys()
     for name in grads:
         torch.testing.assert_close(grads[name], kept_grads[name], rtol=1e-9, atol=1e-10, msg=name)
+
+
+@pytest.mark.parametrize("mechanism", ["window-mw", "rpr"])
+def test_a_long_sequence_runs_at_most_recompute_max_blocks_per_layer(mechanism, monkeypatch):
+    """Each block costs tens of kernel launches three times over: one block per few query rows
+    (what RECOMPUTE_CHUNK_ELEMENTS alone gives a long sequence) made an H100 launch-bound, 53x
+    vanilla's time. Blocks grow instead, and the values and gradients stay those of one block."""
+    monkeypatch.setattr(attention, "RECOMPUTE_CHUNK_ELEMENTS", 1)  # alone: one query row per block
+    length, rows, embed_dim = 5 * attention.RECOMPUTE_MAX_BLOCKS + 3, 2, 16
+    inputs = torch.randn(length, rows, embed_dim, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    model, _ = translation_model(extra=model_flags(mechanism, 0))
+    kept = next(m for m in model.modules() if isinstance(m, attention.DistanceAwareMultiheadAttention)).train()
+    recomputed = copy.deepcopy(kept)
+    recomputed.recompute_length = length
+    results = []
+    blocks = []
+    real_checkpoint = attention.checkpoint
+    monkeypatch.setattr(
+        attention, "checkpoint", lambda *args, **kwargs: blocks.append(1) or real_checkpoint(*args, **kwargs)
+    )
+    for module in (kept, recomputed):
+        query = inputs.clone().requires_grad_()
+        out = module(query, query, query, need_weights=False)[0]
+        out.backward(torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out))
+        results.append((out.detach(), query.grad))
+    assert len(blocks) == attention.RECOMPUTE_MAX_BLOCKS
+    for kept_tensor, recomputed_tensor in zip(*results):
+        torch.testing.assert_close(recomputed_tensor, kept_tensor, rtol=1e-9, atol=1e-10)

@@ -436,6 +436,7 @@ def _run(args: argparse.Namespace, argv: Optional[Sequence[str]]) -> int:
             log,
             modes=args.op_modes,
             min_time=scale.op_min_time,
+            only=args.configs,
         )
         meta["ops_note"] = (
             f"q, k, v [B={scale.op_batch}, H={scale.op_heads}, L, D={scale.op_head_dim}] float32, "

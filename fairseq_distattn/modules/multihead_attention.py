@@ -22,6 +22,13 @@ from ..spec import MechanismOptions
 # Elements of one [B, H, rows, Tk] tensor of a recomputed query chunk (1 MiB in
 # float32): small beside a layer's activations, large enough to keep matmuls efficient.
 RECOMPUTE_CHUNK_ELEMENTS = 2**18
+# Each block launches the mechanism's tens of kernels three times (its forward, then in
+# backward its forward again and its backward), so the block count, not the arithmetic,
+# set the time on a GPU: at 2**18 elements per block, window-preset's training pass on an
+# H100 took 2.8 s at L = 1024 (vanilla fairseq 53 ms) in 69k kernel launches, 64 blocks per
+# layer (benchmarks/results/speed/gpu-nvidia-h100-recompute). Blocks grow past that size to
+# keep at most this many per layer, each then an eighth of the [B, H, Tq, Tk] scores.
+RECOMPUTE_MAX_BLOCKS = 8
 
 
 class DistanceAwareMultiheadAttention(MultiheadAttention):
@@ -204,7 +211,7 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
         sequences (no incremental state), so block rows start at position 0."""
         bsz, heads, tgt_len, _ = queries["query"].shape
         src_len = keys["key"].size(2)
-        rows = max(1, RECOMPUTE_CHUNK_ELEMENTS // (bsz * heads * src_len))
+        rows = max(1, RECOMPUTE_CHUNK_ELEMENTS // (bsz * heads * src_len), -(-tgt_len // RECOMPUTE_MAX_BLOCKS))
         outputs, weights = [], []
         for start in range(0, tgt_len, rows):
             end = min(start + rows, tgt_len)
