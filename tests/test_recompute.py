@@ -51,17 +51,24 @@ def small_chunks(monkeypatch):
     monkeypatch.setattr(attention, "RECOMPUTE_CHUNK_ELEMENTS", 2 * 3 * 2 * 9)
 
 
+@pytest.fixture
+def blocks(monkeypatch):
+    """One entry per recomputed block that runs."""
+    calls = []
+    real_checkpoint = attention.checkpoint
+    monkeypatch.setattr(
+        attention, "checkpoint", lambda *args, **kwargs: calls.append(1) or real_checkpoint(*args, **kwargs)
+    )
+    return calls
+
+
 @pytest.mark.parametrize("mechanism", RECOMPUTED)
-def test_recomputed_blocks_give_the_same_values_and_gradients(mechanism, small_chunks, monkeypatch):
+def test_recomputed_blocks_give_the_same_values_and_gradients(mechanism, small_chunks, blocks):
     kept, d = translation_model(extra=model_flags(mechanism, 0))
     recomputed, _ = translation_model(extra=model_flags(mechanism, 4))
     recomputed.load_state_dict(kept.state_dict())
     kept_out, kept_grads = loss_and_gradients(kept.train(), d)
-    blocks = []
-    real_checkpoint = attention.checkpoint
-    monkeypatch.setattr(
-        attention, "checkpoint", lambda *args, **kwargs: blocks.append(1) or real_checkpoint(*args, **kwargs)
-    )
+    assert blocks == []
     out, grads = loss_and_gradients(recomputed.train(), d)
     assert len(blocks) > 2 * len(SOURCE_LENGTHS), "the query rows were not split into recomputed blocks"
     torch.testing.assert_close(out, kept_out, rtol=1e-9, atol=1e-10)
@@ -142,7 +149,7 @@ def test_recompute_inside_fairseq_checkpoint_activations(small_chunks):
 
 
 @pytest.mark.parametrize("mechanism", ["window-mw", "rpr"])
-def test_a_long_sequence_runs_at_most_recompute_max_blocks_per_layer(mechanism, monkeypatch):
+def test_a_long_sequence_runs_at_most_recompute_max_blocks_per_layer(mechanism, blocks, monkeypatch):
     """Each block costs tens of kernel launches three times over: one block per few query rows
     (what RECOMPUTE_CHUNK_ELEMENTS alone gives a long sequence) made an H100 launch-bound, 53x
     vanilla's time. Blocks grow instead, and the values and gradients stay those of one block."""
@@ -154,11 +161,6 @@ def test_a_long_sequence_runs_at_most_recompute_max_blocks_per_layer(mechanism, 
     recomputed = copy.deepcopy(kept)
     recomputed.recompute_length = length
     results = []
-    blocks = []
-    real_checkpoint = attention.checkpoint
-    monkeypatch.setattr(
-        attention, "checkpoint", lambda *args, **kwargs: blocks.append(1) or real_checkpoint(*args, **kwargs)
-    )
     for module in (kept, recomputed):
         query = inputs.clone().requires_grad_()
         out = module(query, query, query, need_weights=False)[0]

@@ -673,8 +673,8 @@ def render_summary(results: dict, targets: List[TargetRow]) -> str:
     def pass_time(row: TargetRow) -> str:
         # the memory target alone passed window-preset on an H100 while its recomputed pass
         # took 137x vanilla's time (gpu-nvidia-h100-recompute): the time is shown beside it
-        length = row.metric.rsplit("=", 1)[-1]
-        ratio = results.get("memory", {}).get(row.candidate, {}).get("time_ratio", {}).get(length)
+        measured = results["memory"][row.candidate]
+        ratio = measured.get("time_ratio", {}).get(str(memory_target_length(measured["peak_bytes"])))
         return "" if ratio is None else f"; pass time {fmt(ratio, 2)}x"
 
     def cell(row: Optional[TargetRow]) -> str:
