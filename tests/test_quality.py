@@ -9,11 +9,12 @@ import re
 import pytest
 
 try:  # tests/ is a package (tests/__init__.py)
-    from .conftest import read_lines, write_lines
+    from .conftest import SHARED_DATA, read_lines, write_lines
 except ImportError:  # rootdir-relative import mode without the package
-    from conftest import read_lines, write_lines
+    from conftest import SHARED_DATA, read_lines, write_lines
 
 from benchmarks.quality import mt as quality
+from benchmarks.quality import paper_tables
 
 SPLITS = ("train", "val", "test_2016_flickr")
 
@@ -322,6 +323,90 @@ def test_an_ablation_within_one_vanilla_std_of_its_reference_is_due_a_second_see
     (tmp_path / "runs" / "vanilla-seed2.json").unlink()
     assert "One seed within one vanilla std" not in quality.report(tmp_path)
     assert quality.parse_args([*argv, "--out", str(tmp_path)]).config_names == []
+
+
+def paper_section(text):
+    title = "## Nguyen et al. 2020's ablation tables, here and in the paper"
+    assert text.count(title) == 1
+    return text.split(title)[1].split("\n## ")[0]
+
+
+def test_the_window_ablations_are_laid_out_as_the_papers_tables_and_each_ordering_is_read(tmp_path):
+    """Tables 2 and 3 of the differentiable-window paper with the runs here beside the paper's
+    BLEU, and each ordering the paper draws read as its direction, the opposite one, or
+    within seed noise (vanilla's std times sqrt(1/n1 + 1/n2))."""
+    write_run_records(
+        tmp_path,
+        [
+            ("vanilla", 1, 30.0),
+            ("vanilla", 2, 32.0),  # std 1.41
+            ("window-aw-enc-full", 1, 33.0),
+            ("window-aw-enc-full", 2, 35.0),
+            ("window-mw-enc-full", 1, 31.0),
+            ("window-mw-enc-full", 2, 31.0),  # AW - MW = +3.00 > 1.41: the paper's +0.52 direction
+            ("window-aw-enc-partial", 1, 33.0),
+            ("window-mw-enc-partial", 1, 32.5),  # +0.50: noise, the paper's sign (+0.50)
+            ("window-aw-dec-full", 1, 32.8),
+            ("window-mw-dec-full", 1, 31.0),  # +1.80 > 1.41 but < 1.41 * sqrt(2): noise with one seed each
+            ("window-aw-cross-full", 1, 30.0),
+            ("window-mw-cross-full", 1, 33.0),  # -3.00 > 1.41 * sqrt(2): against the paper's +0.20
+            ("window-cross-aw-seg-partial", 1, 30.0),  # its token-based partner has no run
+        ],
+    )
+    section = paper_section(quality.report(tmp_path))
+    assert "here: Full = all 3 layers, Partial = layer 0)" in section
+    expected = [
+        "| Transformer | - | 31.00 +- 1.41 (2) | 27.46 | - | - |",
+        "| AW | Encoder | 34.00 +- 1.41 (2) | 27.77 | 33.00 (1) | 27.90 |",
+        "| MW | Decoder | 31.00 (1) | 27.88 | - | 28.04 |",
+        "| Cr(AW) | - | 27.97 | 30.00 (1) | 28.13 |",
+        "| Enc(AW)-Dec(MW) | - | 28.11 | - | 27.91 |",
+        "| AW - MW, Encoder, Full | +0.52 | +3.00 | 2, 2 | as the paper |",
+        "| AW - MW, Encoder, Partial | +0.50 | +0.50 | 1, 1 | within seed noise (same sign) |",
+        "| AW - MW, Decoder, Full | -0.15 | +1.80 | 1, 1 | within seed noise (opposite sign) |",
+        "| AW - MW, Cross, Full | +0.20 | -3.00 | 1, 1 | opposite to the paper |",
+        "| Partial - Full, AW Encoder | +0.13 | -1.00 | 1, 2 | within seed noise (opposite sign) |",
+        "| Segment - Token, Cr(AW) | +0.16 | - | 1, 0 | - |",
+    ]
+    assert [row for row in expected if row not in section] == []
+    # every comparison the paper draws has one row
+    rows = [line for line in section.splitlines() if line.startswith(("| AW - MW", "| Partial - Full", "| Segment"))]
+    assert len(rows) == len(paper_tables.COMPARISONS) == 14
+
+
+def test_no_paper_table_without_a_window_ablation_and_no_reading_without_vanilla_seeds(tmp_path):
+    write_run_records(tmp_path, [("vanilla", 1, 30.0), ("vanilla", 2, 32.0), ("da-map-clip", 1, 31.0)])
+    assert "ablation tables, here and in the paper" not in quality.report(tmp_path)
+    write_run_records(tmp_path, [("window-aw-enc-full", 1, 33.0), ("window-mw-enc-full", 1, 32.0)])
+    (tmp_path / "runs" / "vanilla-seed2.json").unlink()
+    section = paper_section(quality.report(tmp_path))
+    assert "| AW - MW, Encoder, Full | +0.52 | +1.00 | 1, 1 | - |" in section
+
+
+def test_the_paper_tables_name_every_window_ablation_and_only_harness_configurations():
+    named = paper_tables.configs()
+    window = [name for name in quality.ablation_configs(3) if name.startswith("window-")]
+    assert sorted(set(named) - {"vanilla"}) == sorted(window)
+    assert set(named) <= {*quality.CONFIGS, *quality.ablation_configs(3)}
+    assert paper_tables.METRIC == quality.ABLATION_METRIC
+
+
+PAPER_TEXT = SHARED_DATA.parent / "papers" / "differentiable-window-nguyen2020.txt"
+
+
+@pytest.mark.skipif(not PAPER_TEXT.is_file(), reason="the seed papers are in ../shared/papers, not in a user's clone")
+def test_the_paper_numbers_are_those_of_the_papers_tables():
+    """Each row of both tables, numbers as printed in the paper's text (a typo in a
+    constant would invert an ordering the report reads)."""
+    rows = {}
+    for line in PAPER_TEXT.read_text(encoding="utf-8").splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) > 1:
+            rows.setdefault(tuple(cells), None)
+    for table in paper_tables.TABLES:
+        for labels, cells in table.rows:
+            printed = [f"{cell.paper_bleu:.2f}" if cell else "-" for cell in cells]
+            assert (*labels, *printed) in rows, (table.title, labels, printed)
 
 
 def test_training_wall_time_sums_the_segments_of_a_resumed_run():

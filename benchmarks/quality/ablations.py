@@ -31,7 +31,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from fairseq_distattn.functional.distance_aware import DA_ADJUSTINGS, DA_MAPPINGS
 from fairseq_distattn.functional.query_value_interaction import QVI_INTERACTIONS
@@ -104,10 +104,17 @@ def qvi_ablations() -> List[Ablation]:
     ]
 
 
-def window_ablations(num_layers: int) -> List[Ablation]:
+def window_extents(num_layers: int) -> Dict[str, Tuple[str, str]]:
+    """``{"full" | "partial": (its SPEC layer suffix, the layers in words)}`` for
+    ``num_layers`` layers: the paper's Full (every layer) and Partial (the lower half)."""
     partial = partial_layers(num_layers)
     partial_where = f"layer {partial[1:]}" if "-" not in partial else f"layers {partial[1:]}"
-    extents = {"full": ("", f"all {num_layers} layers"), "partial": (partial, partial_where)}
+    return {"full": ("", f"all {num_layers} layers"), "partial": (partial, partial_where)}
+
+
+def window_ablations(num_layers: int) -> List[Ablation]:
+    extents = window_extents(num_layers)
+    partial = extents["partial"][0]
     table2 = [
         Ablation(
             f"window-{method}-{kind}-{extent}",

@@ -51,6 +51,7 @@ from ..common import (
     scale_results,
     train_unless_taken,
 )
+from .paper_tables import paper_table_lines
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "quality"
 DEFAULT_WORK = REPO_ROOT / "work" / "quality"
@@ -651,6 +652,8 @@ def report(out: Path) -> str:
     grid = {name: config.note for name, config in CONFIGS.items()}
     sections = header + lines + pending_lines(by_config, grid)
     sections += ablation_table(by_config, ablation_order, references)
+    if ablation_order:
+        sections += window_paper_tables(by_config, runs)
     sections += movement_table(by_config, order + ablation_order)
     markdown = "\n".join(sections) + "\n"
     out.mkdir(parents=True, exist_ok=True)
@@ -725,6 +728,20 @@ def ablation_table(by_config: Dict[str, List[Dict]], order: Sequence[str], refer
 
 
 ABLATION_METRIC = "tokenized_bleu_compound_split"
+
+
+def window_paper_tables(by_config: Dict[str, List[Dict]], runs: Sequence[Dict]) -> List[str]:
+    """:mod:`.paper_tables`'s section, with what Full and Partial are at the runs' depth."""
+    from .ablations import window_extents
+
+    depths = sorted({SCALES[r["scale"]]["layers"] for r in runs if r.get("scale") in SCALES})
+    layers = "; ".join(
+        f"Full = {extents['full'][1]}, Partial = {extents['partial'][1]}"
+        for extents in (window_extents(depth) for depth in depths)
+    )
+    baseline = by_config.get("vanilla", ())
+    spread = seed_noise(baseline) if len(baseline) > 1 else None
+    return paper_table_lines(by_config, spread, layers or "the harness's depth")
 
 
 def seed_noise(baseline: Sequence[Dict]) -> float:
