@@ -269,14 +269,24 @@ def test_ablation_runs_have_their_own_table_each_read_against_its_papers_choice(
     assert "| da-map-clip " not in main_table and "| qvi-summation " not in main_table
     assert table_cells(main_table, "da")[:4] == ["da", "1 (1)", "32.00", "+1.00"]
     clip = table_cells(ablation_section, "da-map-clip")
-    assert clip[:6] == ["da-map-clip", "2 (1,2)", "33.00 +- 0.71", "da", "+1.00", "+2.00"]
+    # +1.00 against one da seed: within 1.41 * sqrt(1/2 + 1/1), above it (the paper: below)
+    assert clip[:7] == [
+        "da-map-clip",
+        "2 (1,2)",
+        "33.00 +- 0.71",
+        "da",
+        "+1.00",
+        "within seed noise (opposite sign)",
+        "+2.00",
+    ]
     assert clip[-1] == quality.ablation_configs(3)["da-map-clip"].note
     # its reference has no run yet: no delta to claim
-    assert table_cells(ablation_section, "qvi-summation")[:6] == [
+    assert table_cells(ablation_section, "qvi-summation")[:7] == [
         "qvi-summation",
         "1 (1)",
         "30.00",
         "qvi",
+        "-",
         "-",
         "-1.00",
     ]
@@ -285,6 +295,36 @@ def test_ablation_runs_have_their_own_table_each_read_against_its_papers_choice(
     assert "da-map-clip" not in not_run[0] and "window-enc-aw-seg-dec-mw-partial" in not_run[0]
     # one plot per grid
     assert (tmp_path / "valid_loss.png").is_file() and (tmp_path / "valid_loss_ablations.png").is_file()
+
+
+def test_each_ablation_is_read_against_its_papers_finding_that_its_own_choice_is_better(tmp_path):
+    """Every paper finds its choice better than each ablation of it: a delta vs it below
+    minus one standard error of the difference agrees, one above it disagrees."""
+    write_run_records(
+        tmp_path,
+        [
+            ("vanilla", 1, 30.0),
+            ("vanilla", 2, 32.0),  # std 1.41; one seed against two: noise 1.41 * sqrt(1.5) = 1.73
+            ("da", 1, 34.0),
+            ("da", 2, 34.0),
+            ("da-map-linear", 1, 32.0),
+            ("da-map-exponent", 1, 36.0),
+            ("da-map-sigmoid", 1, 33.0),
+        ],
+    )
+    section = quality.report(tmp_path).split("## The papers' ablations (`--grid ablations`)")[1]
+    readings = {
+        name: table_cells(section, name)[4:6] for name in ("da-map-linear", "da-map-exponent", "da-map-sigmoid")
+    }
+    assert readings == {
+        "da-map-linear": ["-2.00", "as the paper"],
+        "da-map-exponent": ["+2.00", "opposite to the paper"],
+        "da-map-sigmoid": ["-1.00", "within seed noise (same sign)"],
+    }
+    assert (
+        "Readings against the paper's choice, per paper: da: 1 as the paper, 1 opposite to the paper, "
+        "1 within seed noise (same sign)." in section
+    )
 
 
 def test_an_ablation_within_one_vanilla_std_of_its_reference_is_due_a_second_seed(tmp_path):
