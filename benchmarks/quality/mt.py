@@ -725,11 +725,11 @@ def ablation_table(by_config: Dict[str, List[Dict]], order: Sequence[str], refer
             )
         )
     if tally:
-        counts = "; ".join(
+        summary = "; ".join(
             f"{reference}: " + ", ".join(f"{n} {verdict}" for verdict, n in sorted(readings.items()))
             for reference, readings in tally.items()
         )
-        lines += ["", f"Readings against the paper's choice, per paper: {counts}."]
+        lines += ["", f"Readings against the paper's choice, per paper: {summary}."]
     missing = [name for name in references if name not in by_config]
     if missing:
         lines += ["", f"Not run yet ({len(missing)} of {len(references)}): {', '.join(missing)}."]
