@@ -21,7 +21,6 @@ import argparse
 import datetime
 import functools
 import json
-import math
 import os
 import re
 import shlex
@@ -52,7 +51,7 @@ from ..common import (
     scale_results,
     train_unless_taken,
 )
-from .paper_tables import paper_table_lines, reading
+from .paper_tables import paper_table_lines, read_difference
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "quality"
 DEFAULT_WORK = REPO_ROOT / "work" / "quality"
@@ -698,7 +697,7 @@ def ablation_table(by_config: Dict[str, List[Dict]], order: Sequence[str], refer
         "| sacreBLEU | valid ppl | what |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    spread = seed_noise(baseline) if baseline and len(baseline) > 1 else None
+    spread = vanilla_spread(by_config)
     tally: Dict[str, Dict[str, int]] = {}  # {reference: {reading: ablations}}
     for name in order:
         records = by_config[name]
@@ -750,14 +749,9 @@ ABLATION_METRIC = "tokenized_bleu_compound_split"
 
 
 def paper_reading(records: Sequence[Dict], against: Optional[Sequence[Dict]], spread: Optional[float]) -> str:
-    """An ablation's delta vs its paper's choice read as :func:`.paper_tables.reading`
-    reads the paper's tables; every paper finds its own choice better (a negative delta)."""
-    if not against or spread is None:
-        return "-"
-    difference = statistics.fmean(r[ABLATION_METRIC] for r in records) - statistics.fmean(
-        r[ABLATION_METRIC] for r in against
-    )
-    return reading(difference, -1.0, spread * math.sqrt(1 / len(records) + 1 / len(against)))
+    """An ablation's delta vs its paper's choice read as the paper's tables are
+    (:func:`.paper_tables.read_difference`); every paper finds its own choice better (a negative delta)."""
+    return read_difference(records, against, -1.0, spread) if against else "-"
 
 
 def window_paper_tables(by_config: Dict[str, List[Dict]], runs: Sequence[Dict]) -> List[str]:
@@ -769,14 +763,18 @@ def window_paper_tables(by_config: Dict[str, List[Dict]], runs: Sequence[Dict]) 
         f"Full = {extents['full'][1]}, Partial = {extents['partial'][1]}"
         for extents in (window_extents(depth) for depth in depths)
     )
-    baseline = by_config.get("vanilla", ())
-    spread = seed_noise(baseline) if len(baseline) > 1 else None
-    return paper_table_lines(by_config, spread, layers or "the harness's depth")
+    return paper_table_lines(by_config, vanilla_spread(by_config), layers or "the harness's depth")
 
 
 def seed_noise(baseline: Sequence[Dict]) -> float:
     """Vanilla's sample std of the ablation metric over its seeds (at least two)."""
     return statistics.stdev(r[ABLATION_METRIC] for r in baseline)
+
+
+def vanilla_spread(by_config: Dict[str, Sequence[Dict]]) -> Optional[float]:
+    """:func:`seed_noise` of vanilla's runs, None while it has fewer than two seeds."""
+    baseline = by_config.get("vanilla", ())
+    return seed_noise(baseline) if len(baseline) > 1 else None
 
 
 def undecided_ablations(by_config: Dict[str, Sequence[Dict]], references: Dict[str, str]) -> List[str]:

@@ -133,6 +133,17 @@ def reading(difference: float, paper_difference: float, noise: float) -> str:
     return "as the paper" if same else "opposite to the paper"
 
 
+def read_difference(
+    first: Sequence[Dict], second: Sequence[Dict], paper_difference: float, seed_std: Optional[float]
+) -> str:
+    """``first``'s mean minus ``second``'s, read against the sign the paper finds with
+    :func:`reading` (noise: ``seed_std`` times sqrt(1/n1 + 1/n2)); "-" without a seed std."""
+    if seed_std is None:
+        return "-"
+    noise = seed_std * math.sqrt(1 / len(first) + 1 / len(second))
+    return reading(_mean(first) - _mean(second), paper_difference, noise)
+
+
 def paper_table_lines(by_config: Dict[str, Sequence[Dict]], seed_std: Optional[float], layers_here: str) -> List[str]:
     """The section of the quality report: both tables and the comparisons, from the run
     records per configuration; ``seed_std`` is vanilla's std over seeds (None: fewer
@@ -168,10 +179,8 @@ def paper_table_lines(by_config: Dict[str, Sequence[Dict]], seed_std: Optional[f
         first, second = (by_config.get(cell.config, ()) for cell in (comparison.first, comparison.second))
         paper = comparison.first.paper_bleu - comparison.second.paper_bleu
         if first and second:
-            difference = _mean(first) - _mean(second)
-            noise = None if seed_std is None else seed_std * math.sqrt(1 / len(first) + 1 / len(second))
-            cells = [f"{difference:+.2f}", f"{len(first)}, {len(second)}"]
-            cells.append("-" if noise is None else reading(difference, paper, noise))
+            cells = [f"{_mean(first) - _mean(second):+.2f}", f"{len(first)}, {len(second)}"]
+            cells.append(read_difference(first, second, paper, seed_std))
         else:
             cells = ["-", f"{len(first)}, {len(second)}", "-"]
         lines.append("| " + " | ".join([comparison.what, f"{paper:+.2f}", *cells]) + " |")
