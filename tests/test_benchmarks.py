@@ -867,3 +867,21 @@ def test_profile_rows_are_in_the_same_order_in_every_process():
     assert len(orders) == 1
     rows = json.loads(orders.pop())
     assert rows[0] == "aten::mm" and rows[1:] == sorted(rows[1:])
+
+
+def test_configs_flex_names_every_candidate_that_may_take_the_flex_path():
+    """``--configs flex`` (what benchmarks/gpu/speed_check.sh times with and without flex)
+    is every mechanism that declares a flex path and every preset built on one: a mechanism
+    that gains or loses its flex declaration changes the GPU run with it."""
+    from benchmarks.speed import run
+
+    declared = {info.name for info in registered() if info.flex}
+    assert {"alibi", "rpr", "window-mw"} <= declared and "rope" not in declared
+    expanded = run.parse_args(["--configs", "rope-preset,flex"]).configs
+    assert expanded[0] == "rope-preset" and len(expanded) == len(set(expanded))
+    assert {c for c in expanded if c in {m.key for m in mt_mechanism_configs()}} == declared
+    presets = {c for c in expanded if c.endswith("-preset")} - {"rope-preset"}
+    assert presets == {"rpr-preset", "da-preset", "window-preset", "lm-rpr-preset", "lm-da-preset", "lm-window-preset"}
+    script = (REPO_ROOT / "benchmarks" / "gpu" / "speed_check.sh").read_text()
+    assert "--configs flex" in script and "--attention-flex never" in script and "--attention-flex always" in script
+    assert subprocess.run(["bash", "-n", str(REPO_ROOT / "benchmarks" / "gpu" / "speed_check.sh")]).returncode == 0

@@ -72,7 +72,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument(
         "--configs",
         default="",
-        help="comma-separated candidate keys to run (e.g. rpr-preset,qvi); vanilla always runs (default: all)",
+        help="comma-separated candidate keys to run (e.g. rpr-preset,qvi); `flex` stands for every candidate "
+        "some of whose layers may take the flex path; vanilla always runs (default: all)",
     )
     p.add_argument(
         "--no-mechanisms", action="store_true", help="training: only the presets, not one model per mechanism"
@@ -125,6 +126,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args.tasks = _choices(args.tasks, TASKS, "--tasks", p)
     args.op_modes = _choices(args.op_modes, ("fwd", "fwd+bwd"), "--op-modes", p)
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if "flex" in args.configs:
+        at = args.configs.index("flex")
+        args.configs[at : at + 1] = [key for key in C.flex_config_keys() if key not in args.configs]
     if args.repeats < 1 or args.train_repeats < 1 or args.warmup < 0:
         p.error("--repeats and --train-repeats must be >= 1 and --warmup >= 0")
     return args
