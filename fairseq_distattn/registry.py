@@ -96,10 +96,18 @@ class OptionFlag:
     # (attribute, value) of another option without which this one configures nothing (None: no such option)
     only_with: Optional[Tuple[str, Any]] = None
     role: str = TRAINED  # TRAINED, EVALUATION or RUNTIME (above)
+    # what a checkpoint that does not record this option was trained with: its default, unless
+    # the option came with a new default after models had been trained the old way
+    unrecorded: Any = None
+    has_unrecorded: bool = False
 
     @property
     def attr(self) -> str:
         return self.flag[2:].replace("-", "_")
+
+    @property
+    def unrecorded_value(self) -> Any:
+        return self.unrecorded if self.has_unrecorded else self.arg_default
 
 
 OPTION_METADATA = "distattn_flag"
@@ -115,6 +123,7 @@ def option(
     applies_to: Optional[Callable[[str], bool]] = None,
     only_with: Optional[Tuple[str, Any]] = None,
     role: str = TRAINED,
+    unrecorded=dataclasses.MISSING,
     **argparse_kwargs,
 ) -> Any:
     """A field of a mechanism's options dataclass with its flag: ``help`` may name
@@ -129,6 +138,9 @@ def option(
     ``role`` says what the option is to a trained model (``TRAINED``: its
     parameters depend on it; ``EVALUATION``: parameter-free, so
     ``--model-overrides`` may change it; ``RUNTIME``: not part of the model);
+    ``unrecorded`` is what a checkpoint saved before the option existed was
+    trained with, where that is not ``default`` (an option that changed a
+    default keeps the old behaviour for old checkpoints);
     the rest goes to ``argparse.add_argument``."""
     if role not in OPTION_ROLES:
         raise ValueError(f"{flag}: role must be one of {', '.join(OPTION_ROLES)}, got {role!r}")
@@ -142,6 +154,8 @@ def option(
         applies_to,
         only_with,
         role,
+        None if unrecorded is dataclasses.MISSING else unrecorded,
+        unrecorded is not dataclasses.MISSING,
     )
     return dataclasses.field(default=default, metadata={OPTION_METADATA: flag_info})
 

@@ -10,6 +10,11 @@ plugin compares these settings instead:
 - the registered model (``distattn_transformer``, ``distattn_lm``, or fairseq's own);
 - each attention kind's mechanism per layer, as a canonical SPEC;
 - the absolute position embeddings (they and the mechanisms share one job);
+- of the plugin's models, each attention kind's geometry: the head count and width of
+  the stacks it attends in (``--encoder/--decoder-attention-heads``,
+  ``--encoder/--decoder-embed-dim``; a language model's decoder only). ALiBi's slopes,
+  the rotation's pairs and every per-head table depend on the head count, while the
+  projections have the same shapes for any head count;
 - every option of a mechanism some layer uses (``only_with`` honoured), except the
   ``RUNTIME`` ones, which change how the same function is computed, not the function.
 
@@ -18,12 +23,22 @@ plugin compares these settings instead:
 """
 
 import dataclasses
+import difflib
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .registry import EVALUATION, KINDS, RUNTIME, AttentionKind, SpecError, option_flag
-from .spec import OPTION_CLASSES, MechanismOptions, _option_fields, option_users, parse_spec, specs_name
+from .spec import (
+    OPTION_CLASSES,
+    MechanismOptions,
+    _option_fields,
+    option_users,
+    parse_spec,
+    specs_name,
+    unused_options,
+)
 
 LANGUAGE_MODELS = ("distattn_lm",)
+PLUGIN_MODELS = ("distattn_transformer", "distattn_lm")
 MODEL = "model"  # the setting naming the registered model
 
 
@@ -55,11 +70,30 @@ def _position_settings(config, model: str) -> Dict[str, Any]:
     return settings
 
 
-def trained_settings(config, model: str) -> Dict[str, Any]:
+def geometry_attributes(model: str) -> Tuple[str, ...]:
+    """The attributes a plugin model's attention geometry is read from: fairseq's
+    ``TransformerConfig.from_namespace`` builds ``encoder.attention_heads`` /
+    ``encoder.embed_dim`` (encoder self-attention, and cross-attention's keys and values)
+    and ``decoder.attention_heads`` / ``decoder.embed_dim`` (decoder self- and
+    cross-attention) from them; ``transformer_lm``, a decoder only, reads the decoder's.
+    Empty for fairseq's own models, whose checks stay fairseq's."""
+    if model not in PLUGIN_MODELS:
+        return ()
+    sides = ("decoder",) if model in LANGUAGE_MODELS else ("encoder", "decoder")
+    return tuple(f"{side}_{name}" for side in sides for name in ("attention_heads", "embed_dim"))
+
+
+def geometry_flag(attr: str) -> str:
+    return "--" + attr.replace("_", "-")
+
+
+def trained_settings(config, model: str, defaults: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """Flag -> value of everything that defines the attention of the model ``config``
     (an ``argparse.Namespace`` or omegaconf node) builds; ``model`` is its registered
     model name. A fairseq model of the plugin's kind (``transformer``) reads as vanilla
-    everywhere, so a plugin checkpoint and a fairseq command compare too."""
+    everywhere, so a plugin checkpoint and a fairseq command compare too. ``defaults``:
+    attribute -> value for a geometry attribute ``config`` lacks (the architecture's
+    default, which fairseq would build it with); one neither has is left out."""
     settings: Dict[str, Any] = {MODEL: model}
     specs = {}
     for kind in attention_kinds(model):
@@ -70,6 +104,12 @@ def trained_settings(config, model: str) -> Dict[str, Any]:
             specs[kind.flag] = canonical_spec(parse_spec(kind, spec, num_layers))
     settings.update(specs)
     settings.update(_position_settings(config, model))
+    for attr in geometry_attributes(model):
+        value = getattr(config, attr, None)
+        if value is None:
+            value = (defaults or {}).get(attr)
+        if value is not None:
+            settings[geometry_flag(attr)] = value
     used = specs_name(specs.values())
     for field in _option_fields():
         flag = option_flag(field)
@@ -87,11 +127,18 @@ def trained_settings(config, model: str) -> Dict[str, Any]:
 _DEFAULTS = {option_flag(field).attr: option_flag(field).arg_default for field in dataclasses.fields(MechanismOptions)}
 
 
+# attribute -> what a checkpoint saved before the option existed was trained with
+UNRECORDED = {
+    option_flag(field).attr: option_flag(field).unrecorded_value for field in dataclasses.fields(MechanismOptions)
+}
+
+
 def option_value(config, attr: str):
-    """An option's value in ``config``; a checkpoint from before the option existed ran with its default."""
+    """An option's value in ``config``; a checkpoint from before the option existed ran with
+    its ``unrecorded`` value (its default, unless the option changed a default)."""
     value = getattr(config, attr, None)
     if value is None:
-        return _DEFAULTS[attr]
+        return UNRECORDED[attr]
     if isinstance(_DEFAULTS[attr], float) and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)  # 1 and 1.0 are the same alpha
     return value
@@ -161,5 +208,57 @@ def check_overrides(
         dict(overrides or {}),
         f"it changes what the checkpoint was trained as ({listed}); its parameters were trained for the "
         "checkpoint's own values",
-        "overrides of the parameter-free options " + ", ".join(overridable_flags()) + ", and of fairseq's own options",
+        "overrides of the parameter-free options " + ", ".join(overridable_flags()) + ", and of fairseq's own options "
+        "but the attention's head counts and widths",
     )
+
+
+def plugin_override_keys() -> frozenset:
+    """The ``--model-overrides`` keys of the plugin's own namespace: each attention kind's
+    SPEC and every option of every registered mechanism and of the attention module."""
+    return frozenset(
+        [kind.attr for kind in KINDS] + [option_flag(field).attr for field in dataclasses.fields(MechanismOptions)]
+    )
+
+
+def check_override_keys(overrides: Optional[Mapping[str, Any]], known, candidates) -> None:
+    """Raise :class:`SpecError` (flag ``--model-overrides``) for a key of ``overrides`` that
+    is not in ``known`` (every key fairseq or the plugin has) but close to one of
+    ``candidates`` (the plugin's options and the model's configuration): fairseq sets an
+    unknown key on the configuration, where nothing reads it, so a misspelt ``'rope_bse'``
+    would evaluate the model as if it had not been given. A key close to none passes, as
+    fairseq lets it."""
+    for key in overrides or {}:
+        if not isinstance(key, str) or key in known:
+            continue
+        close = difflib.get_close_matches(key, sorted(candidates), n=1, cutoff=0.8)
+        if close:
+            raise SpecError(
+                "--model-overrides",
+                dict(overrides),
+                f"unknown override {key!r}; did you mean {close[0]!r}? (fairseq ignores a key no option has, so "
+                "the model would run as if it were not given)",
+                f"{close[0]!r}, or any other key of the checkpoint's configuration or of the plugin's options",
+            )
+
+
+def check_unused_overrides(before, after, overrides: Optional[Mapping[str, Any]], model: str) -> None:
+    """Raise :class:`SpecError` (flag ``--model-overrides``) where ``overrides`` changes a
+    mechanism option that configures no layer of the model ``after`` (the configuration
+    with the overrides applied; ``before`` without them), or whose own condition option
+    has another value (:func:`~fairseq_distattn.spec.unused_options`, which fairseq-train
+    warns with): ``'rope_scaling'`` given to a kerple checkpoint would change nothing."""
+    specs = {kind.flag: getattr(after, kind.attr, None) or "vanilla" for kind in attention_kinds(model)}
+    attrs = [option_flag(field).attr for field in dataclasses.fields(MechanismOptions)]
+    values = {attr: getattr(after, attr, None) for attr in attrs if getattr(after, attr, None) is not None}
+    for flag, value, reason in unused_options(values, specs):
+        attr = flag[2:].replace("-", "_")
+        if attr not in (overrides or {}) or option_value(before, attr) == option_value(after, attr):
+            continue  # not overridden, or overridden with the checkpoint's own value
+        raise SpecError(
+            "--model-overrides",
+            dict(overrides),
+            f"{attr!r}: {value!r} changes nothing in this checkpoint: {reason}",
+            "overrides of the options of the mechanisms the checkpoint uses (python -m fairseq_distattn.check "
+            "CHECKPOINT lists them), and of fairseq's own options",
+        )

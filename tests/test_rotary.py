@@ -1,7 +1,8 @@
 """RoPE, xPos and RoPE's context-length scaling against float64 references
 written from the papers' equations (RoFormer eq. 14-16 with its neighbouring
 pairs; xPos sec. 3.2; position interpolation, NTK-aware and YaRN as Peng et
-al. 2023 eq. 14-22 state them), computed pair by pair in plain Python floats."""
+al. 2023 eq. 14-22 state them; YaRN also as its authors' code computes it),
+computed pair by pair in plain Python floats."""
 
 import math
 
@@ -25,14 +26,30 @@ def paper_theta(dims, base=10000.0, scaling="none", factor=1.0, original_length=
         theta = base ** (-2 * i / dims)  # RoFormer eq. 15
         if scaling == "linear":  # Chen et al. eq. 3: f(x, m/s)
             theta = theta / factor
-        elif scaling == "yarn":  # Peng et al. eq. 17-19, alpha = 1, beta = 32
+        elif scaling == "yarn-paper":  # Peng et al. eq. 17-19, alpha = 1, beta = 32
             wavelength = 2 * math.pi / theta
             r = original_length / wavelength
             gamma = 0.0 if r < 1 else 1.0 if r > 32 else (r - 1) / (32 - 1)
             theta = (1 - gamma) * theta / factor + gamma * theta
+        elif scaling == "yarn":  # the authors' _yarn, beta_fast = 32, beta_slow = 1
+            low, high = authors_yarn_range(dims, base, original_length)
+            ramp = min(max((i - low) / (high - low), 0.0), 1.0)
+            theta = (theta / factor) * ramp + theta * (1 - ramp)
         thetas.append(theta)
-    temperature_inverse = (0.1 * math.log(factor) + 1) ** 2 if scaling == "yarn" else 1.0  # eq. 22
+    # eq. 22; the authors' code: mscale = 0.1 ln s + 1 on cos and sin, so mscale^2 on the rotated dimensions' product
+    temperature_inverse = (0.1 * math.log(factor) + 1) ** 2 if scaling in ("yarn", "yarn-paper") else 1.0
     return thetas, temperature_inverse
+
+
+def authors_yarn_range(dims, base, original_length):
+    """jquesnelle/yarn's _yarn_find_correction_range(beta_fast=32, beta_slow=1, dims, base, L), with
+    _yarn_linear_ramp_mask's guard against an empty range."""
+
+    def correction_dim(rotations):
+        return dims * math.log(original_length / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = max(math.floor(correction_dim(32)), 0), min(math.ceil(correction_dim(1)), dims - 1)
+    return low, high + 0.001 if low == high else high
 
 
 def paper_rotate(x, position, dims, thetas, xpos_power=None):
@@ -75,9 +92,17 @@ def paper_attention(q, k, v, positions, fraction=1.0, scaling="none", factor=1.0
                 )
                 for j in range(k.size(2))
             ]
+            # yarn-paper: the temperature divides the whole logit; yarn: only the rotated dimensions' share
+            whole = temperature_inverse if scaling != "yarn" else 1.0
+            rotated = temperature_inverse if scaling == "yarn" else 1.0
             for i in range(q.size(2)):
                 logits = [
-                    temperature_inverse * sum(a * c for a, c in zip(rq[i], rk[j])) / math.sqrt(head_dim)
+                    whole
+                    * (
+                        rotated * sum(a * c for a, c in zip(rq[i][:dims], rk[j][:dims]))
+                        + sum(a * c for a, c in zip(rq[i][dims:], rk[j][dims:]))
+                    )
+                    / math.sqrt(head_dim)
                     if j <= i
                     else -math.inf
                     for j in range(k.size(2))
@@ -125,6 +150,9 @@ CASES = [
     dict(scaling="ntk", factor=4.0),
     dict(scaling="yarn", factor=4.0, original_length=64),
     dict(scaling="yarn", factor=16.0, original_length=4096, fraction=0.5),
+    dict(scaling="yarn", factor=4.0, original_length=8, fraction=0.5),
+    dict(scaling="yarn-paper", factor=4.0, original_length=64),
+    dict(scaling="yarn-paper", factor=16.0, original_length=4096, fraction=0.5),
     dict(xpos=512.0),
     dict(xpos=4.0, fraction=0.5),
     dict(xpos=4.0, scaling="ntk", factor=2.0),
@@ -307,3 +335,47 @@ def test_language_model_incremental_matches_full_with_each_scaling(flags):
     state = {}
     steps = [model.decoder(tokens[:, : t + 1], incremental_state=state)[0][:, -1] for t in range(tokens.size(1))]
     torch.testing.assert_close(torch.stack(steps, dim=1), full, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "dims, base, original_length, expected",
+    [
+        (128, 10000.0, 4096, (20, 46)),  # LLaMA's head: floor(20.95), ceil(45.03)
+        (64, 10000.0, 64, (0, 9)),  # the LM presets' heads at 64 training tokens: floor(-3.98) -> 0, ceil(8.06)
+        (8, 10000.0, 64, (0, 2)),  # ceil(1.01)... of 4 pairs
+    ],
+)
+def test_yarns_correction_range_is_the_authors(dims, base, original_length, expected):
+    """The pair indices between which ``yarn`` ramps, as the authors' code finds them from
+    beta_fast = 32 and beta_slow = 1 rotations over the training length (worked by hand)."""
+    assert DF.yarn_correction_range(dims, base, original_length) == expected
+    assert authors_yarn_range(dims, base, original_length) == expected
+
+
+def test_yarn_frequencies_and_attention_factor_are_the_authors():
+    """``yarn`` is what the authors' code and Hugging Face's ``rope_type="yarn"`` compute:
+    original frequencies below the ramp, theta / s above it, linear over the pair index
+    between (numbers from their formulas, dims 128, base 1e4, L 4096, s 4); the attention
+    factor (0.1 ln 4 + 1)^2 = 1.29647...; ``yarn-paper`` differs inside the ramp only."""
+    theta, factor = DF.rotary_frequencies(128, 10000.0, "yarn", 4.0, 4096)
+    original = 10000.0 ** (-torch.arange(0, 128, 2, dtype=torch.float64) / 128)
+    torch.testing.assert_close(theta[:21], original[:21], rtol=0, atol=0)
+    torch.testing.assert_close(theta[46:], original[46:] / 4, rtol=1e-15, atol=0)
+    ramp = (33 - 20) / (46 - 20)  # pair 33, half way up the ramp
+    expected = original[33].item() * (1 - ramp) + original[33].item() / 4 * ramp
+    assert theta[33].item() == pytest.approx(expected, rel=1e-14)
+    assert factor == pytest.approx((0.1 * math.log(4.0) + 1) ** 2, rel=1e-15)
+    assert factor == pytest.approx(1.296476, abs=1e-6)
+    paper, paper_factor = DF.rotary_frequencies(128, 10000.0, "yarn-paper", 4.0, 4096)
+    assert paper_factor == factor
+    inside = (theta - paper).abs() > 1e-12 * original
+    assert inside.any() and not inside[:10].any() and not inside[50:].any()
+
+
+def test_rope_original_length_without_a_yarn_scaling_is_refused():
+    for scaling in ("none", "linear", "ntk"):
+        flags = ["--decoder-self-attention", "rope", "--rope-original-length", "64", "--rope-scaling", scaling]
+        if scaling != "none":
+            flags += ["--rope-scaling-factor", "2"]
+        with pytest.raises((SpecError, SystemExit)):
+            language_model("distattn_lm", [*TINY_LM, *flags])

@@ -544,7 +544,8 @@ def test_check_shows_every_layer_and_every_option_it_runs_with(trained):
     )
     assert by_heading["its flags"] == (
         "--arch distattn_transformer --encoder-self-attention rpr@0,alibi@1 --decoder-self-attention distance-mask "
-        "--cross-attention vanilla --distance-mask-alpha 1.0 --distance-mask-direction none "
+        "--cross-attention vanilla --encoder-attention-heads 2 --encoder-embed-dim 16 --decoder-attention-heads 2 "
+        "--decoder-embed-dim 16 --distance-mask-alpha 1.0 --distance-mask-direction none "
         "--max-relative-position 2"
     )
 

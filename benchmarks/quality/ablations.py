@@ -19,6 +19,9 @@ them (``--no-token-positional-embeddings`` is part of its flags, as for the grid
   ("partial": the paper's first 3 of 6 layers); Table 3: token- vs
   segment-based masking for Cr(AW) and Enc(AW)-Dec(MW), partial. Their Table 1
   best, Enc(AW)-Cr(AW,Seg)-Dec(MW), is the default grid's ``window``.
+- Chi et al. 2022 (KERPLE): r1, r2 per layer (``--kerple-per-layer``, the
+  plugin's kerple up to revision f2ecd07) against the authors' code's one pair
+  per head shared by a stack's layers, the default grid's ``kerple``.
 
 Layer ranges depend on the model depth, so :func:`ablations` takes it; the
 names do not (:data:`ABLATION_NAMES`). ``python -m benchmarks.quality.ablations
@@ -46,15 +49,24 @@ class Ablation(NamedTuple):
 
 # the default grid's configurations that hold the papers' own choices: each
 # ablation is read against one of these (and all against vanilla)
-REFERENCE_CONFIGS = ("vanilla", "da", "qvi", "window")
+REFERENCE_CONFIGS = ("vanilla", "da", "qvi", "window", "kerple")
 
 DA_PAPER = "Wu et al. 2021"
 QVI_PAPER = "Wu et al. (QVI)"
 DW_PAPER = "Nguyen et al. 2020"
+KERPLE_PAPER = "Chi et al. 2022"
 
 # as the default grid's "da": every self-attention layer, no absolute positions
 _DA = ("--encoder-self-attention", "da", "--decoder-self-attention", "da", "--no-token-positional-embeddings")
 _QVI = ("--encoder-self-attention", "qvi", "--decoder-self-attention", "qvi")
+# as the default grid's "kerple"
+_KERPLE = (
+    "--encoder-self-attention",
+    "kerple",
+    "--decoder-self-attention",
+    "kerple",
+    "--no-token-positional-embeddings",
+)
 _KIND_FLAGS = {"enc": "--encoder-self-attention", "dec": "--decoder-self-attention", "cross": "--cross-attention"}
 _KIND_NAMES = {"enc": "encoder self-attention", "dec": "decoder self-attention", "cross": "cross-attention"}
 
@@ -101,6 +113,18 @@ def qvi_ablations() -> List[Ablation]:
         )
         for interaction in QVI_INTERACTIONS
         if interaction != "gated"
+    ]
+
+
+def kerple_ablations() -> List[Ablation]:
+    return [
+        Ablation(
+            "kerple-per-layer",
+            (*_KERPLE, "--kerple-per-layer"),
+            f"{KERPLE_PAPER}: r1, r2 per layer (the plugin's kerple up to f2ecd07); read against kerple (one pair "
+            "per head shared by the layers, as the authors' code builds it)",
+            "kerple",
+        )
     ]
 
 
@@ -158,7 +182,7 @@ def ablations(num_layers: int) -> List[Ablation]:
     """Every ablation for a model with ``num_layers`` encoder and decoder layers."""
     if num_layers < 1:
         raise ValueError(f"num_layers must be >= 1, got {num_layers}")
-    return [*da_ablations(), *qvi_ablations(), *window_ablations(num_layers)]
+    return [*da_ablations(), *qvi_ablations(), *window_ablations(num_layers), *kerple_ablations()]
 
 
 ABLATION_NAMES = tuple(ablation.name for ablation in ablations(6))

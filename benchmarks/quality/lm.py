@@ -105,9 +105,24 @@ class LMConfig:
     name: str
     baseline: str
     note: str
+    # a variant of a preset: its --arch and the flags that make it the variant
+    arch: str = ""
+    flags: Tuple[str, ...] = ()
 
     def arch_args(self) -> List[str]:
-        return ["--arch", self.name]
+        return ["--arch", self.arch or self.name, *self.flags]
+
+
+# variants of a preset that the grid trains beside it: (name, preset, flags, what it is)
+VARIANTS = (
+    (
+        "distattn_lm_kerple_gbw+per-layer",
+        "distattn_lm_kerple_gbw",
+        ("--kerple-per-layer",),
+        "the preset with r1, r2 per layer (the plugin's kerple up to revision f2ecd07) instead of the authors' "
+        "one pair per head shared by the layers",
+    ),
+)
 
 
 @functools.lru_cache(maxsize=None)
@@ -143,6 +158,9 @@ def lm_configs() -> Dict[str, LMConfig]:
         configs[preset] = LMConfig(
             preset, baseline, f"{mechanism} self-attention on {baseline}'s defaults, {positions}"
         )
+    for name, preset, flags, note in VARIANTS:
+        if preset in configs:
+            configs[name] = LMConfig(name, configs[preset].baseline, note, preset, flags)
     # baselines first, then mechanism presets, then the plugin's vanilla presets (a check against the baseline);
     # the baseline most presets extend first
     family = collections.Counter(c.baseline for c in configs.values())

@@ -34,7 +34,20 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from ..registry import OptionContext, SpecError, positive_integer
 from .masking import attend, check_attention_arguments, check_tensor_argument, logit_dtype, logit_mask, scaled
+
+# the rule of the command line's --cope-max-positions (mechanisms/cope.py), for the functional npos
+_check_npos = positive_integer("--cope-max-positions")
+
+
+def check_npos(npos) -> None:
+    """ValueError naming ``npos`` unless it is a number of positions that
+    ``--cope-max-positions`` accepts (the same converter: an integer >= 1)."""
+    try:
+        _check_npos(npos, OptionContext())
+    except SpecError as error:
+        raise ValueError(f"npos {error.problem} (as --cope-max-positions: {error.allowed}), got {npos!r}") from None
 
 
 def check_position_table(table, q: Optional[Tensor] = None) -> None:
@@ -60,10 +73,15 @@ def interpolated_position_logits(q: Tensor, table: Tensor, positions: Tensor) ->
     """``q_i . e[p_ij]`` with ``e`` interpolated at the fractional positions (eq. 5),
     from the logits of the integer positions ``q @ table``; in the positions' dtype."""
     integer_logits = torch.matmul(q, table.to(q.dtype)).to(positions.dtype)  # [B, H, Tq, npos]
-    floor = positions.floor()
+    # A NaN position (NaN scores: a NaN query or key, a diverging model) reads entry 0 and stays NaN
+    # through the weight, so its logit is NaN, as any other mechanism's would be, rather than an index
+    # out of range (NaN as long is -2^63: an IndexError on CPU, a device-side assert on CUDA) that
+    # would pre-empt fairseq's own NaN detection.
+    readable = positions.nan_to_num(nan=0.0)
+    floor = readable.floor()
     weight = positions - floor  # differentiable: the gates learn through it
     below = integer_logits.gather(-1, floor.long())
-    above = integer_logits.gather(-1, positions.ceil().long())
+    above = integer_logits.gather(-1, readable.ceil().long())
     return above * weight + below * (1 - weight)
 
 
@@ -77,8 +95,11 @@ def cope_positions(
     query_offset: int = 0,
 ) -> Tensor:
     """The contextual positions ``p_ij`` ``[B, H, Tq, Tk]`` (clamped to ``npos - 1``)
-    that :func:`cope_attention` uses, for inspection; 0 on hidden keys."""
+    that :func:`cope_attention` uses, for inspection; 0 on hidden keys. ``npos``,
+    the number of learned positions, is an integer >= 1, as the command line's
+    ``--cope-max-positions`` (else a ValueError naming it)."""
     check_attention_arguments(q, k, None, key_padding_mask, causal, query_offset)
+    check_npos(npos)
     mask, _ = logit_mask(key_padding_mask, causal, query_offset, q.size(2), k.size(2), q.device, logit_dtype(q.dtype))
     scores = torch.matmul(scaled(q), k.transpose(-2, -1)).to(logit_dtype(q.dtype))
     return contextual_positions(scores, mask, npos - 1)

@@ -112,9 +112,15 @@ def check_bias_table_arguments(tgt_len: int, src_len: int, query_offset: int, dt
 
 def offsets(tgt_len: int, src_len: int, query_offset: int, device, dtype=torch.long) -> Tensor:
     """The key's position relative to the query's, ``j - (query_offset + i)``,
-    once per diagonal of a ``[Tq, Tk]`` matrix: entry ``j - i + Tq - 1``."""
+    once per diagonal of a ``[Tq, Tk]`` matrix: entry ``j - i + Tq - 1``.
+
+    ``Tq + Tk - 1`` entries. Without queries (``Tq = 0``: nothing reads the
+    table) the ``Tk`` offsets of the keys from ``query_offset``, as for one
+    query, so that the width gives ``Tk`` whatever the lengths, 0 included
+    (:attr:`OffsetTable.src_len`)."""
     check_position_arguments(tgt_len, src_len, query_offset)
-    return torch.arange(-(tgt_len - 1) - query_offset, src_len - query_offset, device=device, dtype=dtype)
+    first = -(max(tgt_len, 1) - 1) - query_offset
+    return torch.arange(first, src_len - query_offset, device=device, dtype=dtype)
 
 
 @functools.lru_cache(maxsize=256)
@@ -145,8 +151,10 @@ class ScoreTable(Protocol):
 @dataclass
 class OffsetTable:
     """Per-head values of a function of ``j - i``: ``values`` ``[H or 1, Tq + Tk - 1]``,
-    entry ``j - i + Tq - 1`` (see :func:`offsets`). ``combine``: ``"add"`` for
-    a bias on the scaled score, ``"relu-multiply"`` for ``ReLU(score) * value``."""
+    entry ``j - i + Tq - 1`` (see :func:`offsets`; ``[H or 1, Tk]`` when ``Tq``
+    is 0). ``combine``: ``"add"`` for a bias on the scaled score,
+    ``"relu-multiply"`` for ``ReLU(score) * value``. Either length may be 0
+    (an empty matrix)."""
 
     values: Tensor
     tgt_len: int
@@ -155,10 +163,15 @@ class OffsetTable:
     def __post_init__(self):
         if self.combine not in COMBINES:
             raise ValueError(f"combine must be one of {', '.join(COMBINES)}, got {self.combine!r}")
-        if self.values.dim() != 2 or self.values.size(-1) < self.tgt_len:
+        if self.values.dim() != 2 or self.src_len < 0:
             raise ValueError(
                 f"values must be [H or 1, Tq + Tk - 1] with Tq = {self.tgt_len}, got {tuple(self.values.shape)}"
             )
+
+    @property
+    def src_len(self) -> int:
+        """``Tk``, from the table's width (:func:`offsets`: laid out as for one query when ``Tq`` is 0)."""
+        return self.values.size(-1) - max(self.tgt_len, 1) + 1
 
     def dense(self) -> Tensor:
         """The ``[H or 1, Tq, Tk]`` matrix the table stands for (the eager path's).
@@ -166,8 +179,9 @@ class OffsetTable:
         Reversed, the table's Tk-wide windows are the matrix's rows with their
         keys reversed (a Hankel matrix): unfold and flip, whose backward is about
         twice as fast as an index gather's scatter-add on CPU."""
-        src_len = self.values.size(-1) - self.tgt_len + 1
-        return self.values.flip(-1).unfold(-1, src_len, 1).flip(-1)
+        rows = self.values.flip(-1).unfold(-1, self.src_len, 1).flip(-1)
+        # without queries the table is laid out for one: its one row is not the matrix's
+        return rows if self.tgt_len else rows[:, :0]
 
     def score_mod(self) -> Callable:
         values = self.values

@@ -10,8 +10,9 @@ distance, shifted to be a bias on the logits (eq. 6, the two kernels of sec. 4.3
 
 added to the scaled scores ``q_i k_j / sqrt(d)`` (the authors' gpt-neox code
 adds it to ``matmul_result`` after the ``1 / norm_factor`` scaling), with r1 and
-r2 learned per head and layer. The power kernel with r2 = 1 is ALiBi with
-learned slopes; the logarithmic one is what the paper's tables favour.
+r2 learned per head (the authors' code shares them across layers: see the
+mechanism). The power kernel with r2 = 1 is ALiBi with learned slopes; the
+logarithmic one is what the paper's tables favour.
 
 The constraints: the authors' code (chijames/KERPLE,
 ``megatron/mpu/layers.py``, ``ParallelKerpleLog`` and ``ParallelKerplePower``)

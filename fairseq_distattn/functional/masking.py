@@ -61,7 +61,7 @@ def sequence_positions(key_padding_mask: Optional[Tensor], length: int, offset: 
     padding), int64. A sequence's leading padding (fairseq left-pads sources)
     shifts its positions; padding after it is masked wherever it is a key."""
     positions = torch.arange(offset, offset + length, device=device)[None]
-    if key_padding_mask is None:
+    if key_padding_mask is None or key_padding_mask.size(-1) == 0:  # no keys: no padding before them
         return positions
     real = ~key_padding_mask.to(torch.bool)
     leading = torch.where(real.any(dim=-1), real.to(torch.int8).argmax(dim=-1), 0)
@@ -411,12 +411,20 @@ def attend(
     elsewhere its ``dense()`` becomes that ``bias`` or ``score_mod``. A mechanism that is
     only an additive bias (and ``allowed``) otherwise runs fused
     (:func:`fused_attention`) when the weights are not needed. Unchecked: the
-    public ops check their arguments first."""
+    public ops check their arguments first.
+
+    Empty sequences, as ``F.scaled_dot_product_attention`` treats them: no
+    queries (``Tq = 0``) give an empty ``[B, H, 0, D]`` output and ``[B, H, 0,
+    Tk]`` weights; no keys (``Tk = 0``) leave every query row without a visible
+    key, which gives 0 (as a row hidden by the masks does) and ``[B, H, Tq, 0]``
+    weights."""
     tgt_len, src_len = q.size(2), k.size(2)
     if offset_table is not None:
         if (
             weight_mod is None
             and (value_term is None or hasattr(value_term, "from_log_normaliser"))
+            and tgt_len
+            and src_len  # an empty matrix has nothing to fuse: its dense bias is empty too
             and flex_applies(q, need_weights=need_weights, dropout_p=dropout_p, query_offset=query_offset)
         ):
             return _flex_attend(q, k, v, offset_table, value_term, allowed, key_padding_mask, causal), None

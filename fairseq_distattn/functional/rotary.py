@@ -37,17 +37,27 @@ evaluated on longer ones, ``s = --rope-scaling-factor``, typically
   times ``1/s``, i.e. every ``theta_i`` divided by s;
 - ``ntk`` ("NTK-aware" scaling, as in Peng et al. 2023 sec. 3.1 eq. 16):
   the base becomes ``base * s^(d/(d-2))``;
-- ``yarn`` (Peng et al. 2023 sec. 3.2-3.4, eq. 17-21): per pair, the ratio
-  ``r_i = L / lambda_i`` of the training length to the wavelength
-  ``lambda_i = 2 pi / theta_i`` picks interpolation (``r < alpha``), the
-  original frequency (``r > beta``) or the ramp between them,
+- ``yarn``: YaRN as its authors' code computes it (jquesnelle/yarn,
+  ``LlamaYaRNScaledRotaryEmbedding``; Hugging Face's ``rope_type="yarn"``,
+  ``_compute_yarn_parameters``, is the same arithmetic, and it is what vLLM and
+  most users run). Pair i keeps its frequency (extrapolation) below the
+  correction dimension of ``beta_fast = 32`` rotations over the training length
+  L, is interpolated (``theta_i / s``) above that of ``beta_slow = 1``, and
+  ramps linearly over the pair index between the two, the correction dimension
+  of b rotations being ``d ln(L / (2 pi b)) / (2 ln base)``, floored (fast) and
+  ceiled (slow) and kept within [0, d - 1]; the cos and sin of the rotation are
+  multiplied by ``mscale = 0.1 ln(s) + 1``, so the rotated dimensions'
+  share of each logit is multiplied by ``mscale^2`` (eq. 22's ``1/t``) and the
+  dimensions that partial rotary passes through are not;
+- ``yarn-paper``: the paper's formulas (Peng et al. 2023 sec. 3.2-3.4, eq.
+  17-22): the ramp is continuous in the ratio ``r_i = L / lambda_i`` of the
+  training length to the wavelength ``lambda_i = 2 pi / theta_i``,
   ``h(theta_i) = (1 - gamma(r_i)) theta_i / s + gamma(r_i) theta_i`` with
   ``gamma(r) = (r - alpha) / (beta - alpha)`` clipped to [0, 1], alpha = 1,
-  beta = 32 (the paper's values for LLaMA); and the logits are divided by the
-  temperature t with ``sqrt(1/t) = 0.1 ln(s) + 1`` (eq. 22). The paper's
-  ramp is linear in r, as here; its reference code (jquesnelle/yarn,
-  ``_yarn_find_correction_range``) ramps linearly over the dimension index
-  between rounded correction dimensions, which differs slightly between them.
+  beta = 32, and the whole logit is divided by the temperature t,
+  ``sqrt(1/t) = 0.1 ln(s) + 1``. The two agree outside the ramp and differ
+  within it, where the authors' rounded correction dimensions and index ramp
+  give other frequencies than the continuous one.
 
 Angles and scales are formed in float32 (float64 for float64 inputs): the
 products of positions and frequencies lose their low digits in half
@@ -66,8 +76,9 @@ from .masking import attend, check_attention_arguments, position_tensor, sequenc
 ROPE_BASE = 10000.0
 XPOS_GAMMA = 0.4
 XPOS_SCALE_BASE = 512.0
-SCALING_MODES = ("none", "linear", "ntk", "yarn")
-YARN_ALPHA, YARN_BETA = 1.0, 32.0
+SCALING_MODES = ("none", "linear", "ntk", "yarn", "yarn-paper")
+YARN_MODES = ("yarn", "yarn-paper")
+YARN_ALPHA, YARN_BETA = 1.0, 32.0  # the paper's alpha, beta: its code's beta_slow, beta_fast
 
 
 def rotary_dims(head_dim: int, fraction: float) -> int:
@@ -82,8 +93,31 @@ def angle_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def yarn_logit_factor(scaling: str, scaling_factor: float) -> float:
-    """What every logit is multiplied by: YaRN's ``1/t = (0.1 ln s + 1)^2`` (eq. 22), else 1."""
-    return (0.1 * math.log(scaling_factor) + 1) ** 2 if scaling == "yarn" else 1.0
+    """What the logits' rotated share (``yarn``) or whole logits (``yarn-paper``) are
+    multiplied by: YaRN's ``1/t = (0.1 ln s + 1)^2`` (eq. 22), else 1."""
+    return (0.1 * math.log(scaling_factor) + 1) ** 2 if scaling in YARN_MODES else 1.0
+
+
+def yarn_correction_range(dims: int, base: float, original_length: int) -> Tuple[int, int]:
+    """The authors' ``_yarn_find_correction_range(beta_fast, beta_slow, ...)``: the pair
+    indices between which YaRN ramps from the original frequencies to interpolated ones."""
+
+    def correction_dim(rotations: float) -> float:
+        return dims * math.log(original_length / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = math.floor(correction_dim(YARN_BETA))
+    high = math.ceil(correction_dim(YARN_ALPHA))
+    return max(low, 0), min(high, dims - 1)
+
+
+def _yarn_interpolated_share(theta: Tensor, dims: int, base: float, scaling: str, original_length: int) -> Tensor:
+    """Per pair, the weight of the interpolated frequency ``theta / s`` (the rest keeps ``theta``)."""
+    if scaling == "yarn-paper":
+        ratio = original_length * theta / (2 * math.pi)
+        return 1 - ((ratio - YARN_ALPHA) / (YARN_BETA - YARN_ALPHA)).clamp(0.0, 1.0)
+    low, high = yarn_correction_range(dims, base, original_length)
+    index = torch.arange(dims // 2, device=theta.device, dtype=torch.float64)
+    return ((index - low) / (high - low if high != low else 0.001)).clamp(0.0, 1.0)
 
 
 def rotary_frequencies(
@@ -112,12 +146,11 @@ def rotary_frequencies(
     theta = torch.as_tensor(base, dtype=torch.float64).pow(-exponents)
     if scaling == "linear":
         theta = theta / scaling_factor
-    elif scaling == "yarn":
+    elif scaling in YARN_MODES:
         if original_length < 1:
             raise ValueError(f"yarn scaling needs the training length original_length >= 1, got {original_length!r}")
-        ratio = original_length * theta / (2 * math.pi)
-        ramp = ((ratio - YARN_ALPHA) / (YARN_BETA - YARN_ALPHA)).clamp(0.0, 1.0)
-        theta = (1 - ramp) * theta / scaling_factor + ramp * theta
+        interpolated = _yarn_interpolated_share(theta, dims, float(base), scaling, original_length)
+        theta = interpolated * theta / scaling_factor + (1 - interpolated) * theta
     return theta.to(dtype), yarn_logit_factor(scaling, scaling_factor)
 
 
@@ -197,7 +230,9 @@ def rotary_query_key(
     sits at index ``query_offset + i`` and key j at ``key_offset + j`` of the
     sequence whose padding ``key_padding_mask`` ``[B, key_offset + Tk]`` marks
     (positions count from its first real key, :func:`sequence_positions`).
-    xPos with ``xpos_scale_base``. YaRN's logit factor goes on the queries."""
+    xPos with ``xpos_scale_base``. YaRN's logit factor goes on the queries: on their
+    rotated dimensions (``yarn``, as its authors' code scales cos and sin) or on all of
+    them (``yarn-paper``, the paper's temperature on the whole logit)."""
     compute = angle_dtype(q.dtype)
     configuration = (
         rotary_dims(q.size(-1), fraction),
@@ -224,8 +259,11 @@ def rotary_query_key(
     key_turn = query_turn if same else turn("key", k, key_offset)
     q, k = apply_turns(q, query_turn), apply_turns(k, key_turn)
     logit_factor = yarn_logit_factor(scaling, scaling_factor)
-    if logit_factor != 1.0:
+    rotated = configuration[0]
+    if logit_factor != 1.0 and (scaling == "yarn-paper" or rotated == q.size(-1)):
         q = q * logit_factor
+    elif logit_factor != 1.0:
+        q = torch.cat([q[..., :rotated] * logit_factor, q[..., rotated:]], dim=-1)
     return q, k
 
 
@@ -288,4 +326,5 @@ __all__ = [
     "rotate",
     "turns",
     "xpos_zeta",
+    "yarn_correction_range",
 ]

@@ -75,7 +75,8 @@ def relative_position_scores(
     # one [B * Tq, D] x [D, N] product per head: a batch-broadcast matmul would run B * H
     # small ones and reduce W_R's gradient over the batch after (1.4x slower fwd+bwd on CPU)
     queries = queries.transpose(0, 1).reshape(heads, batch * tgt_len, head_dim)
-    by_distance = torch.bmm(queries, relative_keys).view(heads, batch, tgt_len, -1).transpose(0, 1)  # [B, H, Tq, N]
+    # [B, H, Tq, N]; N given, as -1 cannot be inferred from an empty product (Tq = 0)
+    by_distance = torch.bmm(queries, relative_keys).view(heads, batch, tgt_len, distances.size(0)).transpose(0, 1)
     rows = torch.arange(tgt_len, device=q.device)[:, None]
     columns = torch.arange(src_len, device=q.device)[None, :]
     index = (columns - rows + tgt_len - 1).expand(batch, heads, tgt_len, src_len)

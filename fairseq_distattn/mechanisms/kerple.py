@@ -23,6 +23,16 @@ class KerpleOptions:
         choices=DF.KERPLE_KERNELS,
         metavar="KERNEL",
     )
+    kerple_per_layer: bool = option(
+        False,
+        "--kerple-per-layer",
+        "kerple: r1 and r2 per layer instead of one pair per head shared by the kerple layers of each stack, "
+        "which is what the authors' code builds (one ParallelKerpleLog module handed to every layer) and the "
+        "paper's Figure 1 describes",
+        action="store_true",
+        # checkpoints saved before the option existed (plugin revision f2ecd07 and earlier) hold r1, r2 per layer
+        unrecorded=True,
+    )
 
 
 # what r1 and r2 are in each kernel, and their initial values in the authors' code: uniform in (0, 2) for the
@@ -52,14 +62,23 @@ R2_NAMES = {"log": "rate", "power": "exponent"}
     flex="without weights",
     small_fused_bias=True,  # the fused path keeps only the [H, Tq, Tk] bias
     description="learned per-head kernel of the distance on the logits: `-r1 log(1 + r2 abs(i-j))` "
-    "(`--kerple-kernel log`) or `-r1 abs(i-j)^r2` (`power`), r1, r2 > 0 (r2 <= 2 for power), per layer",
+    "(`--kerple-kernel log`) or `-r1 abs(i-j)^r2` (`power`), r1, r2 > 0 (r2 <= 2 for power), one pair per "
+    "head shared by the layers of each stack as in the authors' code, or per layer (`--kerple-per-layer`)",
     paper="Chi, Fan, Ramadge and Rudnicky 2022, *KERPLE: Kernelized Relative Positional Embedding for Length "
     "Extrapolation*",
 )
 class Kerple(Mechanism):
-    """Chi et al. 2022: ``r1``, ``r2`` ``[H]`` per layer (``scale``, and ``rate``
-    or ``exponent``), initialised and projected onto the constraints as in the
-    authors' gpt-neox code (chijames/KERPLE, ``megatron/mpu/layers.py``): uniform
+    """Chi et al. 2022: ``r1``, ``r2`` ``[H]`` (``scale``, and ``rate`` or
+    ``exponent``). One pair serves every ``kerple`` layer of a stack, as in the
+    authors' code (chijames/KERPLE, ``megatron/model/gpt2_model.py`` builds one
+    ``ParallelKerpleLog``/``ParallelKerplePower`` before the layer loop and hands
+    it to every layer; the paper's Figure 1 shares the parameters across layers):
+    the first such layer makes it, the others hold the same parameters, which
+    ``named_parameters`` lists once and a checkpoint stores under each layer's
+    name, as t5-bias's table. ``--kerple-per-layer`` gives each layer its own
+    (what this plugin built before that option existed; such checkpoints load
+    as per-layer). Initialised and projected onto the constraints as in the
+    authors' gpt-neox code (``megatron/mpu/layers.py``): uniform
     in (0, 2) and (0, 1)
     (the logarithmic kernel's r1, r2; the power kernel's r2, r1), and their
     data clamped to >= 0.01 (the power's r2 to <= 2) at each training forward,
@@ -72,11 +91,23 @@ class Kerple(Mechanism):
     def __init__(self, config: MechanismConfig):
         super().__init__(config)
         self.kernel = config.options.kerple_kernel
-        r1_range, r2_range = INITIAL_RANGE[self.kernel]
-        self.scale = nn.Parameter(torch.rand(config.num_heads) * r1_range)
+        self.shared_across_layers = not config.options.kerple_per_layer and config.stack is not None
+
+        def make_parameters():
+            r1_range, r2_range = INITIAL_RANGE[self.kernel]
+            return (
+                nn.Parameter(torch.rand(config.num_heads) * r1_range),
+                nn.Parameter(torch.rand(config.num_heads) * r2_range),
+            )
+
+        if self.shared_across_layers:
+            scale, r2 = config.stack.shared(f"kerple:{self.kernel}x{config.num_heads}", make_parameters)
+        else:
+            scale, r2 = make_parameters()
+        self.scale = scale
         # r2 is a rate inside the logarithm and an exponent of the power: named by what it is, so a
         # checkpoint of one kernel does not load into the other
-        setattr(self, R2_NAMES[self.kernel], nn.Parameter(torch.rand(config.num_heads) * r2_range))
+        setattr(self, R2_NAMES[self.kernel], r2)
         self.project_onto_constraints()
 
     @property
@@ -84,7 +115,8 @@ class Kerple(Mechanism):
         return getattr(self, R2_NAMES[self.kernel])
 
     def extra_repr(self) -> str:
-        return f"kernel={self.kernel}, heads={self.config.num_heads}"
+        sharing = "shared across the stack" if self.shared_across_layers else "per layer"
+        return f"kernel={self.kernel}, heads={self.config.num_heads}, {sharing}"
 
     @torch.no_grad()
     def project_onto_constraints(self) -> None:

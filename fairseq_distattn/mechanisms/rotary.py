@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import functional as DF
-from ..functional.rotary import ROPE_BASE, SCALING_MODES, XPOS_SCALE_BASE
+from ..functional.rotary import ROPE_BASE, SCALING_MODES, XPOS_SCALE_BASE, YARN_MODES
 from ..registry import (
     CROSS_KIND,
     DIFFERENT_SEQUENCES,
@@ -76,8 +76,11 @@ class RotaryOptions:
         "--rope-scaling",
         "rope, xpos: context-length scaling of the frequencies, for evaluation beyond the training length "
         "(a trained model takes it as --model-overrides): linear (position interpolation, Chen et al. 2023), ntk "
-        "(base * s^(d/(d-2))), yarn (Peng et al. 2023: interpolation ramped by wavelength, needs "
-        "--rope-original-length, and logits times (0.1 ln s + 1)^2) (default: {default})",
+        "(base * s^(d/(d-2))), yarn (Peng et al. 2023 as the authors' code and Hugging Face's rope_type='yarn' "
+        "compute it: interpolation ramped over the pair index between the correction dimensions of 32 and 1 "
+        "rotations over --rope-original-length, and the rotated dimensions' share of each logit times "
+        "(0.1 ln s + 1)^2), yarn-paper (the paper's formulas: the ramp continuous in the wavelength, the whole "
+        "logit times (0.1 ln s + 1)^2) (default: {default})",
         convert=one_of("--rope-scaling", SCALING_MODES),
         choices=SCALING_MODES,
         role=EVALUATION,
@@ -95,8 +98,8 @@ class RotaryOptions:
     rope_original_length: int = option(
         0,
         "--rope-original-length",
-        "rope, xpos: the training length L in tokens, which --rope-scaling yarn ramps its interpolation by "
-        "(default: {default}, unset)",
+        "rope, xpos: the training length L in tokens, which --rope-scaling yarn and yarn-paper ramp their "
+        "interpolation by, and which nothing else reads (default: {default}, unset)",
         convert=_length,
         type=int,
         metavar="L",
@@ -122,12 +125,21 @@ class RotaryOptions:
                 "scales nothing with --rope-scaling none",
                 "1 (the default), or name a --rope-scaling mode",
             )
-        if options.rope_scaling == "yarn" and options.rope_original_length < 1:
+        yarn = options.rope_scaling in YARN_MODES
+        if yarn and options.rope_original_length < 1:
             raise SpecError(
                 "--rope-original-length",
                 options.rope_original_length,
-                "--rope-scaling yarn ramps its interpolation by the training length, which must be given",
+                f"--rope-scaling {options.rope_scaling} ramps its interpolation by the training length, which "
+                "must be given",
                 "the length in tokens the model was trained on (--tokens-per-sample of its training)",
+            )
+        if not yarn and options.rope_original_length:
+            raise SpecError(
+                "--rope-original-length",
+                options.rope_original_length,
+                f"has no effect with --rope-scaling {options.rope_scaling}: only yarn and yarn-paper read it",
+                "0 (the default), or --rope-scaling yarn or yarn-paper",
             )
 
 

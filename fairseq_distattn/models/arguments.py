@@ -200,6 +200,45 @@ def _task_is(args, names) -> bool:
     return task is not None and any(cls.__name__ in names for cls in task.__mro__)
 
 
+def blocks_exceed_positions(positions, block, sample_break_mode) -> bool:
+    """Whether fairseq's ``language_modeling`` task skips all its full blocks: with
+    ``--sample-break-mode none`` it cuts the text into blocks of ``--tokens-per-sample``
+    tokens (``block``; the last one shorter), and fairseq-train and fairseq-eval-lm skip
+    every block longer than the model's ``max_positions()`` (``positions``, its
+    ``max_target_positions``), fairseq-eval-lm with one warning and none in its result."""
+    return sample_break_mode in (None, "none") and is_integer(positions) and is_integer(block) and positions < block
+
+
+def check_blocks_fit_the_model(model_args, task):
+    """Raise SpecError where a language model built from a checkpoint (``model_args``, its
+    configuration with any ``--model-overrides``) accepts fewer positions than the blocks
+    the command's ``task`` scores (:func:`blocks_exceed_positions`): fairseq-eval-lm past the
+    training length with the checkpoint's ``max_target_positions`` would score only the
+    last, shorter block and print a perplexity as if that were the set. fairseq-eval-lm
+    has already taken ``--context-window`` off the task's ``--tokens-per-sample``."""
+    task_args = getattr(task, "args", None)
+    if task_args is None or not any(cls.__name__ == "LanguageModelingTask" for cls in type(task).__mro__):
+        return
+    positions, block = getattr(model_args, "max_target_positions", None), getattr(task_args, "tokens_per_sample", None)
+    if not blocks_exceed_positions(positions, block, getattr(task_args, "sample_break_mode", None)):
+        return
+    learned = getattr(model_args, "decoder_learned_pos", False) and not getattr(
+        model_args, "no_token_positional_embeddings", False
+    )
+    fits = f"--tokens-per-sample {positions} or less (plus any --context-window)"
+    raise SpecError(
+        "--tokens-per-sample",
+        block,
+        f"blocks of {block} tokens to score (--tokens-per-sample less --context-window) are longer than the "
+        f"checkpoint's max_target_positions {positions}: fairseq skips every block longer than the model's "
+        "positions, with one warning, and would score only the last, shorter one",
+        fits + " (its learned position embeddings have no more positions)"
+        if learned
+        else f"--model-overrides \"{{'max_target_positions': {block}}}\" (with the other overrides) to score "
+        f"every token, or {fits}",
+    )
+
+
 def check_model_and_task(args, model):
     """Raise SpecError where ``--task`` cannot train the plugin model ``model``
     (fairseq would fail with an AttributeError or TypeError once training starts),
@@ -230,10 +269,7 @@ def check_model_and_task(args, model):
     if (
         issubclass(model, FairseqLanguageModel)
         and _task_is(args, {"LanguageModelingTask"})
-        and getattr(args, "sample_break_mode", None) in (None, "none")
-        and is_integer(positions)
-        and is_integer(block)
-        and positions < block
+        and blocks_exceed_positions(positions, block, getattr(args, "sample_break_mode", None))
     ):
         raise SpecError(
             "--max-target-positions",

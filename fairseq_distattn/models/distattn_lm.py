@@ -20,6 +20,7 @@ from .arguments import (
     add_distattn_args,
     build_or_exit,
     check_attention_heads,
+    check_blocks_fit_the_model,
     register_architecture,
     set_distattn_defaults,
 )
@@ -82,6 +83,7 @@ class DistAttnLanguageModel(TransformerLanguageModel):
     def build_model(cls, args, task):
         def build():
             cls.check_attention_args(args, new_model=False)
+            check_blocks_fit_the_model(args, task)
             with _decoder_class(DistAttnLanguageModelDecoder):
                 return super(DistAttnLanguageModel, cls).build_model(args, task)
 

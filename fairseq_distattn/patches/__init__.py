@@ -5,6 +5,8 @@ together by :func:`install` (which :mod:`fairseq_distattn.models` calls):
 - :mod:`.checkpoint_loading`: torch>=2.6 loads fairseq checkpoints weights-only;
 - :mod:`.checkpoint_guards`: a checkpoint keeps the attention it was trained with
   (resume, ``--model-overrides``);
+- :mod:`.checkpoint_upgrade`: a checkpoint of an earlier plugin version is rebuilt as
+  the model it was (options whose default changed since);
 - :mod:`.torchrun_on_cpu`: ``torchrun`` launches ``fairseq-train`` without a GPU.
 
 Nothing here is imported until :func:`install` runs: the warning filters go in
@@ -21,8 +23,10 @@ def install() -> None:
 
     from .checkpoint_guards import guard_checkpoints
     from .checkpoint_loading import allow_fairseq_checkpoints
+    from .checkpoint_upgrade import upgrade_plugin_checkpoints
     from .torchrun_on_cpu import allow_torchrun_on_cpu
 
     allow_fairseq_checkpoints()
     guard_checkpoints()
+    upgrade_plugin_checkpoints()
     allow_torchrun_on_cpu()

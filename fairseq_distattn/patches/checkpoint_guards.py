@@ -16,21 +16,36 @@ instead, for every mechanism the registry holds:
   ``--save-dir``), which is logged instead;
 - ``--model-overrides`` (``fairseq-generate``, ``-interactive``, ``-validate``,
   ``-eval-lm``, hub loading): an override may change only the parameter-free
-  (``EVALUATION``) and ``RUNTIME`` options.
+  (``EVALUATION``) and ``RUNTIME`` options (not a mechanism, nor the head count or
+  width the attention was trained with); a key close to an option's name but no
+  option's (``'rope_bse'``), which fairseq would ignore, and a mechanism option that
+  configures no layer of the checkpoint (``'rope_scaling'`` for ``kerple``) are refused.
 """
 
+import copy
+import dataclasses
+import functools
 import logging
+from argparse import Namespace
 from pathlib import Path
 
 import torch
 
 from ..spec import SpecError, exit_on_spec_error, exit_with_error
-from ..trained_configuration import check_overrides, describe_differences, differences, trained_settings
+from ..trained_configuration import (
+    PLUGIN_MODELS,
+    check_override_keys,
+    check_overrides,
+    check_unused_overrides,
+    describe_differences,
+    differences,
+    geometry_attributes,
+    plugin_override_keys,
+    trained_settings,
+)
 from .checkpoint_loading import allow_fairseq_checkpoints
 
 logger = logging.getLogger(__name__)
-
-PLUGIN_MODELS = ("distattn_transformer", "distattn_lm")
 
 
 def model_config(state):
@@ -49,9 +64,83 @@ def model_name(config) -> str:
     return ARCH_MODEL_NAME_REGISTRY.get(arch, arch)
 
 
+def architecture_defaults(config) -> dict:
+    """attribute -> value of each attention-geometry attribute (:func:`geometry_attributes`)
+    that ``config`` lacks, as fairseq builds the model then: its ``--arch`` function fills
+    an absent attribute (``getattr(args, "decoder_attention_heads", 8)``, some from another:
+    the decoder's width defaults to the encoder's), so it runs on the attributes present."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    attrs = geometry_attributes(model_name(config))
+    missing = [attr for attr in attrs if getattr(config, attr, None) is None]
+    arch = getattr(config, "arch", None) or getattr(config, "_name", None)
+    if not missing or arch not in ARCH_CONFIG_REGISTRY:
+        return {}
+    both_sides = [f"{side}_{name}" for side in ("encoder", "decoder") for name in ("attention_heads", "embed_dim")]
+    args = Namespace(**{attr: getattr(config, attr) for attr in both_sides if getattr(config, attr, None) is not None})
+    try:
+        ARCH_CONFIG_REGISTRY[arch](args)
+    except Exception:  # an architecture that needs more of its configuration: nothing to fall back on
+        return {}
+    return {attr: getattr(args, attr, None) for attr in missing}
+
+
 def settings_of(config):
-    """:func:`trained_settings` of a model configuration."""
-    return trained_settings(config, model_name(config))
+    """:func:`trained_settings` of a model configuration (an attention-geometry attribute it
+    lacks: its architecture's default)."""
+    return trained_settings(config, model_name(config), architecture_defaults(config))
+
+
+def _keys(node) -> list:
+    """The option names of a configuration group (omegaconf node, ``Namespace`` or dict)."""
+    if isinstance(node, Namespace):
+        return list(vars(node))
+    if hasattr(node, "keys"):
+        return [key for key in node.keys() if isinstance(key, str)]
+    return []
+
+
+@functools.lru_cache(maxsize=1)
+def fairseq_option_names() -> frozenset:
+    """Every option name fairseq's registered dataclasses declare: its configuration groups
+    (common, dataset, generation, ...), every task's, model's, criterion's, optimizer's, ..."""
+    from fairseq.dataclass.configs import FairseqConfig
+    from fairseq.models import MODEL_DATACLASS_REGISTRY
+    from fairseq.registry import REGISTRIES
+    from fairseq.tasks import TASK_DATACLASS_REGISTRY
+
+    classes = [field.type for field in dataclasses.fields(FairseqConfig)]
+    classes += [*MODEL_DATACLASS_REGISTRY.values(), *TASK_DATACLASS_REGISTRY.values()]
+    classes += [cls for registry in REGISTRIES.values() for cls in registry["dataclass_registry"].values()]
+    names = {field.name for field in dataclasses.fields(FairseqConfig)}
+    for cls in classes:
+        if dataclasses.is_dataclass(cls):
+            names.update(field.name for field in dataclasses.fields(cls))
+    return frozenset(names)
+
+
+def configuration_keys(cfg) -> set:
+    """The group names of a checkpoint's whole configuration and the option names in each
+    (read before fairseq applies overrides: it sets every key on a ``Namespace`` group)."""
+    keys = set()
+    for group in _keys(cfg):
+        keys.add(group)
+        keys.update(_keys(cfg.get(group) if hasattr(cfg, "get") else getattr(cfg, group, None)))
+    return keys
+
+
+def check_model_overrides(before_model, after_model, overrides, cfg_keys=()) -> None:
+    """Raise SpecError where ``overrides`` (``--model-overrides``) would not evaluate the
+    checkpoint as asked: a key no option has but close to one (misspelt), an override that
+    changes what it was trained as, or one of an option that configures none of its layers.
+    ``before_model``/``after_model``: the model's configuration without and with the
+    overrides; ``cfg_keys``: :func:`configuration_keys` of the checkpoint's whole
+    configuration, where it is at hand (its groups' keys are fairseq's options too)."""
+    model_keys = _keys(before_model)
+    known = {*model_keys, *cfg_keys, *plugin_override_keys(), *fairseq_option_names()}
+    check_override_keys(overrides, known, {*plugin_override_keys(), *model_keys})
+    check_overrides(settings_of(before_model), settings_of(after_model), overrides)
+    check_unused_overrides(before_model, after_model, overrides, model_name(after_model))
 
 
 def read_checkpoint(path) -> dict:
@@ -135,10 +224,10 @@ def guard_model_overrides():
         model = cfg.get("model") if overrides else None
         if model is None or model_name(model) not in PLUGIN_MODELS:
             return fairseq_overwrite(cfg, overrides)
-        before = settings_of(model)
+        before, cfg_keys = copy.deepcopy(model), configuration_keys(cfg)  # fairseq sets them on cfg's nodes
         result = fairseq_overwrite(cfg, overrides)
         try:
-            check_overrides(before, settings_of(cfg["model"]), overrides)
+            check_model_overrides(before, cfg["model"], overrides, cfg_keys)
         except SpecError as error:
             exit_on_spec_error(error)
         return result
@@ -152,4 +241,14 @@ def guard_checkpoints():
     guard_model_overrides()
 
 
-__all__ = ["guard_checkpoints", "check_resume", "model_config", "model_name", "read_checkpoint", "settings_of"]
+__all__ = [
+    "PLUGIN_MODELS",
+    "guard_checkpoints",
+    "check_model_overrides",
+    "check_resume",
+    "configuration_keys",
+    "model_config",
+    "model_name",
+    "read_checkpoint",
+    "settings_of",
+]

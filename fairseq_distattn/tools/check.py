@@ -18,10 +18,18 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from ..patches.checkpoint_guards import PLUGIN_MODELS, model_config, model_name, read_checkpoint, settings_of
+from ..patches.checkpoint_guards import (
+    PLUGIN_MODELS,
+    check_model_overrides,
+    configuration_keys,
+    model_config,
+    model_name,
+    read_checkpoint,
+    settings_of,
+)
 from ..registry import EVALUATION, RUNTIME, TRAINED, SpecError, option_flag
 from ..spec import MechanismOptions
-from ..trained_configuration import MODEL, attention_kinds, check_overrides, option_value, shown
+from ..trained_configuration import MODEL, attention_kinds, option_value, shown
 
 PLUGIN_DIR = Path(__file__).resolve().parents[1]  # the package: what --user-dir names
 COMMANDS = "fairseq-generate, fairseq-interactive, fairseq-validate, fairseq-eval-lm and fairseq-train (to resume)"
@@ -81,11 +89,12 @@ def resume_flags(config, settings):
     return flags
 
 
-def apply_overrides(config, overrides):
+def apply_overrides(config, overrides, cfg_keys=()):
     """The model configuration ``--model-overrides`` would give, refused as fairseq's
-    commands refuse it (:func:`~fairseq_distattn.trained_configuration.check_overrides`)."""
+    commands refuse it (:func:`~fairseq_distattn.patches.checkpoint_guards.check_model_overrides`;
+    ``cfg_keys``: the option names of the checkpoint's whole configuration)."""
     changed = argparse.Namespace(**{**vars(config), **overrides})
-    check_overrides(settings_of(config), settings_of(changed), overrides)
+    check_model_overrides(config, changed, overrides, cfg_keys)
     return changed
 
 
@@ -100,7 +109,7 @@ def describe(path: Path, overrides=None) -> str:
     lines = [f"{path}: fairseq model {name} (--arch {arch}), {updates} updates"]
     if name in PLUGIN_MODELS:
         if overrides:
-            config = apply_overrides(config, overrides)
+            config = apply_overrides(config, overrides, configuration_keys(state.get("cfg") or {}))
             lines[0] += f", with --model-overrides {overrides}"
         lines.append(f"needs the plugin: pass --user-dir {PLUGIN_DIR} to {COMMANDS}")
         lines.extend(layer_lines(config))
