@@ -29,7 +29,7 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
 # The attention kinds by key: what a mechanism declares it supports (``kinds=SELF_ATTENTION``);
 # everything else about a kind is in its AttentionKind below.
@@ -218,6 +218,24 @@ PAPER_PATTERN = re.compile(r"(?P<authors>.+) (?P<year>[12][0-9]{3}), \*(?P<title
 
 
 @dataclass(frozen=True)
+class ArithmeticRevision:
+    """One version of what a mechanism computes from the same parameters. Checkpoints
+    record the revision of each mechanism they use (``distattn_revisions``), so that
+    one saved by an earlier revision is converted exactly or refused, never run as
+    another model (patches/checkpoint_upgrade.py)."""
+
+    number: int
+    since: str  # the plugin revision (git) that introduced it
+    arithmetic: str  # what it computes, as a message names it
+    # options that every checkpoint saved once this revision existed records: a checkpoint that
+    # records neither a revision nor any of these may be from before it
+    recorded_after: Tuple[str, ...] = ()
+    # how a checkpoint of the previous revision converts exactly, where it does: the order of each
+    # head's query and key projection rows, from (head_dim, the mechanism's options)
+    query_key_rows_from_previous: Optional[Callable[[int, Any], List[int]]] = None
+
+
+@dataclass(frozen=True)
 class MechanismInfo:
     """One registered SPEC name and what it declares."""
 
@@ -243,6 +261,13 @@ class MechanismInfo:
     extra_keys: Tuple[str, ...]  # extra per-head key projections (cached like fairseq's prev_key)
     description: str  # the mechanism table's "mechanism" column
     paper: str  # "Authors YEAR, *Title*"
+    # what it has computed, oldest first (empty: one revision since it was registered)
+    revisions: Tuple[ArithmeticRevision, ...] = ()
+
+    @property
+    def revision(self) -> int:
+        """The arithmetic revision the code computes now."""
+        return self.revisions[-1].number if self.revisions else 1
 
     @property
     def fused_keeps_nothing_per_batch(self) -> bool:
@@ -298,6 +323,7 @@ def register_attention(
     flex: str = "",
     extra_queries: Tuple[str, ...] = (),
     extra_keys: Tuple[str, ...] = (),
+    revisions: Tuple[ArithmeticRevision, ...] = (),
 ):
     """Class decorator registering a mechanism module under the SPEC ``name``
     (a class may be registered under several names, each with its own
@@ -312,6 +338,8 @@ def register_attention(
             raise ValueError(
                 f"{name}: give a reason for exactly the kinds it does not support, {sorted(ALL_KINDS - set(kinds))}"
             )
+        if [revision.number for revision in revisions] != list(range(1, len(revisions) + 1)):
+            raise ValueError(f"{name}: revisions must be numbered 1, 2, ... oldest first")
         if PAPER_PATTERN.fullmatch(paper) is None:
             raise ValueError(f"{name}: paper must read 'Authors YEAR, *Title*', got {paper!r}")
         if not callable(op) or not callable(example):
@@ -351,6 +379,7 @@ def register_attention(
             extra_keys=tuple(extra_keys),
             description=description,
             paper=paper,
+            revisions=tuple(revisions),
         )
         return cls
 

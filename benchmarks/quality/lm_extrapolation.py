@@ -81,12 +81,22 @@ def rotary_configs() -> List[str]:
 
 def scaling_overrides(scaling: str, length: int, trained: int) -> Dict[str, object]:
     """--model-overrides that evaluate a rotary model trained on ``trained`` tokens at ``length``
-    with RoPE scaling ``scaling``, by the factor ``length / trained`` (1 at or below it)."""
-    return {
-        "rope_scaling": scaling,
-        "rope_scaling_factor": max(1.0, length / trained),
-        "rope_original_length": trained,
-    }
+    with RoPE scaling ``scaling``, by the factor ``length / trained`` (1 at or below it); yarn also
+    needs the training length (the other scalings refuse it: they do not read it)."""
+    overrides = {"rope_scaling": scaling, "rope_scaling_factor": max(1.0, length / trained)}
+    if scaling.startswith("yarn"):
+        overrides["rope_original_length"] = trained
+    return overrides
+
+
+def is_finetuned(config: str) -> bool:
+    """A row of ``benchmarks.quality.lm_finetune``: a model fine-tuned with a scaling."""
+    return config.endswith("-ft")
+
+
+def model_of(config: str) -> str:
+    """The trained model a row's results come from: a scaling's row evaluates the unscaled one."""
+    return config if is_finetuned(config) else config.split("+")[0]
 
 
 def context_window(mode: str, length: int) -> int:
@@ -172,7 +182,8 @@ def evaluate_run(run_dir: Path, lengths: Sequence[int], out: Path, quality_runs:
 
 def ppl_table(records: Sequence[Dict]) -> Dict[str, Dict[str, Dict[int, List[float]]]]:
     """``{config: {mode: {length: [ppl of each seed]}}}``; a scaled config (``X+yarn``) takes X's
-    values up to the training length, where the scaling factor is 1."""
+    values up to the training length, where the scaling factor is 1 (a fine-tuned one, ``X+yarn-ft``,
+    is another model: only its own values)."""
     table: Dict[str, Dict[str, Dict[int, List[float]]]] = {}
     for record in records:
         for mode in MODES:
@@ -182,7 +193,7 @@ def ppl_table(records: Sequence[Dict]) -> Dict[str, Dict[str, Dict[int, List[flo
     trained = {record["config"]: record["train_tokens_per_sample"] for record in records}
     for name, modes in table.items():
         unscaled = name.split("+")[0]
-        if name != unscaled and unscaled in table:
+        if name != unscaled and unscaled in table and not is_finetuned(name):
             for mode, per_length in modes.items():
                 for length, values in table[unscaled][mode].items():
                     if length <= trained[name]:
@@ -205,8 +216,11 @@ def check_one_model_per_seed(records: Sequence[Dict], quality_runs: Optional[Pat
     same number)."""
     problems = models_per_run(
         records,
-        lambda record: (record["config"].split("+")[0], record["seed"]),  # a scaling's files: the same model
-        lambda config, seed: None if quality_runs is None else quality_runs / f"{config}-seed{seed}.json",
+        # a scaling's files: the same model; a fine-tuned one's (lm_finetune): its own
+        lambda record: (model_of(record["config"]), record["seed"]),
+        lambda config, seed: (
+            None if quality_runs is None or is_finetuned(config) else quality_runs / f"{config}-seed{seed}.json"
+        ),
     )
     for record in records:
         if (
@@ -251,7 +265,9 @@ def report(out: Path, quality_runs: Optional[Path] = None) -> str:
         "positions for fairseq's models and the vanilla and window presets; none for the others (their "
         "mechanism, or nothing at all for nope). `+linear`, `+ntk`, `+yarn`: the rope models as trained, "
         "evaluated with that `--rope-scaling` by the factor N / training length (1 up to it; yarn with "
-        "`--rope-original-length` the training length), as `--model-overrides`, no retraining.",
+        "`--rope-original-length` the training length), as `--model-overrides`, no retraining. "
+        "`+linear-ft`, `+yarn-ft`: the same scaling by a fixed factor after a short fine-tune at the longer "
+        "length, as the PI and YaRN papers use them (`benchmarks.quality.lm_finetune`).",
         "",
     ]
     for mode in MODES:

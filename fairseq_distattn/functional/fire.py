@@ -1,6 +1,7 @@
-"""FIRE: functional interpolation for relative positions (Li, Zhu, Zhong,
-Wang, Zou, Xu, Bhojanapalli, Chen 2024, *Functional Interpolation for Relative
-Positions Improves Long Context Transformers*, sec. 3).
+"""FIRE: functional interpolation for relative positions (Li, You, Guruganesh,
+Ainslie, Ontanon, Zaheer, Sanghai, Yang, Kumar, Bhojanapalli 2024, *Functional
+Interpolation for Relative Positions Improves Long Context Transformers*,
+sec. 3).
 
 Eq. (4)-(5): a bias on the logits of query position i and key position j,
 

@@ -19,15 +19,43 @@ the rest pass through.
 
 xPos (Sun et al. 2023 sec. 3.2 and eq. 5): RoPE with the per-pair scale
 ``zeta_i = (2i/d + gamma) / (1 + gamma)``, gamma = 0.4, the query at position
-n multiplied by ``zeta_i^(n / scale_base)`` and the key at position m by
-``zeta_i^(-m / scale_base)``, so that their product decays as
+n multiplied by ``zeta_i^((n - c) / scale_base)`` and the key at position m by
+``zeta_i^(-(m - c) / scale_base)``, so that their product decays as
 ``zeta_i^((n - m) / scale_base)`` with the distance for keys before the
-query. Positions count from 0 (the authors' torchscale code centres them on
-the sequence to keep the scales near 1; the product is the same, but a
-centre that moves with the length would change keys already cached by
-incremental decoding). The blockwise causal attention the paper uses at
-inference is a way to run the model, not part of the attention, and is not
-applied here.
+query, whatever the centre c (``xpos_centre``). The paper counts from 0
+(c = 0), where the key scale ``zeta_0^(-m / scale_base)`` leaves float32 once
+``m / scale_base`` passes about 70 (float16 at about 9). A centre halves the
+largest exponent a query or key carries, but it must stay FIXED over the calls
+that build one sequence: a key is cached already scaled, so its scale may not
+depend on how long the sequence has grown since. :func:`rotary_query_key`,
+which rotates the keys a cache keeps, therefore takes a constant ``xpos_centre``
+(default 0: the paper's positions; a caller that knows the longest sequence L
+passes about ``(L - 1) / 2``), and :func:`rotary_attention`, which rotates every
+key in each call and caches none, centres on the middle of the positions it
+rotates unless given one. The authors' torchscale code (``XPOS``) instead
+centres on the middle of each call's length, so its cached keys would have to
+be rescaled as the sequence grows (their incremental path offsets the
+positions instead). The logits are the same in exact arithmetic; only the
+rounding and the range differ.
+
+What no centre changes: the logit of a query at n with a key at m carries
+``zeta_0^((n - m) / scale_base)``, and the causal mask hides future keys
+(m > n) only after ``QK^T`` is formed, so a sequence of L positions forms
+factors up to ``zeta_0^(-(L - 1) / scale_base)``. A scale base for which that
+leaves float32 (``(L - 1) ln(1 / zeta_0) / scale_base`` above
+:data:`XPOS_EXPONENT_LIMIT`, i.e. ``scale_base < (L - 1) / 69.7``) is refused
+(:func:`xpos_range_problem`), as is a centre that puts a single scale beyond
+it. In float16 the same products leave its range much earlier (ln 65504 =
+11.1): the fused causal path, which never adds a mask to a future logit, stays
+finite; the paths that add a mask (key padding, weights, a block of queries
+after cached keys) need float32 or bfloat16 there. The blockwise causal
+attention the paper uses at inference is a way to run the model, not part of
+the attention, and is not applied here.
+
+Argument checks: every argument the command line's flags set is checked by one
+predicate here (``*_problem``, returning a :class:`RotaryProblem` or None), which the
+functional ops raise as a ValueError naming the argument and the mechanism's
+flag converters and option checks raise as a SpecError naming the flag.
 
 Context-length scaling (for a model trained on sequences of ``L`` tokens
 evaluated on longer ones, ``s = --rope-scaling-factor``, typically
@@ -65,12 +93,14 @@ precision. Positions count from each sequence's first real (non-padding)
 key: a left-padded sentence gets the angles it gets alone.
 """
 
+import functools
 import math
-from typing import Optional, Tuple
+from typing import Any, Mapping, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
 
+from ..registry import FLOAT32_MAX, SpecError, finite_number, is_integer
 from .masking import attend, check_attention_arguments, position_tensor, sequence_positions
 
 ROPE_BASE = 10000.0
@@ -79,6 +109,226 @@ XPOS_SCALE_BASE = 512.0
 SCALING_MODES = ("none", "linear", "ntk", "yarn", "yarn-paper")
 YARN_MODES = ("yarn", "yarn-paper")
 YARN_ALPHA, YARN_BETA = 1.0, 32.0  # the paper's alpha, beta: its code's beta_slow, beta_fast
+# xPos's smallest per-pair scale zeta_0 = gamma / (1 + gamma) = 2/7, whose powers are the extreme factors
+XPOS_ZETA_MIN = XPOS_GAMMA / (1 + XPOS_GAMMA)
+# The largest |ln| of a factor that float32 holds as a normal number both ways: e^x below its largest
+# value (ln 3.40e38 = 88.72) and e^-x above its smallest normal (ln 2^-126 = -87.34).
+XPOS_EXPONENT_LIMIT = min(math.log(FLOAT32_MAX), 126 * math.log(2))
+
+
+class RotaryProblem(NamedTuple):
+    """Why one argument cannot work: ``argument`` is the functional op's name for it (the
+    mechanism maps it to its flag), ``problem`` and ``allowed`` the two halves of the message."""
+
+    argument: str
+    value: Any
+    problem: str
+    allowed: str
+
+    def error(self) -> ValueError:
+        """The functional op's error: a ValueError naming the argument."""
+        return ValueError(f"{self.argument} {self.problem}, got {self.value!r}; allowed: {self.allowed}")
+
+
+# How the messages name the arguments: the functional ops' names (the default); the mechanism
+# passes its flags (``{"scaling": "--rope-scaling", ...}``).
+ARGUMENT_NAMES: Mapping[str, str] = {}
+
+
+def _named(names: Mapping[str, str], argument: str, value=None) -> str:
+    """``argument`` as ``names`` spell it, with ``value`` where given: ``scaling='none'`` or ``--rope-scaling none``."""
+    name = names.get(argument, argument)
+    if value is None:
+        return name
+    return f"{name} {value}" if name.startswith("--") else f"{name}={value!r}"
+
+
+def _is_number(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float))
+
+
+def base_problem(base) -> Optional[RotaryProblem]:
+    """``base`` (theta_i = base^(-2i/d)) unless a finite positive number in float32."""
+    try:
+        finite_number("base", "base", positive=True)(base, None)
+    except SpecError as error:
+        return RotaryProblem("base", base, error.problem, error.allowed)
+    return None
+
+
+def fraction_problem(fraction, head_dim: Optional[int] = None) -> Optional[RotaryProblem]:
+    """``fraction`` unless a share 0 < f <= 1 that rotates at least one pair of ``head_dim`` (where given)."""
+    if not _is_number(fraction) or not 0 < fraction <= 1:
+        return RotaryProblem("fraction", fraction, "must be a share of the head's dimensions", "a number 0 < f <= 1")
+    if head_dim is not None and rotary_dims(head_dim, fraction) < 2:
+        return RotaryProblem(
+            "fraction",
+            fraction,
+            f"rotates no pair of the {head_dim} dimensions of each head",
+            f"a number >= {2 / head_dim:g}",
+        )
+    return None
+
+
+def scaling_problem(scaling) -> Optional[RotaryProblem]:
+    if scaling not in SCALING_MODES:
+        return RotaryProblem("scaling", scaling, "unknown choice", ", ".join(SCALING_MODES))
+    return None
+
+
+def scaling_factor_problem(scaling_factor) -> Optional[RotaryProblem]:
+    if not _is_number(scaling_factor) or not math.isfinite(scaling_factor) or scaling_factor < 1:
+        return RotaryProblem(
+            "scaling_factor",
+            scaling_factor,
+            "must be a finite number >= 1 (the evaluation length over the training length)",
+            "a number s >= 1",
+        )
+    return None
+
+
+def original_length_problem(original_length) -> Optional[RotaryProblem]:
+    if not is_integer(original_length) or original_length < 0:
+        return RotaryProblem(
+            "original_length", original_length, "must be a length in tokens", "an integer >= 0 (0: unset)"
+        )
+    return None
+
+
+def scaling_combination_problem(
+    scaling: str, scaling_factor: float, original_length: int, names: Mapping[str, str] = ARGUMENT_NAMES
+) -> Optional[RotaryProblem]:
+    """What the scaling arguments cannot do together (each valid alone)."""
+    if scaling == "none" and scaling_factor != 1.0:
+        return RotaryProblem(
+            "scaling_factor",
+            scaling_factor,
+            f"scales nothing with {_named(names, 'scaling', 'none')}",
+            f"1 (the default), or name a {_named(names, 'scaling')} mode",
+        )
+    yarn = scaling in YARN_MODES
+    if yarn and original_length < 1:
+        return RotaryProblem(
+            "original_length",
+            original_length,
+            f"{_named(names, 'scaling', scaling)} ramps its interpolation by the training length, which must be given",
+            "the length in tokens the model was trained on (--tokens-per-sample of its training)",
+        )
+    if not yarn and original_length:
+        return RotaryProblem(
+            "original_length",
+            original_length,
+            f"has no effect with {_named(names, 'scaling', scaling)}: only yarn and yarn-paper read it",
+            f"0 (the default), or {_named(names, 'scaling')} yarn or yarn-paper",
+        )
+    return None
+
+
+def xpos_scale_base_problem(xpos_scale_base) -> Optional[RotaryProblem]:
+    """``xpos_scale_base`` unless a finite positive number in float32 (whatever the length)."""
+    try:
+        finite_number("xpos_scale_base", "scale_base", positive=True)(xpos_scale_base, None)
+    except SpecError as error:
+        return RotaryProblem("xpos_scale_base", xpos_scale_base, error.problem, error.allowed)
+    return None
+
+
+def xpos_exponent(distance: float, xpos_scale_base: float) -> float:
+    """``|ln zeta_0^(distance / scale_base)|``: the largest |ln| of xPos's factor over ``distance`` positions."""
+    return abs(distance) * math.log(1 / XPOS_ZETA_MIN) / xpos_scale_base
+
+
+def smallest_xpos_scale_base(positions: int) -> float:
+    """The smallest scale base (rounded up to 2 decimals) whose factors over ``positions`` positions
+    stay within :data:`XPOS_EXPONENT_LIMIT`."""
+    needed = xpos_exponent(max(positions - 1, 0), 1.0) / XPOS_EXPONENT_LIMIT
+    return math.ceil(needed * 100) / 100
+
+
+def xpos_range_problem(
+    xpos_scale_base: float,
+    positions: int,
+    xpos_centre: float = 0.0,
+    names: Mapping[str, str] = ARGUMENT_NAMES,
+    positions_note: str = "",
+) -> Optional[RotaryProblem]:
+    """Whether xPos's factors leave float32 on sequences of ``positions`` positions (0 to
+    positions - 1): the logits' ``zeta_0^((n - m) / scale_base)`` over the longest distance,
+    formed for the future keys the causal mask hides too, whatever the centre, and each
+    query's and key's own ``zeta_0^(+-(p - c) / scale_base)`` about ``xpos_centre`` c.
+    ``positions_note`` says where the length comes from (a flag)."""
+    if positions < 2:
+        return None
+    exponent = xpos_exponent(positions - 1, xpos_scale_base)
+    if exponent > XPOS_EXPONENT_LIMIT:
+        return RotaryProblem(
+            "xpos_scale_base",
+            xpos_scale_base,
+            f"makes xPos's factor zeta_0^((n-m)/scale_base) reach e^{exponent:.4g} over the {positions} "
+            f"positions{positions_note}, beyond float32's e^{XPOS_EXPONENT_LIMIT:.4g} (the causal mask hides "
+            "future keys only after their logits are formed, so no centre helps)",
+            f"a scale base >= {smallest_xpos_scale_base(positions):g} at this length",
+        )
+    reach = max(abs(xpos_centre), abs(positions - 1 - xpos_centre))
+    if xpos_exponent(reach, xpos_scale_base) > XPOS_EXPONENT_LIMIT:
+        return RotaryProblem(
+            "xpos_centre",
+            xpos_centre,
+            f"lies {reach:g} positions from the farthest of the {positions} positions, so that xPos's scale of a "
+            f"query or key there is e^+-{xpos_exponent(reach, xpos_scale_base):.4g}, beyond float32",
+            f"a centre between 0 and {positions - 1}, such as {(positions - 1) / 2:g}",
+        )
+    return None
+
+
+@functools.lru_cache(maxsize=256, typed=True)
+def _configuration_problem(
+    base, fraction, scaling, scaling_factor, original_length, xpos_scale_base, xpos_centre, head_dim
+):
+    for problem in (
+        base_problem(base),
+        fraction_problem(fraction, head_dim),
+        scaling_problem(scaling),
+        scaling_factor_problem(scaling_factor),
+        original_length_problem(original_length),
+    ):
+        if problem is not None:
+            return problem
+    problem = scaling_combination_problem(scaling, scaling_factor, original_length)
+    if problem is None and xpos_scale_base is not None:
+        problem = xpos_scale_base_problem(xpos_scale_base)
+        if problem is None and (not _is_number(xpos_centre) or not math.isfinite(xpos_centre)):
+            problem = RotaryProblem("xpos_centre", xpos_centre, "must be a finite number", "a position, such as 0")
+    return problem
+
+
+def check_rotary_arguments(
+    head_dim: int,
+    positions: int,
+    *,
+    base=ROPE_BASE,
+    fraction=1.0,
+    scaling="none",
+    scaling_factor=1.0,
+    original_length=0,
+    xpos_scale_base=None,
+    xpos_centre=0.0,
+) -> None:
+    """Raise a ValueError naming the argument for what the command line refuses (the same
+    predicates), and for an xPos scale base or centre whose factors leave float32 on
+    ``positions`` positions (:func:`xpos_range_problem`)."""
+    try:
+        problem = _configuration_problem(
+            base, fraction, scaling, scaling_factor, original_length, xpos_scale_base, xpos_centre, head_dim
+        )
+    except TypeError:  # an unhashable value: checked uncached
+        problem = _configuration_problem.__wrapped__(
+            base, fraction, scaling, scaling_factor, original_length, xpos_scale_base, xpos_centre, head_dim
+        )
+    if problem is None and xpos_scale_base is not None:
+        problem = xpos_range_problem(float(xpos_scale_base), positions, float(xpos_centre))
+    if problem is not None:
+        raise problem.error()
 
 
 def rotary_dims(head_dim: int, fraction: float) -> int:
@@ -136,10 +386,9 @@ def rotary_frequencies(
     every logit is multiplied by (YaRN's ``1/t``, else 1)."""
     if dims < 2 or dims % 2:
         raise ValueError(f"the rotated dimensions must be an even number >= 2, got {dims}")
-    if scaling not in SCALING_MODES:
-        raise ValueError(f"scaling must be one of {', '.join(SCALING_MODES)}, got {scaling!r}")
-    if not (math.isfinite(scaling_factor) and scaling_factor >= 1):
-        raise ValueError(f"scaling_factor must be a finite number >= 1, got {scaling_factor!r}")
+    for problem in (base_problem(base), scaling_problem(scaling), scaling_factor_problem(scaling_factor)):
+        if problem is not None:
+            raise problem.error()
     if scaling == "ntk":
         base = base * scaling_factor ** (dims / (dims - 2))
     exponents = torch.arange(0, dims, 2, device=device, dtype=torch.float64) / dims
@@ -160,13 +409,14 @@ def xpos_zeta(dims: int, *, device=None, dtype: torch.dtype = torch.float64) -> 
     return ((exponents + XPOS_GAMMA) / (1 + XPOS_GAMMA)).to(dtype)
 
 
-def turns(positions: Tensor, theta: Tensor, log_scale: Optional[Tensor] = None) -> Tensor:
+def turns(positions: Tensor, theta: Tensor, log_scale: Optional[Tensor] = None, centre: float = 0.0) -> Tensor:
     """``e^(i positions theta_j)`` per pair ``[B|1, 1, T, len(theta)]`` (complex, in the dtype of
-    ``theta``), times ``exp(positions * log_scale_j)`` where given (xPos: ``+-log(zeta_j)/scale_base``,
-    exponentiated once rather than a rounded ``zeta^(1/scale_base)`` raised to the position)."""
+    ``theta``), times ``exp((positions - centre) * log_scale_j)`` where given (xPos:
+    ``+-log(zeta_j)/scale_base`` about a fixed ``centre``, exponentiated once rather than a rounded
+    ``zeta^(1/scale_base)`` raised to the position; in the dtype of ``theta``, float32 for half inputs)."""
     places = positions.to(theta.dtype)[:, None, :, None]
     angles = places * theta
-    magnitude = torch.ones_like(angles) if log_scale is None else (places * log_scale).exp()
+    magnitude = torch.ones_like(angles) if log_scale is None else ((places - centre) * log_scale).exp()
     return torch.polar(magnitude, angles)
 
 
@@ -184,17 +434,21 @@ def apply_turns(x: Tensor, turn: Tensor) -> Tensor:
     return torch.cat((rotated, x[..., 2 * half :]), dim=-1)
 
 
-def rotate(x: Tensor, positions: Tensor, theta: Tensor, log_scale: Optional[Tensor] = None) -> Tensor:
+def rotate(
+    x: Tensor, positions: Tensor, theta: Tensor, log_scale: Optional[Tensor] = None, centre: float = 0.0
+) -> Tensor:
     """``x`` ``[B, H, T, D]`` with its first ``2 * len(theta)`` dimensions rotated
     (pair ``(2i, 2i+1)`` by ``positions * theta_i``), each pair then multiplied by
-    ``exp(positions * log_scale_i)`` where given (:func:`turns`); ``positions`` ``[B or 1, T]``.
-    Computed in :func:`angle_dtype`, returned in x's."""
+    ``exp((positions - centre) * log_scale_i)`` where given (:func:`turns`); ``positions``
+    ``[B or 1, T]``. Computed in :func:`angle_dtype`, returned in x's."""
     compute = angle_dtype(x.dtype)
-    return apply_turns(x, turns(positions, theta.to(compute), None if log_scale is None else log_scale.to(compute)))
+    scale = None if log_scale is None else log_scale.to(compute)
+    return apply_turns(x, turns(positions, theta.to(compute), scale, centre))
 
 
-def _rotation(dims, base, scaling, scaling_factor, original_length, xpos_scale_base, device, compute):
-    """(theta, logit factor, query log-scale, key log-scale) of one configuration."""
+def _rotation(dims, base, scaling, scaling_factor, original_length, xpos_scale_base, xpos_centre, device, compute):
+    """(theta, logit factor, query log-scale, key log-scale) of one configuration (``xpos_centre``
+    is read by :func:`_unpadded_turns`)."""
     theta, logit_factor = rotary_frequencies(
         dims, base, scaling, scaling_factor, original_length, device=device, dtype=compute
     )
@@ -209,7 +463,7 @@ def _unpadded_turns(length, _, offset, side, configuration, device, compute) -> 
     # a decoding step asks for the same turns in every layer: kept (see masking.position_tensor)
     theta, _, query_scale, key_scale = _rotation(*configuration, device, compute)
     positions = torch.arange(offset, offset + length, device=device)[None]
-    return turns(positions, theta, query_scale if side == "query" else key_scale)
+    return turns(positions, theta, query_scale if side == "query" else key_scale, configuration[-1])
 
 
 def rotary_query_key(
@@ -222,6 +476,7 @@ def rotary_query_key(
     scaling_factor: float = 1.0,
     original_length: int = 0,
     xpos_scale_base: Optional[float] = None,
+    xpos_centre: float = 0.0,
     key_padding_mask: Optional[Tensor] = None,
     query_offset: int = 0,
     key_offset: int = 0,
@@ -230,9 +485,25 @@ def rotary_query_key(
     sits at index ``query_offset + i`` and key j at ``key_offset + j`` of the
     sequence whose padding ``key_padding_mask`` ``[B, key_offset + Tk]`` marks
     (positions count from its first real key, :func:`sequence_positions`).
-    xPos with ``xpos_scale_base``. YaRN's logit factor goes on the queries: on their
-    rotated dimensions (``yarn``, as its authors' code scales cos and sin) or on all of
-    them (``yarn-paper``, the paper's temperature on the whole logit)."""
+    xPos with ``xpos_scale_base``, its scales centred on the constant position
+    ``xpos_centre`` (0: the paper's; keys cached by one call and queried by a later one
+    must have been rotated with the same centre). YaRN's logit factor goes on the queries:
+    on their rotated dimensions (``yarn``, as its authors' code scales cos and sin) or on
+    all of them (``yarn-paper``, the paper's temperature on the whole logit). Arguments
+    the command line would refuse, and an xPos scale base or centre whose factors leave
+    float32 over the positions of this call, raise a ValueError naming the argument
+    (:func:`check_rotary_arguments`)."""
+    check_rotary_arguments(
+        q.size(-1),
+        max(query_offset + q.size(2), key_offset + k.size(2)),
+        base=base,
+        fraction=fraction,
+        scaling=scaling,
+        scaling_factor=scaling_factor,
+        original_length=original_length,
+        xpos_scale_base=xpos_scale_base,
+        xpos_centre=xpos_centre,
+    )
     compute = angle_dtype(q.dtype)
     configuration = (
         rotary_dims(q.size(-1), fraction),
@@ -241,6 +512,7 @@ def rotary_query_key(
         float(scaling_factor),
         int(original_length),
         None if xpos_scale_base is None else float(xpos_scale_base),
+        0.0 if xpos_scale_base is None else float(xpos_centre),
     )
 
     def turn(side: str, x: Tensor, offset: int) -> Tensor:
@@ -278,6 +550,7 @@ def rotary_attention(
     scaling_factor: float = 1.0,
     original_length: int = 0,
     xpos_scale_base: Optional[float] = None,
+    xpos_centre: Optional[float] = None,
     key_padding_mask: Optional[Tensor] = None,
     causal: bool = False,
     query_offset: int = 0,
@@ -287,12 +560,13 @@ def rotary_attention(
     """Self-attention ``softmax((R_m q)^T (R_n k) / sqrt(D)) v`` (RoFormer eq. 16;
     xPos with ``xpos_scale_base``; scaled by ``scaling``): q and k rotated by
     :func:`rotary_query_key`, then the plain attention (fused without weights).
+    Every key is rotated in each call (none is cached), so xPos's scales are centred
+    on the middle of the positions the call rotates unless ``xpos_centre`` gives a
+    centre (the logits are the same either way in exact arithmetic).
     Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``."""
     check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
-    if not 0 < fraction <= 1 or rotary_dims(q.size(-1), fraction) < 2:
-        raise ValueError(f"fraction must rotate at least 2 of the {q.size(-1)} head dimensions, got {fraction!r}")
-    if xpos_scale_base is not None and not xpos_scale_base > 0:
-        raise ValueError(f"xpos_scale_base must be positive, got {xpos_scale_base!r}")
+    if xpos_centre is None:
+        xpos_centre = (max(query_offset + q.size(2), k.size(2)) - 1) / 2 if xpos_scale_base is not None else 0.0
     q, k = rotary_query_key(
         q,
         k,
@@ -302,6 +576,7 @@ def rotary_attention(
         scaling_factor=scaling_factor,
         original_length=original_length,
         xpos_scale_base=xpos_scale_base,
+        xpos_centre=xpos_centre,
         key_padding_mask=key_padding_mask,
         query_offset=query_offset,
     )
@@ -319,12 +594,15 @@ def rotary_attention(
 
 __all__ = [
     "apply_turns",
+    "check_rotary_arguments",
     "rotary_attention",
     "rotary_dims",
     "rotary_frequencies",
     "rotary_query_key",
     "rotate",
+    "smallest_xpos_scale_base",
     "turns",
+    "xpos_range_problem",
     "xpos_zeta",
     "yarn_correction_range",
 ]

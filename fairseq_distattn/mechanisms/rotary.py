@@ -4,48 +4,65 @@ scaling at evaluation time."""
 
 import math
 from dataclasses import dataclass
+from typing import List
 
 import torch
 
 from .. import functional as DF
-from ..functional.rotary import ROPE_BASE, SCALING_MODES, XPOS_SCALE_BASE, YARN_MODES
+from ..functional.rotary import (
+    ROPE_BASE,
+    SCALING_MODES,
+    XPOS_SCALE_BASE,
+    YARN_MODES,
+    base_problem,
+    fraction_problem,
+    original_length_problem,
+    scaling_combination_problem,
+    scaling_factor_problem,
+    scaling_problem,
+    xpos_range_problem,
+    xpos_scale_base_problem,
+)
 from ..registry import (
     CROSS_KIND,
     DIFFERENT_SEQUENCES,
     ENCODER_SELF_KIND,
     EVALUATION,
     SELF_ATTENTION,
+    ArithmeticRevision,
     SpecError,
-    finite_number,
-    is_integer,
-    one_of,
     option,
     register_attention,
 )
 from .base import Mechanism, MechanismConfig, PositionTerm, shared_arguments
 
-
-def _fraction(value, context):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise SpecError("--rope-fraction", value, "must be a share of the head's dimensions", "a number 0 < f <= 1")
-    return float(value)
-
-
-def _scaling_factor(value, context):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 1:
-        raise SpecError(
-            "--rope-scaling-factor",
-            value,
-            "must be a finite number >= 1 (the evaluation length over the training length)",
-            "a number s >= 1",
-        )
-    return float(value)
+# The flag of each argument of the functional op that an option sets: the options are checked by the
+# functional module's predicates (functional/rotary.py, ``*_problem``), which the op raises as ValueErrors
+# naming its arguments and these raise as SpecErrors naming the flags.
+ROTARY_FLAGS = {
+    "base": "--rope-base",
+    "fraction": "--rope-fraction",
+    "scaling": "--rope-scaling",
+    "scaling_factor": "--rope-scaling-factor",
+    "original_length": "--rope-original-length",
+    "xpos_scale_base": "--xpos-scale-base",
+}
 
 
-def _length(value, context):
-    if not is_integer(value) or value < 0:
-        raise SpecError("--rope-original-length", value, "must be a length in tokens", "an integer >= 0 (0: unset)")
-    return value
+def refuse(problem) -> None:
+    """Raise the functional predicate's ``problem`` (if any) as a SpecError naming its flag."""
+    if problem is not None:
+        raise SpecError(ROTARY_FLAGS[problem.argument], problem.value, problem.problem, problem.allowed)
+
+
+def _checked(problem_of, kind):
+    """A flag converter: the value, as ``kind``, unless the functional predicate ``problem_of`` refuses it."""
+
+    def convert(value, context):
+        refuse(problem_of(value))
+        return kind(value)
+
+    return convert
 
 
 @dataclass(frozen=True)
@@ -54,7 +71,7 @@ class RotaryOptions:
         ROPE_BASE,
         "--rope-base",
         "rope, xpos: the rotation frequencies' base, theta_i = base^(-2i/d) (default: {default:g}, RoFormer's)",
-        convert=finite_number("--rope-base", "base", positive=True),
+        convert=_checked(base_problem, float),
         type=float,
         metavar="B",
         role=EVALUATION,
@@ -66,7 +83,7 @@ class RotaryOptions:
         "partial rotary, e.g. 0.25); the rest pass through (default: {default:g}). Pairs are the paper's neighbouring "
         "dimensions (2i, 2i+1); GPT-NeoX's rotate-half layout (i with i + d/2) is the same rotation on permuted "
         "projection rows",
-        convert=_fraction,
+        convert=_checked(fraction_problem, float),
         type=float,
         metavar="F",
         role=EVALUATION,
@@ -81,7 +98,7 @@ class RotaryOptions:
         "rotations over --rope-original-length, and the rotated dimensions' share of each logit times "
         "(0.1 ln s + 1)^2), yarn-paper (the paper's formulas: the ramp continuous in the wavelength, the whole "
         "logit times (0.1 ln s + 1)^2) (default: {default})",
-        convert=one_of("--rope-scaling", SCALING_MODES),
+        convert=_checked(scaling_problem, str),
         choices=SCALING_MODES,
         role=EVALUATION,
     )
@@ -90,7 +107,7 @@ class RotaryOptions:
         "--rope-scaling-factor",
         "rope, xpos: the scaling factor s of --rope-scaling, the evaluation length over the training length "
         "(default: {default:g})",
-        convert=_scaling_factor,
+        convert=_checked(scaling_factor_problem, float),
         type=float,
         metavar="S",
         role=EVALUATION,
@@ -100,7 +117,7 @@ class RotaryOptions:
         "--rope-original-length",
         "rope, xpos: the training length L in tokens, which --rope-scaling yarn and yarn-paper ramp their "
         "interpolation by, and which nothing else reads (default: {default}, unset)",
-        convert=_length,
+        convert=_checked(original_length_problem, int),
         type=int,
         metavar="L",
         role=EVALUATION,
@@ -109,7 +126,7 @@ class RotaryOptions:
         XPOS_SCALE_BASE,
         "--xpos-scale-base",
         "xpos: the scale base of zeta_i^(n/scale_base) (default: {default:g}, the paper's)",
-        convert=finite_number("--xpos-scale-base", "scale_base", positive=True),
+        convert=_checked(xpos_scale_base_problem, float),
         applies_to=lambda name: name == "xpos",
         type=float,
         metavar="B",
@@ -118,38 +135,22 @@ class RotaryOptions:
 
     @staticmethod
     def check_together(options) -> None:
-        if options.rope_scaling == "none" and options.rope_scaling_factor != 1.0:
-            raise SpecError(
-                "--rope-scaling-factor",
-                options.rope_scaling_factor,
-                "scales nothing with --rope-scaling none",
-                "1 (the default), or name a --rope-scaling mode",
+        refuse(
+            scaling_combination_problem(
+                options.rope_scaling, options.rope_scaling_factor, options.rope_original_length, ROTARY_FLAGS
             )
-        yarn = options.rope_scaling in YARN_MODES
-        if yarn and options.rope_original_length < 1:
-            raise SpecError(
-                "--rope-original-length",
-                options.rope_original_length,
-                f"--rope-scaling {options.rope_scaling} ramps its interpolation by the training length, which "
-                "must be given",
-                "the length in tokens the model was trained on (--tokens-per-sample of its training)",
-            )
-        if not yarn and options.rope_original_length:
-            raise SpecError(
-                "--rope-original-length",
-                options.rope_original_length,
-                f"has no effect with --rope-scaling {options.rope_scaling}: only yarn and yarn-paper read it",
-                "0 (the default), or --rope-scaling yarn or yarn-paper",
-            )
+        )
 
 
 def _example(xpos: bool):
     def example(draw, options):
         arguments = _op_arguments(options, xpos)
         if arguments["scaling"] != "none":
-            # a scaling that scales: by 2 where the options leave it at 1, from half the drawn length where unset
+            # a scaling that scales: by 2 where the options leave it at 1; yarn's training length from half
+            # the drawn length where unset (the other scalings refuse one, as their flags do)
             arguments["scaling_factor"] = max(arguments["scaling_factor"], 2.0)
-            arguments["original_length"] = arguments["original_length"] or max(1, draw.src_len // 2)
+            if arguments["scaling"] in YARN_MODES:
+                arguments["original_length"] = arguments["original_length"] or max(1, draw.src_len // 2)
         return (), arguments
 
     return example
@@ -167,14 +168,34 @@ def _op_arguments(options, xpos: bool):
 
 
 def check_rotated_pairs(fraction: float, head_dim: int) -> None:
-    if DF.rotary_dims(head_dim, fraction) < 2:
-        raise SpecError(
-            "--rope-fraction",
-            fraction,
-            f"rotates no pair of the {head_dim} dimensions of each head",
-            f"a number >= {2 / head_dim:g}",
-        )
+    refuse(fraction_problem(fraction, head_dim))
 
+
+# Where the module centres xPos's scales: it must be one constant for every call that builds a sequence
+# (keys are cached already scaled), and the module is not told the model's longest sequence, about whose
+# middle it would centre them; 0 is the paper's positions. The range is checked over the model's positions
+# (Rotary.check_options), the logits' factor over the longest distance being what no centre changes.
+XPOS_MODULE_CENTRE = 0.0
+
+
+def _neighbour_pairs_from_halves(head_dim: int, options) -> List[int]:
+    """Each head's projection row order that turns the rotate-half layout (dimension i
+    paired with i + d/2) into neighbouring pairs (2i, 2i+1): the same rotation, exactly."""
+    dims = DF.rotary_dims(head_dim, options.rope_fraction)
+    return [i // 2 + (dims // 2 if i % 2 else 0) for i in range(dims)] + list(range(dims, head_dim))
+
+
+ROTARY_REVISIONS = (
+    ArithmeticRevision(1, "f2fbfbc", "rotate-half pairs (dimension i with i + d/2)"),
+    ArithmeticRevision(
+        2,
+        "696e4c2",
+        "neighbouring pairs (2i, 2i+1)",
+        # added at 22cfa14, two and a half hours after 696e4c2: a checkpoint holding it pairs neighbours
+        recorded_after=("kerple_kernel",),
+        query_key_rows_from_previous=_neighbour_pairs_from_halves,
+    ),
+)
 
 # why xPos is for causal attention only
 XPOS_CAUSAL_ONLY = (
@@ -187,6 +208,7 @@ XPOS_CAUSAL_ONLY = (
     "xpos",
     RotaryOptions,
     op=DF.rotary_attention,
+    revisions=ROTARY_REVISIONS,
     example=_example(xpos=True),
     kinds=SELF_ATTENTION - {ENCODER_SELF_KIND},
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES, ENCODER_SELF_KIND: XPOS_CAUSAL_ONLY},
@@ -200,6 +222,7 @@ XPOS_CAUSAL_ONLY = (
     "rope",
     RotaryOptions,
     op=DF.rotary_attention,
+    revisions=ROTARY_REVISIONS,
     example=_example(xpos=False),
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
@@ -223,11 +246,25 @@ class Rotary(Mechanism):
         self.xpos = config.name == "xpos"
         check_rotated_pairs(options.rope_fraction, config.head_dim)
         self.arguments = _op_arguments(options, self.xpos)
+        if self.xpos:
+            self.arguments["xpos_centre"] = XPOS_MODULE_CENTRE
 
     @classmethod
     def check_options(cls, options, kind, layers):
         if kind.head_dim:
             check_rotated_pairs(options.rope_fraction, kind.head_dim)
+        if "xpos" in layers and kind.max_positions:
+            # every model, trained or loaded (--model-overrides): beyond the bound its logits are inf or NaN
+            source = f" ({kind.positions_flag} {kind.max_positions})" if kind.positions_flag else ""
+            refuse(
+                xpos_range_problem(
+                    options.xpos_scale_base,
+                    kind.max_positions,
+                    XPOS_MODULE_CENTRE,
+                    ROTARY_FLAGS,
+                    positions_note=f" of the longest sequence {kind.flag} attends over{source}",
+                )
+            )
 
     def extra_repr(self) -> str:
         rotated = DF.rotary_dims(self.config.head_dim, self.arguments["fraction"])

@@ -12,3 +12,7 @@ from .arguments import check_flags_after_parsing, show_flags_in_fairseq_help  # 
 
 show_flags_in_fairseq_help()
 check_flags_after_parsing()
+
+from .hydra_config import check_hydra_configs  # noqa: E402
+
+check_hydra_configs()

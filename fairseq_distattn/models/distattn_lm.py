@@ -12,6 +12,7 @@ from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerL
 
 from ..modules.summary import log_attention
 from ..modules.transformer import DistAttnTransformerDecoder, decoder_plans
+from ..patches.checkpoint_upgrade import record_arithmetic
 from ..spec import SpecError
 from .arguments import (
     CROSS,
@@ -84,6 +85,7 @@ class DistAttnLanguageModel(TransformerLanguageModel):
         def build():
             cls.check_attention_args(args, new_model=False)
             check_blocks_fit_the_model(args, task)
+            record_arithmetic(args, "distattn_lm")
             with _decoder_class(DistAttnLanguageModelDecoder):
                 return super(DistAttnLanguageModel, cls).build_model(args, task)
 

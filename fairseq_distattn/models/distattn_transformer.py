@@ -6,6 +6,7 @@ from fairseq.models.transformer import transformer_legacy as fairseq_transformer
 
 from ..modules.summary import log_attention
 from ..modules.transformer import DistAttnTransformerDecoder, DistAttnTransformerEncoder, decoder_plans, encoder_plans
+from ..patches.checkpoint_upgrade import record_arithmetic
 from .arguments import (
     CROSS,
     DECODER_SELF,
@@ -40,6 +41,7 @@ class DistAttnTransformerModel(TransformerModel):
     @classmethod
     def build_model(cls, args, task):
         set_distattn_defaults(args)
+        record_arithmetic(args, "distattn_transformer")
         model = build_or_exit(lambda: super(DistAttnTransformerModel, cls).build_model(args, task), args)
         log_attention(model)
         return model

@@ -11,13 +11,29 @@ a word. fairseq's own ``_upgrade_state_dict`` runs on every checkpoint that
 ``-validate``, ``-eval-lm``, hub loading, ``fairseq-train``'s resume); wrapped here,
 it also writes each such option's ``unrecorded`` value into the configuration of a
 checkpoint that lacks it, before the model is built.
+
+It also keeps a checkpoint's arithmetic: a model records the revision of what each of
+its mechanisms computes (:class:`~fairseq_distattn.registry.ArithmeticRevision`, the
+``distattn_revisions`` attribute of its configuration). A checkpoint of an earlier
+revision is converted exactly where the revision declares how (rope and xpos paired
+dimension i with i + d/2 up to 5a4b114 and neighbouring dimensions since: a
+permutation of the query and key projection rows), or refused in one line; one
+saved before revisions were recorded is read from the options it records, and
+refused, naming the override that says which it is, where those cannot tell.
 """
 
 import dataclasses
+import logging
+from typing import Dict, List, Optional
 
-from ..registry import option_flag
-from ..spec import MechanismOptions
+import torch
+
+from ..registry import REGISTRY, option_flag
+from ..spec import MechanismOptions, exit_with_error, parse_spec, specs_name
+from ..trained_configuration import attention_kinds, trained_settings
 from .checkpoint_guards import PLUGIN_MODELS, model_config, model_name
+
+logger = logging.getLogger(__name__)
 
 # attribute -> value for the options whose checkpoints from before them were trained with another value
 CHANGED_DEFAULTS = {
@@ -57,10 +73,125 @@ def upgrade_plugin_checkpoints():
     def upgrade_state_dict(state):
         state = fairseq_upgrade(state)
         record_unrecorded_options(model_config(state))
+        check_arithmetic(state)
         return state
 
     upgrade_state_dict.records_unrecorded_options = True
     checkpoint_utils._upgrade_state_dict = upgrade_state_dict
 
 
-__all__ = ["CHANGED_DEFAULTS", "record_unrecorded_options", "upgrade_plugin_checkpoints"]
+# --------------------------------------------------------------------------- arithmetic revisions
+
+REVISIONS_ATTR = "distattn_revisions"  # "rope:2,alibi:1": each used mechanism's arithmetic revision
+# each attention kind's layers in the state dict, and its head count and width attributes
+_STACKS = {"encoder self-attention": "encoder", "decoder self-attention": "decoder"}
+
+
+def used_mechanisms(config, model: str) -> List[str]:
+    settings = trained_settings(config, model)
+    return sorted(specs_name(settings[kind.flag] for kind in attention_kinds(model)) - {"vanilla"})
+
+
+def arithmetic_record(config, model: str) -> str:
+    """What ``config``'s mechanisms compute with today's code, as a checkpoint records it."""
+    return ",".join(f"{name}:{REGISTRY[name].revision}" for name in used_mechanisms(config, model))
+
+
+def parse_record(text) -> Dict[str, int]:
+    record = {}
+    for item in str(text or "").split(","):
+        name, _, number = item.strip().partition(":")
+        if name:
+            if name not in REGISTRY or not number.isdigit() or not 1 <= int(number) <= REGISTRY[name].revision:
+                exit_with_error(
+                    f"{REVISIONS_ATTR} {text!r}: {item.strip()!r} names no revision of a mechanism; "
+                    "allowed: NAME:N items, N from 1 to the mechanism's revision"
+                )
+            record[name] = int(number)
+    return record
+
+
+def record_arithmetic(config, model: str) -> None:
+    """Write into a model configuration built now what its mechanisms compute, unless it
+    records it already (a checkpoint's, which :func:`check_arithmetic` has made current)."""
+    if getattr(config, REVISIONS_ATTR, None) is None:
+        _set(config, REVISIONS_ATTR, arithmetic_record(config, model))
+
+
+def inferred_revision(config, info) -> Optional[int]:
+    """The revision of a checkpoint that records none: the newest whose later options it
+    records (None: it could be from before any of them)."""
+    for revision in reversed(info.revisions):
+        if any(getattr(config, attr, None) is not None for attr in revision.recorded_after):
+            return revision.number
+    return None
+
+
+def check_arithmetic(state) -> None:
+    """Convert a checkpoint whose mechanisms computed an earlier revision, exactly, or refuse
+    it in one line; then record today's revisions in its configuration."""
+    config = model_config(state)
+    if config is None or model_name(config) not in PLUGIN_MODELS:
+        return
+    model = model_name(config)
+    recorded_text = getattr(config, REVISIONS_ATTR, None)
+    recorded = parse_record(recorded_text)
+    for name in used_mechanisms(config, model):
+        info = REGISTRY[name]
+        if info.revision == 1:
+            continue
+        revision = recorded.get(name) or inferred_revision(config, info)
+        if revision is None:
+            exit_with_error(_ambiguous(info))
+        for step in info.revisions[revision:]:
+            if step.query_key_rows_from_previous is None:
+                exit_with_error(
+                    f"this checkpoint's {name} computes {info.revisions[step.number - 2].arithmetic} (revision "
+                    f"{step.number - 1}), which this plugin no longer computes ({step.arithmetic} since {step.since})"
+                    f" and cannot convert; evaluate it with the plugin at revision {step.since}^"
+                )
+            _reorder_query_key_rows(state["model"], config, model, name, info, step.query_key_rows_from_previous)
+            logger.info(f"converted {name} from revision {step.number - 1} to {step.number} ({step.arithmetic})")
+    _set(config, REVISIONS_ATTR, arithmetic_record(config, model))
+
+
+def _ambiguous(info) -> str:
+    history = "; ".join(f"revision {r.number}, {r.arithmetic}, from plugin revision {r.since}" for r in info.revisions)
+    return (
+        f"this checkpoint records no arithmetic revision of {info.name} and no option that tells which it was "
+        f"trained with ({history}): name it with --model-overrides \"{{'{REVISIONS_ATTR}': '{info.name}:N'}}\" "
+        "(an earlier revision is converted exactly)"
+    )
+
+
+def _reorder_query_key_rows(weights, config, model: str, name: str, info, rows_of) -> None:
+    options = info.own_options(MechanismOptions.from_args(config))
+    for kind in attention_kinds(model):
+        stack = _STACKS.get(kind.description)
+        spec, num_layers = getattr(config, kind.attr, None), getattr(config, kind.layers_attr, None)
+        if stack is None or spec in (None, "vanilla") or num_layers is None:
+            continue
+        heads, width = getattr(config, f"{stack}_attention_heads"), getattr(config, f"{stack}_embed_dim")
+        head_dim = width // heads
+        order = torch.tensor(
+            [head * head_dim + row for head in range(heads) for row in rows_of(head_dim, options)], dtype=torch.long
+        )
+        for layer, layer_name in enumerate(parse_spec(kind, spec, num_layers)):
+            if layer_name != name:
+                continue
+            for projection in ("q_proj", "k_proj"):
+                for parameter in ("weight", "bias"):
+                    key = f"{stack}.layers.{layer}.self_attn.{projection}.{parameter}"
+                    if key in weights:
+                        weights[key] = weights[key][order]
+
+
+__all__ = [
+    "CHANGED_DEFAULTS",
+    "REVISIONS_ATTR",
+    "arithmetic_record",
+    "check_arithmetic",
+    "record_arithmetic",
+    "record_unrecorded_options",
+    "upgrade_plugin_checkpoints",
+]

@@ -1,0 +1,150 @@
+"""RoPE scaling as its papers use it, after a short fine-tune at the longer length:
+``python -m benchmarks.quality.lm_finetune``.
+
+Position interpolation (Chen et al. 2023) and YaRN (Peng et al. 2023) report their
+models after fine-tuning at the extended length (PI: 1000 steps; YaRN: 400), where
+``benchmarks.quality.lm_extrapolation`` applies the scalings to the models as trained.
+Here every trained run of the rope preset (``benchmarks.quality.lm``'s
+``checkpoint_best.pt``) is fine-tuned with ``--rope-scaling linear`` and ``yarn`` by the
+factor ``--factor`` (default 4), on samples of the training length times it, for
+``--updates`` updates (default 150, a quarter of the 600 it trained for) of the
+training recipe (``--finetune-from-model``, a fresh optimizer, ``--lr 1e-4`` after
+``--warmup-updates 15``), then scores WikiText-2 test.txt at that length (blocks and
+sliding, as ``lm_extrapolation`` does). Results go to ``lm_extrapolation``'s run files
+as the configuration ``<preset>+<scaling>-ft``, so its table shows each scaling beside
+the same scaling without fine-tuning; one JSON per (run, scaling), skipped when present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from ..common import (
+    at_least,
+    checkpoint_fingerprint,
+    comma_separated_names,
+    scale_results,
+    without_machine_paths,
+)
+from .lm import DEFAULT_WORK, SCALES, eval_lm, lm_configs, run_env, train_args
+from .lm_extrapolation import DEFAULT_OUT, MODES, context_window, rotary_configs, scaling_overrides, training_setup
+from .mt import log, run
+
+PROG = "python -m benchmarks.quality.lm_finetune"
+SCALINGS = ("linear", "yarn")
+FACTOR = 4
+UPDATES = 150
+FINETUNE_LR, FINETUNE_WARMUP = "1e-4", 15
+
+
+def finetuned_name(config: str, scaling: str) -> str:
+    return f"{config}+{scaling}-ft"
+
+
+def with_value(args: List[object], flag: str, value: object) -> List[object]:
+    """``args`` with ``flag``'s value replaced (``flag`` must be in it)."""
+    args = list(args)
+    args[args.index(flag) + 1] = value
+    return args
+
+
+def finetune_args(run_dir: Path, scaling: str, factor: int, updates: int, save_dir: Path) -> List[object]:
+    """The run's own training command, fine-tuning its best checkpoint with ``scaling``
+    by ``factor`` on samples ``factor`` times as long."""
+    config, seed = run_dir.name.rsplit("-seed", 1)
+    setup = training_setup(run_dir)
+    trained = setup["tokens_per_sample"]
+    scale = dict(SCALES[run_dir.parent.name], updates=updates)
+    args = train_args(lm_configs()[config], scale, int(seed), setup["data_bin"], save_dir)
+    args = with_value(args, "--tokens-per-sample", trained * factor)
+    args = with_value(with_value(args, "--lr", FINETUNE_LR), "--warmup-updates", FINETUNE_WARMUP)
+    overrides = scaling_overrides(scaling, trained * factor, trained)
+    flags = [item for name, value in overrides.items() for item in (f"--{name.replace('_', '-')}", value)]
+    return [*args, *flags, "--finetune-from-model", run_dir / "checkpoint_best.pt"]
+
+
+def finetune_run(run_dir: Path, scaling: str, factor: int, updates: int, out: Path, env: Dict[str, str]) -> None:
+    """Fine-tune one run with one scaling (resumed if stopped) and write its result file."""
+    config, seed = run_dir.name.rsplit("-seed", 1)
+    name = finetuned_name(config, scaling)
+    trained = training_setup(run_dir)["tokens_per_sample"]
+    length = trained * factor
+    path = out / "runs" / f"{name}-seed{seed}-L{length}.json"
+    if path.is_file():
+        return
+    work = run_dir / f"finetune-{scaling}-x{factor}"
+    work.mkdir(exist_ok=True)
+    best, started = work / "checkpoint_best.pt", time.time()
+    if not best.is_file():
+        log(f"fine-tune {run_dir.name} with {scaling} x{factor}, {updates} updates at {length} tokens")
+        run(finetune_args(run_dir, scaling, factor, updates, work / "checkpoints"), work / "train.log", env)
+        (work / "checkpoints" / "checkpoint_best.pt").replace(best)
+    data_bin = training_setup(run_dir)["data_bin"]
+    results = {
+        mode: eval_lm(best, data_bin, length, context_window(mode, length), work / "eval.log", env) for mode in MODES
+    }
+    record = {
+        "config": name,
+        "seed": int(seed),
+        "baseline": lm_configs()[config].baseline,
+        "train_tokens_per_sample": trained,
+        "tokens_per_sample": length,
+        "scale": run_dir.parent.name,
+        "finetune": {"scaling": scaling, "factor": factor, "updates": updates, "lr": FINETUNE_LR},
+        "finetuned_from_sha256": checkpoint_fingerprint(run_dir / "checkpoint_best.pt"),
+        "checkpoint_sha256": checkpoint_fingerprint(best),
+        "wall_s": round(time.time() - started, 1),
+        **results,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(without_machine_paths(json.dumps(record, indent=1)) + "\n", encoding="utf-8")
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--quality-work",
+        type=Path,
+        default=DEFAULT_WORK,
+        help=f"benchmarks.quality.lm's --work (default: {DEFAULT_WORK})",
+    )
+    p.add_argument(
+        "--scale", default="small", choices=sorted(SCALES), help="the lm_quality runs' scale (default: small)"
+    )
+    p.add_argument("--configs", default="", help="comma-separated rope configurations (default: every rope preset)")
+    p.add_argument("--scalings", default=",".join(SCALINGS), help=f"comma-separated (default: {','.join(SCALINGS)})")
+    p.add_argument("--factor", type=at_least(2), default=FACTOR, help=f"length factor (default: {FACTOR})")
+    p.add_argument("--updates", type=at_least(1), default=UPDATES, help=f"fine-tuning updates (default: {UPDATES})")
+    p.add_argument("--out", type=Path, default=None, help=f"lm_extrapolation's --out (default: {DEFAULT_OUT})")
+    p.add_argument("--threads", type=at_least(1), default=1, help="OMP_NUM_THREADS (default: 1)")
+    args = p.parse_args(argv)
+    args.out = args.out or scale_results(DEFAULT_OUT, args.scale)
+    rotary = rotary_configs()
+    args.configs = comma_separated_names(p, "--configs", args.configs, rotary) if args.configs else rotary
+    args.scalings = comma_separated_names(p, "--scalings", args.scalings, SCALINGS)
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    env = run_env(args.threads)
+    runs = sorted(
+        path.parent
+        for path in (args.quality_work / args.scale).glob("*-seed*/checkpoint_best.pt")
+        if re.fullmatch(r".+-seed\d+", path.parent.name) and path.parent.name.rsplit("-seed", 1)[0] in args.configs
+    )
+    log(f"{len(runs)} trained rope models under {args.quality_work / args.scale}")
+    for run_dir in runs:
+        for scaling in args.scalings:
+            finetune_run(run_dir, scaling, args.factor, args.updates, args.out, env)
+    log(f"done: `python -m benchmarks.quality.lm_extrapolation --report --out {args.out}` shows them")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
