@@ -837,7 +837,8 @@ def test_the_ablation_grid_names_every_variant_once():
     assert {f"qvi-{i}" for i in QVI_INTERACTIONS[1:]} <= names
     table2 = {f"window-{m}-{k}-{e}" for m in ("aw", "mw") for k in ("enc", "dec", "cross") for e in ("full", "partial")}
     assert table2 <= names
-    assert set(REFERENCE_CONFIGS) == {"vanilla", "da", "qvi", "window"}
+    assert set(REFERENCE_CONFIGS) == {"vanilla", "da", "qvi", "window", "kerple"}
+    assert "kerple-per-layer" in names
     for layers in (1, 3, 6):
         assert [a.name for a in ablations(layers)] == list(ABLATION_NAMES)
         # each is read against its own paper's choice (the report's "delta vs it")

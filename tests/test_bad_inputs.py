@@ -145,6 +145,7 @@ BAD_INPUTS = [
     (MT, ["--t5-bias-max-distance", "0"], "--t5-bias-max-distance", ["'0'"]),
     (MT, ["--encoder-self-attention", "t5-bias", "--t5-bias-max-distance", "16"], "--t5-bias-max-distance", ["'16'"]),
     (MT, ["--arch", "transformer", "--t5-bias-per-layer"], "--t5-bias-per-layer", ["distattn_transformer"]),
+    (MT, ["--arch", "transformer", "--kerple-per-layer"], "--kerple-per-layer", ["distattn_transformer"]),
     # T5 halves the buckets per direction where they are bidirectional: an odd count leaves the last unused
     (MT, ["--encoder-self-attention", "t5-bias@0", "--t5-bias-buckets", "7"], "--t5-bias-buckets", ["'7'"]),
     # the papers' ablations (tests/test_ablations.py): argparse choices, and T of the clip mapping

@@ -291,7 +291,7 @@ def test_ablation_runs_have_their_own_table_each_read_against_its_papers_choice(
         "-1.00",
     ]
     not_run = [line for line in ablation_section.splitlines() if line.startswith("Not run yet")]
-    assert len(not_run) == 1 and not_run[0].startswith("Not run yet (23 of 25): da-map-sigmoid, ")
+    assert len(not_run) == 1 and not_run[0].startswith("Not run yet (24 of 26): da-map-sigmoid, ")
     assert "da-map-clip" not in not_run[0] and "window-enc-aw-seg-dec-mw-partial" in not_run[0]
     # one plot per grid
     assert (tmp_path / "valid_loss.png").is_file() and (tmp_path / "valid_loss_ablations.png").is_file()
