@@ -1,5 +1,8 @@
 """Small fairseq models and batches for the model-level tests."""
 
+import sys
+from pathlib import Path
+
 import torch
 from fairseq import options
 from fairseq.data import Dictionary
@@ -125,3 +128,17 @@ def right_pad(sentences, pad):
     return torch.stack(
         [torch.cat([s, torch.full((width - len(s),), pad, dtype=torch.long, device=s.device)]) for s in sentences]
     )
+
+
+OLD_CHECKPOINTS = Path(__file__).resolve().parent / "data" / "old_checkpoints"
+
+
+def old_checkpoint_log_probabilities(name, overrides=None):
+    """What today's code gives the sentence of ``tests/data/old_checkpoints/<name>.checkpoint``
+    (made by an earlier plugin revision with ``make_fixture.py``, which computes it)."""
+    sys.path.insert(0, str(OLD_CHECKPOINTS))
+    try:
+        from make_fixture import log_probabilities
+    finally:
+        sys.path.remove(str(OLD_CHECKPOINTS))
+    return log_probabilities(OLD_CHECKPOINTS, name, overrides)

@@ -5,7 +5,6 @@ rope paired dimension i with i + d/2 (``make_fixture.py``, 2 heads of 16 dimensi
 ``--rope-fraction 0.5``); today's code pairs neighbouring dimensions."""
 
 import argparse
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,18 +19,9 @@ from fairseq_distattn.patches.checkpoint_upgrade import (
 )
 from fairseq_distattn.registry import REGISTRY, registered
 
-from .model_helpers import TINY_LM, parse
+from .model_helpers import TINY_LM, old_checkpoint_log_probabilities, parse
 
 FIXTURES = Path(__file__).resolve().parent / "data" / "old_checkpoints"
-
-
-def log_probabilities(name, overrides=None):
-    sys.path.insert(0, str(FIXTURES))
-    try:
-        from make_fixture import log_probabilities as compute
-    finally:
-        sys.path.remove(str(FIXTURES))
-    return compute(FIXTURES, name, overrides)
 
 
 def test_the_fixture_is_from_the_rotate_half_revision():
@@ -43,7 +33,7 @@ def test_the_fixture_is_from_the_rotate_half_revision():
 
 def test_a_checkpoint_that_cannot_tell_its_revision_is_refused_naming_the_override(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        log_probabilities("rope-rotate-half")
+        old_checkpoint_log_probabilities("rope-rotate-half")
     assert exit_info.value.code == 2
     message = capsys.readouterr().err.strip()
     assert len(message.splitlines()) == 1
@@ -55,9 +45,9 @@ def test_the_rotate_half_revision_is_converted_exactly():
     pairs: what 5a4b114 computed, to float32 rounding (the models are float32); named as
     revision 2 it would run as another model."""
     expected = torch.load(FIXTURES / "rope-rotate-half.logprobs")
-    converted = log_probabilities("rope-rotate-half", {REVISIONS_ATTR: "rope:1"})
+    converted = old_checkpoint_log_probabilities("rope-rotate-half", {REVISIONS_ATTR: "rope:1"})
     torch.testing.assert_close(converted, expected, rtol=0, atol=1e-5)
-    unconverted = log_probabilities("rope-rotate-half", {REVISIONS_ATTR: "rope:2"})
+    unconverted = old_checkpoint_log_probabilities("rope-rotate-half", {REVISIONS_ATTR: "rope:2"})
     assert (unconverted - expected).abs().max() > 0.1
 
 

@@ -4,7 +4,6 @@ authors' code builds them (chijames/KERPLE, ``megatron/model/gpt2_model.py``: on
 layer with ``--kerple-per-layer``; a checkpoint saved before the option existed (per
 layer) loads as per-layer and computes what it computed."""
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ import torch
 from fairseq_distattn.patches.checkpoint_upgrade import CHANGED_DEFAULTS
 from fairseq_distattn.trained_configuration import differences, trained_settings
 
-from .model_helpers import language_model, translation_model
+from .model_helpers import language_model, old_checkpoint_log_probabilities, translation_model
 
 FIXTURES = Path(__file__).resolve().parent / "data" / "old_checkpoints"
 TINY_LM = ["--decoder-layers", "2", "--decoder-embed-dim", "16", "--decoder-attention-heads", "4"]
@@ -75,15 +74,6 @@ def argparse_copy(namespace, **changes):
     return copy
 
 
-def fixture_log_probabilities(name, overrides=None):
-    sys.path.insert(0, str(FIXTURES))
-    try:
-        from make_fixture import log_probabilities
-    finally:
-        sys.path.remove(str(FIXTURES))
-    return log_probabilities(FIXTURES, name, overrides)
-
-
 def test_a_per_layer_checkpoint_from_before_the_option_loads_and_computes_what_it_computed():
     """``kerple-per-layer.checkpoint``: a 2-layer kerple LM trained one update by the
     plugin at revision f2ecd07 (``make_fixture.py``), and the log-probabilities that
@@ -91,12 +81,12 @@ def test_a_per_layer_checkpoint_from_before_the_option_loads_and_computes_what_i
     would go into one and the numbers would change."""
     assert (FIXTURES / "kerple-per-layer.revision").read_text().strip() == "f2ecd07"
     expected = torch.load(FIXTURES / "kerple-per-layer.logprobs")
-    assert torch.equal(fixture_log_probabilities("kerple-per-layer"), expected)
+    assert torch.equal(old_checkpoint_log_probabilities("kerple-per-layer"), expected)
 
 
 def test_overriding_the_sharing_of_a_trained_kerple_model_is_refused(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        fixture_log_probabilities("kerple-per-layer", {"kerple_per_layer": False})
+        old_checkpoint_log_probabilities("kerple-per-layer", {"kerple_per_layer": False})
     assert exit_info.value.code == 2
     message = capsys.readouterr().err
     assert "--kerple-per-layer on -> off" in message and "--model-overrides" in message

@@ -95,8 +95,20 @@ def is_finetuned(config: str) -> bool:
 
 
 def model_of(config: str) -> str:
-    """The trained model a row's results come from: a scaling's row evaluates the unscaled one."""
-    return config if is_finetuned(config) else config.split("+")[0]
+    """The trained model a row's results come from: a scaling's row (``X+yarn``) evaluates X; a
+    fine-tuned row (``X+yarn-ft``) and a variant of a preset (``X+per-layer``) are models of their own."""
+    base, _, suffix = config.partition("+")
+    return base if suffix in ROPE_SCALINGS else config
+
+
+def trained_runs(runs_dir: Path, configs) -> List[Path]:
+    """The run folders of ``benchmarks.quality.lm`` under ``runs_dir`` (its work folder's scale)
+    with a trained model, of the configurations ``configs``."""
+    return sorted(
+        path.parent
+        for path in runs_dir.glob("*-seed*/checkpoint_best.pt")
+        if re.fullmatch(r".+-seed\d+", path.parent.name) and path.parent.name.rsplit("-seed", 1)[0] in configs
+    )
 
 
 def context_window(mode: str, length: int) -> int:
@@ -192,8 +204,8 @@ def ppl_table(records: Sequence[Dict]) -> Dict[str, Dict[str, Dict[int, List[flo
             ).append(record[mode]["ppl"])
     trained = {record["config"]: record["train_tokens_per_sample"] for record in records}
     for name, modes in table.items():
-        unscaled = name.split("+")[0]
-        if name != unscaled and unscaled in table and not is_finetuned(name):
+        unscaled = model_of(name)
+        if name != unscaled and unscaled in table:
             for mode, per_length in modes.items():
                 for length, values in table[unscaled][mode].items():
                     if length <= trained[name]:
@@ -225,7 +237,7 @@ def check_one_model_per_seed(records: Sequence[Dict], quality_runs: Optional[Pat
     for record in records:
         if (
             quality_runs is None
-            or "+" in record["config"]
+            or model_of(record["config"]) != record["config"]
             or record["tokens_per_sample"] != record["train_tokens_per_sample"]
         ):
             continue
@@ -393,11 +405,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     if not args.report:
         env = run_env(args.threads)
-        runs = sorted(
-            path.parent
-            for path in (args.quality_work / args.scale).glob("*-seed*/checkpoint_best.pt")
-            if re.fullmatch(r".+-seed\d+", path.parent.name) and path.parent.name.rsplit("-seed", 1)[0] in args.configs
-        )
+        runs = trained_runs(args.quality_work / args.scale, args.configs)
         log(f"{len(runs)} trained models under {args.quality_work / args.scale}")
         for run_dir in runs:
             evaluate_run(run_dir, args.length_list, args.out, args.quality_out / "runs", env)

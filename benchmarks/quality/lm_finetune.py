@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -32,7 +31,15 @@ from ..common import (
     without_machine_paths,
 )
 from .lm import DEFAULT_WORK, SCALES, eval_lm, lm_configs, run_env, train_args
-from .lm_extrapolation import DEFAULT_OUT, MODES, context_window, rotary_configs, scaling_overrides, training_setup
+from .lm_extrapolation import (
+    DEFAULT_OUT,
+    MODES,
+    context_window,
+    rotary_configs,
+    scaling_overrides,
+    trained_runs,
+    training_setup,
+)
 from .mt import log, run
 
 PROG = "python -m benchmarks.quality.lm_finetune"
@@ -53,11 +60,12 @@ def with_value(args: List[object], flag: str, value: object) -> List[object]:
     return args
 
 
-def finetune_args(run_dir: Path, scaling: str, factor: int, updates: int, save_dir: Path) -> List[object]:
-    """The run's own training command, fine-tuning its best checkpoint with ``scaling``
-    by ``factor`` on samples ``factor`` times as long."""
+def finetune_args(
+    run_dir: Path, setup: Dict[str, object], scaling: str, factor: int, updates: int, save_dir: Path
+) -> List[object]:
+    """The run's own training command (``setup``: its :func:`training_setup`), fine-tuning
+    its best checkpoint with ``scaling`` by ``factor`` on samples ``factor`` times as long."""
     config, seed = run_dir.name.rsplit("-seed", 1)
-    setup = training_setup(run_dir)
     trained = setup["tokens_per_sample"]
     scale = dict(SCALES[run_dir.parent.name], updates=updates)
     args = train_args(lm_configs()[config], scale, int(seed), setup["data_bin"], save_dir)
@@ -72,7 +80,8 @@ def finetune_run(run_dir: Path, scaling: str, factor: int, updates: int, out: Pa
     """Fine-tune one run with one scaling (resumed if stopped) and write its result file."""
     config, seed = run_dir.name.rsplit("-seed", 1)
     name = finetuned_name(config, scaling)
-    trained = training_setup(run_dir)["tokens_per_sample"]
+    setup = training_setup(run_dir)
+    trained = setup["tokens_per_sample"]
     length = trained * factor
     path = out / "runs" / f"{name}-seed{seed}-L{length}.json"
     if path.is_file():
@@ -82,9 +91,9 @@ def finetune_run(run_dir: Path, scaling: str, factor: int, updates: int, out: Pa
     best, started = work / "checkpoint_best.pt", time.time()
     if not best.is_file():
         log(f"fine-tune {run_dir.name} with {scaling} x{factor}, {updates} updates at {length} tokens")
-        run(finetune_args(run_dir, scaling, factor, updates, work / "checkpoints"), work / "train.log", env)
+        run(finetune_args(run_dir, setup, scaling, factor, updates, work / "checkpoints"), work / "train.log", env)
         (work / "checkpoints" / "checkpoint_best.pt").replace(best)
-    data_bin = training_setup(run_dir)["data_bin"]
+    data_bin = setup["data_bin"]
     results = {
         mode: eval_lm(best, data_bin, length, context_window(mode, length), work / "eval.log", env) for mode in MODES
     }
@@ -133,11 +142,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     env = run_env(args.threads)
-    runs = sorted(
-        path.parent
-        for path in (args.quality_work / args.scale).glob("*-seed*/checkpoint_best.pt")
-        if re.fullmatch(r".+-seed\d+", path.parent.name) and path.parent.name.rsplit("-seed", 1)[0] in args.configs
-    )
+    runs = trained_runs(args.quality_work / args.scale, args.configs)
     log(f"{len(runs)} trained rope models under {args.quality_work / args.scale}")
     for run_dir in runs:
         for scaling in args.scalings:
