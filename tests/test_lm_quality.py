@@ -418,3 +418,13 @@ def test_lm_finetune_fine_tunes_each_rope_run_with_each_scaling_and_the_report_s
         finetuned, as_trained = (table_cells(markdown, f"distattn_lm_rope_gbw+{scaling}{ft}")[0] for ft in ("-ft", ""))
         # at 64 tokens: nothing (the fine-tuned model was not evaluated there; a scaling row borrows the model's)
         assert finetuned[1] == "-" and as_trained[1] != "-" and finetuned[2] not in ("-", as_trained[2])
+
+
+def test_only_a_scaling_row_reads_another_rows_model():
+    """``X+yarn`` evaluates X's model; a preset's variant (``X+per-layer``) and a fine-tuned
+    scaling (``X+yarn-ft``) are models of their own, so their fingerprints are not X's."""
+    from benchmarks.quality.lm_extrapolation import model_of
+
+    assert model_of("distattn_lm_rope_gbw+yarn") == "distattn_lm_rope_gbw"
+    assert model_of("distattn_lm_kerple_gbw+per-layer") == "distattn_lm_kerple_gbw+per-layer"
+    assert model_of("distattn_lm_rope_gbw+yarn-ft") == "distattn_lm_rope_gbw+yarn-ft"
