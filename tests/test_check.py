@@ -172,3 +172,63 @@ def test_a_checkpoint_with_code_in_it_is_refused_not_run(workdir):
 def test_a_missing_file_is_a_usage_error(workdir):
     proc = check(workdir / "missing.pt")
     assert proc.returncode == 2 and "no such file" in proc.stderr
+
+
+# --------------------------------------------------------------------------- one validation with loading
+
+OLD_CHECKPOINTS = REPO_ROOT / "tests" / "data" / "old_checkpoints"
+
+
+def check_with(path, *extra):
+    return subprocess.run(
+        [sys.executable, "-m", "fairseq_distattn.check", str(path), *extra],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        cwd=str(REPO_ROOT),
+        timeout=300,
+    )
+
+
+def test_a_checkpoint_loading_refuses_is_refused_and_the_override_it_names_is_accepted():
+    """The rope checkpoint from 5a4b114 records no arithmetic revision; fairseq-eval-lm
+    refuses it until --model-overrides names one, and so does the tool (status 1, one line)."""
+    path = OLD_CHECKPOINTS / "rope-rotate-half.checkpoint"
+    refused = check_with(path)
+    assert refused.returncode == 1, refused.stderr
+    assert refused.stdout == "" and len(refused.stderr.strip().splitlines()) == 1
+    assert "'distattn_revisions': 'rope:N'" in refused.stderr
+    named = check_with(path, "--model-overrides", "{'distattn_revisions': 'rope:1'}")
+    assert named.returncode == 0, named.stderr
+    assert "decoder self-attention: 0=rope, 1=rope" in named.stdout
+
+
+def test_a_recorded_value_that_building_refuses_is_refused_by_the_tool_too(tmp_path):
+    """A checkpoint whose recorded heads do not divide its width (edited here; a checkpoint
+    from a plugin that checked less would hold the like): loading it exits with the
+    builder's error, and the tool says the same instead of describing it."""
+    import shutil
+
+    import torch
+
+    state = torch.load(OLD_CHECKPOINTS / "kerple-per-layer.checkpoint", map_location="cpu", weights_only=False)
+    state["cfg"]["model"].decoder_attention_heads = 3
+    torch.save(state, tmp_path / "bad.checkpoint")
+    shutil.copy(OLD_CHECKPOINTS / "dict.txt", tmp_path / "dict.txt")
+    result = check_with(tmp_path / "bad.checkpoint")
+    assert result.returncode == 1, result.stdout
+    assert "--decoder-attention-heads" in result.stderr and "divides --decoder-embed-dim 16" in result.stderr
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.path.insert(0, 'tests/data/old_checkpoints'); from pathlib import Path; "
+            f"from make_fixture import log_probabilities; log_probabilities(Path({str(tmp_path)!r}), 'bad')",
+        ],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        cwd=str(REPO_ROOT),
+        timeout=300,
+    )
+    assert loaded.returncode == 2 and "--decoder-attention-heads" in loaded.stderr, loaded.stderr[-2000:]

@@ -75,21 +75,10 @@ def test_no_queries_give_an_empty_output_as_vanilla_attention(info, tgt_len, src
         assert probs is None
 
 
-# Not fixed here (query_value_interaction.py is outside this change): QVI's eq. 7 reads the
-# queries' padding out of key_padding_mask[:, query_offset : query_offset + Tq], which has no
-# columns without keys; its ValueError then names that internal slice, not the keys.
-KNOWN_NO_KEY_ERRORS = {("qvi", "padding")}
-
-
 def no_key_cases():
     for info in INFOS:
         for label in SHARED:
-            marks = ()
-            if (info.name, label) in KNOWN_NO_KEY_ERRORS:
-                marks = pytest.mark.xfail(
-                    raises=AssertionError, strict=True, reason="QVI names its internal query_padding_mask"
-                )
-            yield pytest.param(info, label, marks=marks, id=f"{info.name}-{label}")
+            yield pytest.param(info, label, id=f"{info.name}-{label}")
 
 
 @pytest.mark.parametrize("need_weights", [True, False], ids=["weights", "fused"])
@@ -232,3 +221,12 @@ def test_cope_positions_0_is_refused_not_a_table_of_minus_one():
     assert command_line_refuses(0)
     with pytest.raises(ValueError, match=r"^npos must be a positive integer"):
         DF.cope_positions(q, k, 0)
+
+
+def test_qvi_queries_beyond_its_keys_with_padding_are_refused_naming_the_keys():
+    """QVI reads its queries' padding from the keys' (eq. 7); queries past the last key have
+    none, which the error names instead of an internal slice."""
+    info = next(info for info in INFOS if info.name == "qvi")
+    q, k, v, args, kwargs = arguments(info, 5, 3)
+    with pytest.raises(ValueError, match=r"queries are among its keys.*src_len 3 keys"):
+        info.op(q, k, v, *args, **kwargs, key_padding_mask=torch.zeros(B, 3, dtype=torch.bool))

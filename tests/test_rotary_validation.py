@@ -247,3 +247,38 @@ def test_the_smallest_scale_base_the_message_names_builds_and_runs():
     model = model.float()
     tokens = random_tokens(d, 2, 128, seed=7)
     assert model(tokens)[0].isfinite().all()
+
+
+# --------------------------------------------------------------------------- the model's centre
+
+
+def xpos_layers(model):
+    return [m for m in model.modules() if getattr(m, "xpos", False)]
+
+
+def test_a_model_centres_xpos_on_the_middle_of_its_positions_and_computes_the_same_logits():
+    """The layers centre on (L-1)/2 of the stack's positions (--tokens-per-sample 64 here);
+    in float64 the log-probabilities are the paper's uncentred ones."""
+    model, d = language_model(extra=[*TINY_LM, "--decoder-self-attention", "xpos", "--tokens-per-sample", "64"])
+    layers = xpos_layers(model)
+    assert layers and all(layer.arguments["xpos_centre"] == 31.5 for layer in layers)
+    tokens = random_tokens(d, 2, 40, seed=4)
+    with torch.no_grad():
+        centred = model(tokens)[0]
+        for layer in layers:
+            layer.arguments["xpos_centre"] = 0.0
+        uncentred = model(tokens)[0]
+    torch.testing.assert_close(centred, uncentred, rtol=1e-10, atol=1e-10)
+
+
+def test_a_half_model_layer_keeps_its_keys_finite_at_6000_positions():
+    """With the paper's c = 0, the key scale at position 5999 is e^14.7 with the default
+    scale base 512, beyond float16's 65504; centred on 2999.5 it is e^7.3."""
+    length = 6000
+    model, _ = language_model(extra=[*TINY_LM, "--decoder-self-attention", "xpos", "--tokens-per-sample", str(length)])
+    layer = xpos_layers(model)[0]
+    assert layer.arguments["xpos_centre"] == (length - 1) / 2
+    heads, head_dim = layer.config.num_heads, layer.config.head_dim
+    q, k = torch.ones(2, 1, heads, length, head_dim, dtype=torch.float16).unbind(0)
+    query, key = layer.encode_positions({"query": q}, {"key": k}, None, 0)
+    assert query["query"].isfinite().all() and key["key"].isfinite().all()

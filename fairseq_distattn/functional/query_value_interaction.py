@@ -177,9 +177,16 @@ def query_value_interaction_attention(
     passes all cached queries). ``interaction`` picks g of sec. 4.3 (default:
     eq. 8-9). Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``."""
     check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
-    tgt_len = q.size(2)
+    tgt_len, src_len = q.size(2), k.size(2)
+    if src_len == 0:  # nothing to attend to: vanilla's zero rows, with no values to mix
+        return attend(q, k, v, key_padding_mask=key_padding_mask, causal=causal, need_weights=need_weights)
     query_padding_mask = None
     if key_padding_mask is not None:
+        if query_offset + tgt_len > src_len:
+            raise ValueError(
+                f"QVI's queries are among its keys (eq. 7 mixes the values with the queries' padding), but "
+                f"query_offset {query_offset} + Tq {tgt_len} exceeds the src_len {src_len} keys"
+            )
         query_padding_mask = key_padding_mask[:, query_offset : query_offset + tgt_len]
     check_interaction_arguments(interaction, value_projection, gate_weight, gate_bias, "q", q)
     if q.dtype in HALF_DTYPES and interaction != "values-only":

@@ -21,10 +21,12 @@ class Stack:
     """One stack of layers of one attention kind (the encoder's self-attention,
     the decoder's self-attention, its cross-attention): parameters that a
     mechanism shares across the layers of a stack (T5's relative attention
-    bias) are made by the first layer that asks and handed to the others."""
+    bias) are made by the first layer that asks and handed to the others.
+    ``max_positions``: the longest sequence the stack attends over (None: unknown)."""
 
-    def __init__(self, description: str = ""):
+    def __init__(self, description: str = "", max_positions: Optional[int] = None):
         self.description = description
+        self.max_positions = max_positions
         self._shared: Dict[str, Any] = {}
 
     def shared(self, key: str, make: Callable[[], Any]) -> Any:

@@ -4,7 +4,7 @@ scaling at evaluation time."""
 
 import math
 from dataclasses import dataclass
-from typing import List
+from typing import List, Optional
 
 import torch
 
@@ -171,11 +171,13 @@ def check_rotated_pairs(fraction: float, head_dim: int) -> None:
     refuse(fraction_problem(fraction, head_dim))
 
 
-# Where the module centres xPos's scales: it must be one constant for every call that builds a sequence
-# (keys are cached already scaled), and the module is not told the model's longest sequence, about whose
-# middle it would centre them; 0 is the paper's positions. The range is checked over the model's positions
-# (Rotary.check_options), the logits' factor over the longest distance being what no centre changes.
-XPOS_MODULE_CENTRE = 0.0
+def xpos_module_centre(max_positions: Optional[int]) -> float:
+    """Where a model's xPos layer centres its scales: the middle of the longest sequence its
+    stack attends over, as torchscale and x-transformers centre theirs, so each scale stays
+    half as far from 1 as the paper's, counted from 0 (which is where it stays when the
+    length is unknown). It is one constant for every call, because keys are cached already
+    scaled; in exact arithmetic the logits are the same whatever the centre."""
+    return (max_positions - 1) / 2 if max_positions else 0.0
 
 
 def _neighbour_pairs_from_halves(head_dim: int, options) -> List[int]:
@@ -247,7 +249,8 @@ class Rotary(Mechanism):
         check_rotated_pairs(options.rope_fraction, config.head_dim)
         self.arguments = _op_arguments(options, self.xpos)
         if self.xpos:
-            self.arguments["xpos_centre"] = XPOS_MODULE_CENTRE
+            stack = config.stack
+            self.arguments["xpos_centre"] = xpos_module_centre(stack.max_positions if stack else None)
 
     @classmethod
     def check_options(cls, options, kind, layers):
@@ -260,7 +263,7 @@ class Rotary(Mechanism):
                 xpos_range_problem(
                     options.xpos_scale_base,
                     kind.max_positions,
-                    XPOS_MODULE_CENTRE,
+                    xpos_module_centre(kind.max_positions),
                     ROTARY_FLAGS,
                     positions_note=f" of the longest sequence {kind.flag} attends over{source}",
                 )

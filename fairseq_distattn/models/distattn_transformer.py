@@ -30,13 +30,14 @@ class DistAttnTransformerModel(TransformerModel):
         add_distattn_args(parser, (ENCODER_SELF, DECODER_SELF, CROSS))
 
     @classmethod
-    def check_attention_args(cls, args):
-        """Raise SpecError for any bad attention flag (what building would find)."""
+    def check_attention_args(cls, args, new_model: bool = True):
+        """Raise SpecError for any bad attention flag (what building would find); ``new_model``:
+        False for a model built from a checkpoint, maybe trained before a check was added."""
         check_attention_heads(args, ("encoder", "decoder"))
         set_distattn_defaults(args)
         cfg = TransformerConfig.from_namespace(args)
-        encoder_plans(cfg, new_model=True)
-        decoder_plans(cfg, no_encoder_attn=cfg.no_cross_attention, new_model=True)
+        encoder_plans(cfg, new_model=new_model)
+        decoder_plans(cfg, no_encoder_attn=cfg.no_cross_attention, new_model=new_model)
 
     @classmethod
     def build_model(cls, args, task):

@@ -34,7 +34,7 @@ def encoder_plans(cfg, new_model: bool = False):
     layers = parse_spec(ENCODER_SELF, getattr(cfg, "encoder_self_attention", None), cfg.encoder.layers)
     head_dim = cfg.encoder.embed_dim // cfg.encoder.attention_heads
     options.check_kind(ENCODER_SELF, layers, cfg.max_source_positions or None, SOURCE_POSITIONS, new_model, head_dim)
-    stack = Stack(ENCODER_SELF.description)
+    stack = Stack(ENCODER_SELF.description, cfg.max_source_positions or None)
     return [LayerAttentionPlan(mechanism, "vanilla", options, self_stack=stack) for mechanism in layers]
 
 
@@ -64,7 +64,8 @@ def decoder_plans(
         cross_spec = None
     cross_layers = parse_spec(CROSS, cross_spec, cfg.decoder.layers)
     options.check_kind(CROSS, cross_layers, head_dim=head_dim)
-    self_stack, cross_stack = Stack(DECODER_SELF.description), Stack(CROSS.description)
+    self_stack = Stack(DECODER_SELF.description, cfg.max_target_positions or None)
+    cross_stack = Stack(CROSS.description, cfg.max_source_positions or None)
     return [
         LayerAttentionPlan(mine, cross, options, self_stack=self_stack, cross_stack=cross_stack)
         for mine, cross in zip(self_layers, cross_layers)

@@ -35,6 +35,11 @@ from .checkpoint_guards import PLUGIN_MODELS, model_config, model_name
 
 logger = logging.getLogger(__name__)
 
+
+class CheckpointRefused(ValueError):
+    """A checkpoint this plugin cannot build as the model it was trained as (one line)."""
+
+
 # attribute -> value for the options whose checkpoints from before them were trained with another value
 CHANGED_DEFAULTS = {
     option_flag(field).attr: option_flag(field).unrecorded_value
@@ -72,12 +77,23 @@ def upgrade_plugin_checkpoints():
 
     def upgrade_state_dict(state):
         state = fairseq_upgrade(state)
-        record_unrecorded_options(model_config(state))
-        check_arithmetic(state)
+        try:
+            upgrade_plugin_state(state)
+        except CheckpointRefused as error:
+            exit_with_error(str(error))
         return state
 
     upgrade_state_dict.records_unrecorded_options = True
     checkpoint_utils._upgrade_state_dict = upgrade_state_dict
+
+
+def upgrade_plugin_state(state) -> None:
+    """What loading does to a checkpoint read by fairseq (``state``, with any
+    ``--model-overrides`` applied to its configuration): the options it does not record
+    filled with what it was trained with, and its arithmetic made today's; raise
+    :class:`CheckpointRefused` where it cannot be."""
+    record_unrecorded_options(model_config(state))
+    check_arithmetic(state)
 
 
 # --------------------------------------------------------------------------- arithmetic revisions
@@ -103,7 +119,7 @@ def parse_record(text) -> Dict[str, int]:
         name, _, number = item.strip().partition(":")
         if name:
             if name not in REGISTRY or not number.isdigit() or not 1 <= int(number) <= REGISTRY[name].revision:
-                exit_with_error(
+                raise CheckpointRefused(
                     f"{REVISIONS_ATTR} {text!r}: {item.strip()!r} names no revision of a mechanism; "
                     "allowed: NAME:N items, N from 1 to the mechanism's revision"
                 )
@@ -128,8 +144,8 @@ def inferred_revision(config, info) -> Optional[int]:
 
 
 def check_arithmetic(state) -> None:
-    """Convert a checkpoint whose mechanisms computed an earlier revision, exactly, or refuse
-    it in one line; then record today's revisions in its configuration."""
+    """Convert a checkpoint whose mechanisms computed an earlier revision, exactly, or raise
+    :class:`CheckpointRefused`; then record today's revisions in its configuration."""
     config = model_config(state)
     if config is None or model_name(config) not in PLUGIN_MODELS:
         return
@@ -142,10 +158,10 @@ def check_arithmetic(state) -> None:
             continue
         revision = recorded.get(name) or inferred_revision(config, info)
         if revision is None:
-            exit_with_error(_ambiguous(info))
+            raise CheckpointRefused(_ambiguous(info))
         for step in info.revisions[revision:]:
             if step.query_key_rows_from_previous is None:
-                exit_with_error(
+                raise CheckpointRefused(
                     f"this checkpoint's {name} computes {info.revisions[step.number - 2].arithmetic} (revision "
                     f"{step.number - 1}), which this plugin no longer computes ({step.arithmetic} since {step.since})"
                     f" and cannot convert; evaluate it with the plugin at revision {step.since}^"
@@ -188,10 +204,12 @@ def _reorder_query_key_rows(weights, config, model: str, name: str, info, rows_o
 
 __all__ = [
     "CHANGED_DEFAULTS",
+    "CheckpointRefused",
     "REVISIONS_ATTR",
     "arithmetic_record",
     "check_arithmetic",
     "record_arithmetic",
     "record_unrecorded_options",
     "upgrade_plugin_checkpoints",
+    "upgrade_plugin_state",
 ]

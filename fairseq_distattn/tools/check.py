@@ -14,6 +14,7 @@ stderr says why), 2 for a bad command line.
 
 import argparse
 import ast
+import copy
 import dataclasses
 import sys
 from pathlib import Path
@@ -27,6 +28,7 @@ from ..patches.checkpoint_guards import (
     read_checkpoint,
     settings_of,
 )
+from ..patches.checkpoint_upgrade import CheckpointRefused, upgrade_plugin_state
 from ..registry import EVALUATION, RUNTIME, TRAINED, SpecError, option_flag
 from ..spec import MechanismOptions
 from ..trained_configuration import MODEL, attention_kinds, option_value, shown
@@ -98,7 +100,39 @@ def apply_overrides(config, overrides, cfg_keys=()):
     return changed
 
 
+class NotLoadable(Exception):
+    """A checkpoint that fairseq's commands would refuse to build (one line)."""
+
+
+def loaded_config(state, config):
+    """The configuration a fairseq command builds the plugin model of checkpoint ``state``
+    from, its configuration being ``config`` (with any overrides): upgraded as loading
+    upgrades it (:func:`~fairseq_distattn.patches.checkpoint_upgrade.upgrade_plugin_state`),
+    completed by its ``--arch`` function, and checked by the model's own
+    ``check_attention_args``, as building checks it; raises CheckpointRefused or SpecError
+    where they refuse it. ``state`` is not changed."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY, MODEL_REGISTRY
+
+    config = argparse.Namespace(**(dict(config) if isinstance(config, dict) else vars(copy.deepcopy(config))))
+    upgrade_plugin_state({"args": config, "model": {}})
+    arch = getattr(config, "arch", None)
+    if arch in ARCH_CONFIG_REGISTRY:
+        ARCH_CONFIG_REGISTRY[arch](config)
+    MODEL_REGISTRY[model_name(config)].check_attention_args(config, new_model=False)
+    return config
+
+
+def builds(state, config) -> bool:
+    try:
+        loaded_config(state, config)
+    except (CheckpointRefused, SpecError):
+        return False
+    return True
+
+
 def describe(path: Path, overrides=None) -> str:
+    """What the checkpoint at ``path`` holds; raises NotLoadable where fairseq's commands would
+    refuse to build it, and SpecError where they would refuse ``overrides``."""
     state = read_checkpoint(path)
     config = model_config(state)
     if config is None:
@@ -108,9 +142,16 @@ def describe(path: Path, overrides=None) -> str:
     updates = (state.get("optimizer_history") or [{}])[-1].get("num_updates", "?")
     lines = [f"{path}: fairseq model {name} (--arch {arch}), {updates} updates"]
     if name in PLUGIN_MODELS:
+        recorded = config
         if overrides:
             config = apply_overrides(config, overrides, configuration_keys(state.get("cfg") or {}))
             lines[0] += f", with --model-overrides {overrides}"
+        try:
+            loaded_config(state, config)
+        except (CheckpointRefused, SpecError) as error:
+            if config is recorded or not builds(state, recorded):
+                raise NotLoadable(f"fairseq's commands refuse to build its model: {error}")
+            raise  # the overrides' doing: a bad command line
         lines.append(f"needs the plugin: pass --user-dir {PLUGIN_DIR} to {COMMANDS}")
         lines.extend(layer_lines(config))
     else:
@@ -173,8 +214,11 @@ def main(argv=None) -> int:
         parser.error(f"argument checkpoint: no such file: {args.checkpoint}")
     try:
         print(describe(args.checkpoint, args.model_overrides))
-    except SpecError as error:
+    except (SpecError, CheckpointRefused) as error:
         parser.error(str(error))
+    except NotLoadable as error:
+        sys.stderr.write(f"{parser.prog}: error: {args.checkpoint}: {error}\n")
+        return 1
     except Exception as error:  # any reason a checkpoint cannot be read is reported the same way
         sys.stderr.write(f"{parser.prog}: error: cannot read {args.checkpoint}: {failure_reason(error)}\n")
         return 1
