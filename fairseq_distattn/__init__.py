@@ -40,7 +40,7 @@ class _RegisterWhenFairseqIsImported(importlib.abc.MetaPathFinder):
     """Finds no module itself. When ``fairseq`` is about to be imported it wraps
     the real loader, so that the fairseq side is registered right after
     fairseq's own package has run; when that import came from a module of this
-    package that is itself still being imported (``fairseq_distattn.attention``
+    package that is itself still being imported (``fairseq_distattn.modules``
     imports fairseq), registering then would import that module circularly, so
     it is done at the next import anywhere after that module has finished.
     Then it leaves ``sys.meta_path``."""

@@ -99,6 +99,18 @@ def test_the_lists_derive_from_the_registry():
         assert {field.name for field in info.option_fields()} <= fields
 
 
+def test_the_package_description_names_every_registered_mechanism():
+    """pyproject.toml's description is what PyPI and pip show; it named 5 of 17 once."""
+    import tomllib
+
+    from .conftest import REPO_ROOT
+
+    description = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["description"]
+    for info in registered():
+        family = info.name.removesuffix("-seg").removesuffix("-aw").removesuffix("-mw")
+        assert family in description, f"pyproject.toml's description does not name {info.name}"
+
+
 def test_every_declared_option_is_a_flag_in_help_and_has_its_default():
     from fairseq_distattn.models.arguments import OPTION_DEFAULTS, add_distattn_args
 
