@@ -112,3 +112,15 @@ def test_the_floor_check_catches_an_arrow_back_up(tmp_path):
     assert imported == [f"{PACKAGE}.models.arguments", "benchmarks.common"]
     assert floor(imported[0]) > floor(f"{PACKAGE}.mechanisms.offender")
     assert "benchmarks" in REPOSITORY_NEIGHBOURS
+
+
+def test_the_architecture_page_lists_these_floors():
+    """docs/architecture.md is the newcomer's map: its floor table is this file's FLOORS."""
+    import re
+
+    page = (REPO_ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    listed = {}
+    for number, modules in re.findall(r"^\| (\d) \| ([^|]+) \|", page, flags=re.M):
+        for name in re.findall(r"`([a-z_]+)/?`", modules):
+            listed[name] = int(number)
+    assert listed == FLOORS

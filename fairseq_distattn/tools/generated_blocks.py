@@ -8,8 +8,8 @@ The copy drops the file's own title (the page's section has one) and moves its
 other headings down so that the highest of them sits one level under the
 section the block is in (``####`` under a ``###`` section). A marker that says
 ``, up to its first section,`` after the file's name copies only what comes
-before the file's first heading below its title (the README shows the translation
-table, docs/results.md the ablations and the rest under it).
+before the file's first heading below its title (a page that wants a table without
+the sections under it, such as the translation table without its ablations).
 """
 
 from __future__ import annotations
