@@ -28,7 +28,6 @@ from .registry import (
     option,
     option_classes,
     option_flag,
-    options_of,
     registered,
 )
 
@@ -235,10 +234,8 @@ def _from_args(
         flag = option_flag(field)
         values[field.name] = flag.convert(getattr(args, flag.attr, flag.arg_default), context)
     options = cls(**values)
-    for options_class in OPTION_CLASSES:
-        check_together = getattr(options_class, "check_together", None)
-        if check_together is not None:
-            check_together(options_of(options_class, options))
+    for info in registered():
+        info.module.check_options(info.own_options(options))
     return options
 
 

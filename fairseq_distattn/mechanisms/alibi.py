@@ -4,7 +4,7 @@ import torch
 
 from .. import functional as DF
 from ..registry import CROSS_KIND, DIFFERENT_SEQUENCES, SELF_ATTENTION, register_attention
-from .base import Mechanism, PositionTerm, shared_arguments
+from .base import Mechanism, PositionTerm
 
 
 @register_attention(
@@ -32,11 +32,3 @@ class ALiBi(Mechanism):
     def position_term(self, tgt_len, src_len, causal):
         bias = DF.alibi_bias(tgt_len, src_len, self.config.num_heads, 0, "cpu", torch.float64)
         return PositionTerm("alibi-bias", "ALiBi bias -m_h |i-j|", bias)
-
-    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
-        return DF.alibi_attention(
-            queries["query"],
-            keys["key"],
-            keys["value"],
-            **shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights),
-        )

@@ -122,6 +122,8 @@ class Mechanism(nn.Module):
 
     extra_queries: Tuple[str, ...] = ()
     extra_keys: Tuple[str, ...] = ()
+    # why a subclass overrides forward instead of declaring op_arguments alone (a test holds them to it)
+    overrides_forward_because: str = ""
 
     def __init__(self, config: MechanismConfig):
         super().__init__()
@@ -134,10 +136,14 @@ class Mechanism(nn.Module):
         return REGISTRY[self.config.name]
 
     @classmethod
-    def check_options(cls, options, kind, layers) -> None:
-        """Raise SpecError where ``options`` (its own options dataclass) cannot work in
-        attention ``kind`` (a :class:`fairseq_distattn.registry.AttentionKind` whose
-        ``layers`` use this mechanism)."""
+    def check_options(cls, options, kind=None, layers=()) -> None:
+        """The mechanism's one validation hook beyond its fields' converters (which check
+        single values): raise SpecError where ``options`` (its own options dataclass)
+        cannot work. Called with ``kind`` None once the flags are read, for every
+        registered mechanism, to check its options together (``--t5-bias-max-distance``
+        against ``--t5-bias-buckets``); then for each attention ``kind`` (a
+        :class:`fairseq_distattn.registry.AttentionKind`) whose ``layers`` use it, to
+        check them against that stack (its causality, longest sequence, head size)."""
 
     # whether the flex path still keeps [B, H, Tq, Tk] tensors of its own for backward
     flex_keeps_attention_tensors = False
@@ -214,6 +220,16 @@ class Mechanism(nn.Module):
         inspection plots (None: it has none)."""
         return None
 
+    def op_arguments(
+        self, queries: Dict[str, Tensor], keys: Dict[str, Tensor], causal: bool
+    ) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+        """What this layer hands its registered op after ``q, k, v`` for one call: the
+        positional arguments (its parameters, its extra projections out of ``queries`` and
+        ``keys``) and its own keyword arguments (its options); :meth:`forward` adds the
+        shared ones (:func:`shared_arguments`). Tests and benchmarks call the op with it,
+        as the model does. By default none: the op needs nothing but the tensors."""
+        return (), {}
+
     def forward(
         self,
         queries: Dict[str, Tensor],
@@ -225,10 +241,13 @@ class Mechanism(nn.Module):
         need_weights: bool,
         cache: Optional[Dict[str, Optional[Tensor]]],
     ) -> Tuple[Tensor, Optional[Tensor]]:
-        """``(out [B,H,Tq,D], probs [B,H,Tq,Tk] or None when not need_weights)``;
-        ``cache`` is the layer's incremental state (batch-first tensors), or None.
-        Subclasses call their op with :func:`shared_arguments`."""
-        raise NotImplementedError
+        """``(out [B,H,Tq,D], probs [B,H,Tq,Tk] or None when not need_weights)``: the
+        registered op on the call's tensors and :meth:`op_arguments`. ``cache`` is the
+        layer's incremental state (batch-first tensors), or None. A mechanism overrides
+        this only where it must, and says why in ``overrides_forward_because``."""
+        positional, own = self.op_arguments(queries, keys, causal)
+        shared = shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights)
+        return self.info.op(queries["query"], keys["key"], keys["value"], *positional, **own, **shared)
 
 
 def shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights) -> Dict[str, Any]:

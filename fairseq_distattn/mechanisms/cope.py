@@ -15,7 +15,7 @@ from ..registry import (
     positive_integer,
     register_attention,
 )
-from .base import LearnedValues, Mechanism, MechanismConfig, PositionTerm, shared_arguments
+from .base import LearnedValues, Mechanism, MechanismConfig, PositionTerm
 
 COPE_POSITIONS = 64
 
@@ -96,11 +96,5 @@ class Cope(Mechanism):
             "cope-positions", "CoPE contextual positions p_ij = sum_{t=j..i} g_it", positions[0].double().cpu()
         )
 
-    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
-        return DF.cope_attention(
-            queries["query"],
-            keys["key"],
-            keys["value"],
-            self.position_embeddings,
-            **shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights),
-        )
+    def op_arguments(self, queries, keys, causal):
+        return (self.position_embeddings,), {}

@@ -8,7 +8,7 @@ from torch import Tensor
 
 from .. import functional as DF
 from ..registry import ALL_KINDS, DECODER_SELF_KIND, EVALUATION, option, positive_integer, register_attention
-from .base import Mechanism, MechanismConfig, SoftWindow, shared_arguments
+from .base import Mechanism, MechanismConfig, SoftWindow
 
 
 @dataclass(frozen=True)
@@ -114,21 +114,10 @@ class DifferentiableWindow(Mechanism):
         ]
         return SoftWindow(*pointers, mask.double(), "eq. 11" if self.segment_size else "eq. 9")
 
-    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
+    def op_arguments(self, queries, keys, causal):
         local = (queries["local_query"], keys["local_key"]) if self.additive else ()
-        return DF.differentiable_window_attention(
-            queries["query"],
-            keys["key"],
-            keys["value"],
-            queries["left_query"],
-            keys["left_key"],
-            queries["right_query"],
-            keys["right_key"],
-            *local,
-            segment_size=self.segment_size,
-            expected=self.expected_mask,
-            **shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights),
-        )
+        pointers = (queries["left_query"], keys["left_key"], queries["right_query"], keys["right_key"])
+        return (*pointers, *local), {"segment_size": self.segment_size, "expected": self.expected_mask}
 
 
 def boundary_pointer(

@@ -17,7 +17,7 @@ from ..registry import (
     option,
     register_attention,
 )
-from .base import LearnedValues, Mechanism, MechanismConfig, PositionTerm, shared_arguments
+from .base import LearnedValues, Mechanism, MechanismConfig, PositionTerm
 
 
 @dataclass(frozen=True)
@@ -146,14 +146,5 @@ class DistanceAware(Mechanism):
     def may_take_flex_path(self) -> bool:
         return self.adjusting in ("early-multiply", "early-add")
 
-    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
-        return DF.distance_aware_attention(
-            queries["query"],
-            keys["key"],
-            keys["value"],
-            self.distance_weight,
-            self.sharpness,
-            adjusting=self.adjusting,
-            **self._mapping_arguments(),
-            **shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights),
-        )
+    def op_arguments(self, queries, keys, causal):
+        return (self.distance_weight, self.sharpness), {"adjusting": self.adjusting, **self._mapping_arguments()}

@@ -15,7 +15,7 @@ from ..registry import (
     option,
     register_attention,
 )
-from .base import Mechanism, PositionTerm, shared_arguments
+from .base import Mechanism, PositionTerm
 
 # the flag's names of the functional API's directions (None: "none")
 DISTANCE_MASK_DIRECTIONS = tuple(direction or "none" for direction in DIRECTIONS)
@@ -75,9 +75,9 @@ class DistanceMask(Mechanism):
     """Im & Cho 2017: fixed -alpha |i-j| bias, optional directional mask."""
 
     @classmethod
-    def check_options(cls, options, kind, layers):
+    def check_options(cls, options, kind=None, layers=()):
         # A backward mask hides every past key; with the decoder's causal mask nothing is left.
-        if kind.causal and options.distance_mask_direction == "backward":
+        if kind is not None and kind.causal and options.distance_mask_direction == "backward":
             raise SpecError(
                 "--distance-mask-direction",
                 "backward",
@@ -95,13 +95,6 @@ class DistanceMask(Mechanism):
         options = self.config.options
         return f"alpha={options.distance_mask_alpha}, direction={options.distance_mask_direction or 'none'}"
 
-    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
+    def op_arguments(self, queries, keys, causal):
         options = self.config.options
-        return DF.distance_mask_attention(
-            queries["query"],
-            keys["key"],
-            keys["value"],
-            options.distance_mask_alpha,
-            direction=options.distance_mask_direction,
-            **shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights),
-        )
+        return (options.distance_mask_alpha,), {"direction": options.distance_mask_direction}

@@ -17,7 +17,7 @@ from ..registry import (
     positive_integer,
     register_attention,
 )
-from .base import LearnedValues, Mechanism, MechanismConfig, PositionTerm, shared_arguments
+from .base import LearnedValues, Mechanism, MechanismConfig, PositionTerm
 
 
 @dataclass(frozen=True)
@@ -145,11 +145,5 @@ class Fire(Mechanism):
             bias = DF.fire_bias(*arguments, tgt_len, src_len)[0]
         return PositionTerm("fire-bias", "FIRE bias f(psi(i-j) / psi(max(L, i)))", bias)
 
-    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
-        return DF.fire_attention(
-            queries["query"],
-            keys["key"],
-            keys["value"],
-            *self._arguments(),
-            **shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights),
-        )
+    def op_arguments(self, queries, keys, causal):
+        return tuple(self._arguments()), {}

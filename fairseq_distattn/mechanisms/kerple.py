@@ -8,7 +8,7 @@ from torch import nn
 from .. import functional as DF
 from ..functional.kerple import constrained
 from ..registry import CROSS_KIND, DIFFERENT_SEQUENCES, SELF_ATTENTION, one_of, option, register_attention
-from .base import LearnedValues, Mechanism, MechanismConfig, PositionTerm, shared_arguments
+from .base import LearnedValues, Mechanism, MechanismConfig, PositionTerm
 
 
 @dataclass(frozen=True)
@@ -141,15 +141,12 @@ class Kerple(Mechanism):
         equation = "-r1 log(1 + r2 |i-j|)" if self.kernel == "log" else "-r1 |i-j|^r2"
         return PositionTerm(f"kerple-{self.kernel}-bias", f"KERPLE {self.kernel} kernel {equation}", bias)
 
+    def op_arguments(self, queries, keys, causal):
+        return (self.scale, self.r2), {"kernel": self.kernel}
+
+    overrides_forward_because = "r1, r2 go back into their constraints before each training call (the authors' step)"
+
     def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
         if self.training:
             self.project_onto_constraints()
-        return DF.kerple_attention(
-            queries["query"],
-            keys["key"],
-            keys["value"],
-            self.scale,
-            self.r2,
-            kernel=self.kernel,
-            **shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights),
-        )
+        return super().forward(queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache)

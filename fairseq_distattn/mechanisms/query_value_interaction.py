@@ -71,20 +71,20 @@ class QueryValueInteraction(Mechanism):
         interaction = "" if self.interaction == "gated" else f", interaction={self.interaction}"
         return f"heads={self.config.num_heads}, head_dim={self.config.head_dim}{interaction}"
 
+    def op_arguments(self, queries, keys, causal):
+        return (self.value_projection, self.gate_weight, self.gate_bias), {"interaction": self.interaction}
+
+    overrides_forward_because = (
+        "a decoding step's eq. 7 mixes the values with every query so far, which the op is not given: "
+        "the layer caches the queries and the query-aware values it made"
+    )
+
     def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
+        arguments = (queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache)
+        if cache is None or self.interaction == "values-only":  # g_1 = V depends on no query: nothing to cache
+            return super().forward(*arguments)
         query = queries["query"]
         shared = shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights)
-        if cache is None or self.interaction == "values-only":  # g_1 = V depends on no query: nothing to cache
-            return DF.query_value_interaction_attention(
-                query,
-                keys["key"],
-                keys["value"],
-                self.value_projection,
-                self.gate_weight,
-                self.gate_bias,
-                interaction=self.interaction,
-                **shared,
-            )
         seen_queries = cache.get("prev_qvi_query")
         all_queries = query if seen_queries is None else torch.cat([seen_queries, query], dim=2)
         new_values = DF.query_aware_values(

@@ -15,7 +15,7 @@ from ..registry import (
     positive_integer,
     register_attention,
 )
-from .base import LearnedValues, Mechanism, MechanismConfig, shared_arguments
+from .base import LearnedValues, Mechanism, MechanismConfig
 
 
 def _clipping_distance(value, context):
@@ -75,9 +75,11 @@ class RelativePosition(Mechanism):
     """Shaw et al. 2018: [2k+1, D] key (and value) tables shared across heads."""
 
     @classmethod
-    def check_options(cls, options, kind, layers):
+    def check_options(cls, options, kind=None, layers=()):
         # Each stack against its own longest sequence: an encoder of --max-source-positions 4 never
         # sees a distance beyond 3, whatever --max-target-positions allows the decoder.
+        if kind is None:
+            return
         limit, k = kind.max_positions, options.max_relative_position
         if kind.new_model and limit is not None and k > limit:
             source = f" ({kind.positions_flag} {limit})" if kind.positions_flag else ""
@@ -124,13 +126,5 @@ class RelativePosition(Mechanism):
             if table is not None
         ]
 
-    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
-        return DF.relative_position_attention(
-            queries["query"],
-            keys["key"],
-            keys["value"],
-            self.relative_keys,
-            self.relative_values,
-            self.config.options.max_relative_position,
-            **shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights),
-        )
+    def op_arguments(self, queries, keys, causal):
+        return (self.relative_keys, self.relative_values, self.config.options.max_relative_position), {}

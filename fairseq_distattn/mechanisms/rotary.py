@@ -133,14 +133,6 @@ class RotaryOptions:
         role=EVALUATION,
     )
 
-    @staticmethod
-    def check_together(options) -> None:
-        refuse(
-            scaling_combination_problem(
-                options.rope_scaling, options.rope_scaling_factor, options.rope_original_length, ROTARY_FLAGS
-            )
-        )
-
 
 def _example(xpos: bool):
     def example(draw, options):
@@ -253,7 +245,14 @@ class Rotary(Mechanism):
             self.arguments["xpos_centre"] = xpos_module_centre(stack.max_positions if stack else None)
 
     @classmethod
-    def check_options(cls, options, kind, layers):
+    def check_options(cls, options, kind=None, layers=()):
+        refuse(
+            scaling_combination_problem(
+                options.rope_scaling, options.rope_scaling_factor, options.rope_original_length, ROTARY_FLAGS
+            )
+        )
+        if kind is None:
+            return
         if kind.head_dim:
             check_rotated_pairs(options.rope_fraction, kind.head_dim)
         if "xpos" in layers and kind.max_positions:
@@ -297,8 +296,15 @@ class Rotary(Mechanism):
         logits = query @ key.transpose(-1, -2) / math.sqrt(self.config.head_dim)
         return PositionTerm(f"{self.config.name}-logit", f"{self.config.name} logit of equal all-ones q, k", logits[0])
 
+    overrides_forward_because = (
+        "queries and keys arrive rotated (encode_positions, so that keys are cached rotated): "
+        "the op's rotation is done, and its plain attention runs"
+    )
+
+    def op_arguments(self, queries, keys, causal):
+        return (), dict(self.arguments)
+
     def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
-        # queries and keys arrive rotated (encode_positions)
         return DF.attend(
             queries["query"],
             keys["key"],

@@ -15,7 +15,7 @@ from ..registry import (
     option,
     register_attention,
 )
-from .base import Mechanism, MechanismConfig, PositionTerm, shared_arguments
+from .base import Mechanism, MechanismConfig, PositionTerm
 
 # NVIDIA NeMo's port takes each head's size; 64 in every preset here (256 / 4, 512 / 8, 1024 / 16)
 SANDWICH_DIM = 64
@@ -78,11 +78,5 @@ class Sandwich(Mechanism):
         bias = DF.sandwich_bias(tgt_len, src_len, self.config.num_heads, self.dim, 0, "cpu", torch.float64)
         return PositionTerm("sandwich-bias", "Sandwich bias (p_i . p_j - d/2) / (n 8/H)", bias)
 
-    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
-        return DF.sandwich_attention(
-            queries["query"],
-            keys["key"],
-            keys["value"],
-            self.dim,
-            **shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights),
-        )
+    def op_arguments(self, queries, keys, causal):
+        return (self.dim,), {}

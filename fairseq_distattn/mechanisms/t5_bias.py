@@ -17,7 +17,7 @@ from ..registry import (
     positive_integer,
     register_attention,
 )
-from .base import Mechanism, MechanismConfig, PositionTerm, shared_arguments
+from .base import Mechanism, MechanismConfig, PositionTerm
 
 
 def _buckets(value, context):
@@ -61,17 +61,6 @@ class T5BiasOptions:
         action="store_true",
     )
 
-    @staticmethod
-    def check_together(options) -> None:
-        if options.t5_bias_max_distance <= options.t5_bias_buckets // 2:
-            raise SpecError(
-                "--t5-bias-max-distance",
-                options.t5_bias_max_distance,
-                f"must be larger than half of --t5-bias-buckets ({options.t5_bias_buckets}), "
-                "where the log-spaced buckets start",
-                f"an integer > {options.t5_bias_buckets // 2}",
-            )
-
 
 @register_attention(
     "t5-bias",
@@ -100,7 +89,17 @@ class T5Bias(Mechanism):
     implementations do."""
 
     @classmethod
-    def check_options(cls, options, kind, layers):
+    def check_options(cls, options, kind=None, layers=()):
+        if options.t5_bias_max_distance <= options.t5_bias_buckets // 2:
+            raise SpecError(
+                "--t5-bias-max-distance",
+                options.t5_bias_max_distance,
+                f"must be larger than half of --t5-bias-buckets ({options.t5_bias_buckets}), "
+                "where the log-spaced buckets start",
+                f"an integer > {options.t5_bias_buckets // 2}",
+            )
+        if kind is None:
+            return
         # T5's _relative_position_bucket halves the buckets where they are bidirectional
         # (num_buckets //= 2, one half per direction): of an odd count the last is never used.
         # The decoder's causal buckets use every one, so an odd count is fine there.
@@ -145,14 +144,6 @@ class T5Bias(Mechanism):
         bias = DF.t5_relative_bias(table, tgt_len, src_len, self.max_distance, not causal)
         return PositionTerm("t5-bias", "T5 relative attention bias b_h(bucket(j - i))", bias)
 
-    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
+    def op_arguments(self, queries, keys, causal):
         # T5: bidirectional buckets in the encoder, unidirectional in the (causal) decoder
-        return DF.t5_bias_attention(
-            queries["query"],
-            keys["key"],
-            keys["value"],
-            self.relative_attention_bias,
-            max_distance=self.max_distance,
-            bidirectional=not causal,
-            **shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights),
-        )
+        return (self.relative_attention_bias,), {"max_distance": self.max_distance, "bidirectional": not causal}

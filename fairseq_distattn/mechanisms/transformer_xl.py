@@ -8,7 +8,7 @@ from torch import nn
 from .. import functional as DF
 from ..functional.transformer_xl import relative_position_scores
 from ..registry import CROSS_KIND, DIFFERENT_SEQUENCES, SELF_ATTENTION, option, register_attention
-from .base import LearnedValues, Mechanism, MechanismConfig, PositionTerm, shared_arguments
+from .base import LearnedValues, Mechanism, MechanismConfig, PositionTerm
 
 # the authors' init_std: every weight of the model, u and v included, starts N(0, 0.02)
 INIT_STD = 0.02
@@ -107,13 +107,5 @@ class TransformerXL(Mechanism):
             scores = relative_position_scores(query, weight, bias, src_len, 0, head_dim**-0.5)[0]
         return PositionTerm("transformer-xl-v-term", "Transformer-XL term (d) v W_R R_{i-j} / sqrt(d)", scores)
 
-    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
-        return DF.transformer_xl_attention(
-            queries["query"],
-            keys["key"],
-            keys["value"],
-            self.relative_projection.weight,
-            self.content_bias,
-            self.position_bias,
-            **shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights),
-        )
+    def op_arguments(self, queries, keys, causal):
+        return (self.relative_projection.weight, self.content_bias, self.position_bias), {}

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fairseq_distattn.mechanisms.base import Mechanism, MechanismConfig, PositionTerm, shared_arguments
+from fairseq_distattn.mechanisms.base import Mechanism, MechanismConfig, PositionTerm
 from fairseq_distattn.registry import (
     CROSS_KIND,
     DIFFERENT_SEQUENCES,
@@ -57,11 +57,5 @@ class LogDistance(Mechanism):
         bias = log_distance_bias(self.slopes.detach().double().cpu(), tgt_len, src_len)
         return PositionTerm("log-distance-bias", "log-distance bias -s_h log(1 + |i-j|)", bias)
 
-    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
-        return log_distance_attention(
-            queries["query"],
-            keys["key"],
-            keys["value"],
-            self.slopes,
-            **shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights),
-        )
+    def op_arguments(self, queries, keys, causal):
+        return (self.slopes,), {}

@@ -1,0 +1,69 @@
+"""A mechanism is its op plus one declaration (issue 48): the base class's ``forward``
+calls the registered op with what the layer's ``op_arguments`` supplies, so what the
+model computes is what the op computes with those arguments, and a mechanism overrides
+``forward`` only where it says why."""
+
+import pytest
+import torch
+
+import fairseq_distattn.mechanisms  # noqa: F401 (registers every mechanism)
+from fairseq_distattn.mechanisms import build_mechanism
+from fairseq_distattn.mechanisms.base import Mechanism, shared_arguments
+from fairseq_distattn.registry import DECODER_SELF_KIND, ENCODER_SELF_KIND, registered
+from fairseq_distattn.spec import MechanismOptions
+
+INFOS = registered()
+HEADS, HEAD_DIM, LENGTH, BATCH = 2, 16, 7, 2
+
+
+def projections(names, generator):
+    shape = (BATCH, HEADS, LENGTH, HEAD_DIM)
+    return {name: torch.randn(*shape, generator=generator, dtype=torch.float64) for name in names}
+
+
+def call(info):
+    """A self-attention call of ``info``'s layer: its module, the projections (with the
+    extras it declares), whether causal, and a padding mask."""
+    torch.manual_seed(0)
+    module = build_mechanism(info.name, HEADS, HEAD_DIM, MechanismOptions()).double().eval()
+    generator = torch.Generator().manual_seed(1)
+    queries = projections(("query", *info.extra_queries), generator)
+    keys = projections(("key", "value", *info.extra_keys), generator)
+    causal = ENCODER_SELF_KIND not in info.kinds
+    assert causal or ENCODER_SELF_KIND in info.kinds or DECODER_SELF_KIND in info.kinds
+    padding = torch.zeros(BATCH, LENGTH, dtype=torch.bool)
+    padding[1, -2:] = True
+    return module, queries, keys, causal, padding
+
+
+@pytest.mark.parametrize("info", INFOS, ids=[info.name for info in INFOS])
+def test_the_layer_computes_its_registered_op_with_its_op_arguments(info):
+    module, queries, keys, causal, padding = call(info)
+    positional, own = module.op_arguments(queries, keys, causal)
+    shared = shared_arguments(padding, causal, 0, 0.0, True)
+    with torch.no_grad():
+        expected = info.op(queries["query"], keys["key"], keys["value"], *positional, **own, **shared)
+        # the attention module hands forward what encode_positions made of the projections (rope rotates them)
+        encoded_queries, encoded_keys = module.encode_positions(queries, keys, padding, 0)
+        out, probs = module(encoded_queries, encoded_keys, padding, causal, 0, 0.0, True, None)
+    torch.testing.assert_close(out, expected[0], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(probs, expected[1], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("info", INFOS, ids=[info.name for info in INFOS])
+def test_a_mechanism_overrides_forward_only_where_it_says_why(info):
+    overrides = info.module.forward is not Mechanism.forward
+    assert overrides == bool(info.module.overrides_forward_because), (
+        f"{info.name}: a forward of its own needs overrides_forward_because (and op_arguments alone needs none)"
+    )
+
+
+def test_the_mechanisms_that_override_forward_are_few():
+    """Today: kerple (its constraint projection), qvi (its decoding cache), rope and xpos
+    (their rotation happens before the keys are cached)."""
+    assert {info.name for info in INFOS if info.module.forward is not Mechanism.forward} == {
+        "kerple",
+        "qvi",
+        "rope",
+        "xpos",
+    }
