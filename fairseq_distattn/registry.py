@@ -256,7 +256,7 @@ class MechanismInfo:
     # the fused path is vanilla's own F.scaled_dot_product_attention call, on the mechanism's own
     # queries and keys (rotated, scaled), with no bias at all
     fused_without_bias: bool
-    flex: str  # when the flex_attention path runs (functional.flex: an OffsetTable; "" never)
+    flex: str  # when the flex_attention path runs (functional.flex, on a position_tables.OffsetTable; "" never)
     extra_queries: Tuple[str, ...]  # extra per-head query projections of the attention module
     extra_keys: Tuple[str, ...]  # extra per-head key projections (cached like fairseq's prev_key)
     description: str  # the mechanism table's "mechanism" column

@@ -22,7 +22,7 @@ import torch
 
 import fairseq_distattn.mechanisms  # noqa: F401 (registers every mechanism)
 from fairseq_distattn import functional as DF
-from fairseq_distattn.functional import flex
+from fairseq_distattn.functional import position_tables
 from fairseq_distattn.mechanisms.examples import ExampleDraw
 from fairseq_distattn.registry import REGISTRY, OptionContext, SpecError, option_flag, registered
 
@@ -120,8 +120,8 @@ def test_empty_sequences_still_reach_the_parameters_of_an_op():
 def test_offset_tables_of_empty_sequences_are_empty_matrices(tgt_len, src_len, query_offset):
     """The shared helpers every offset-table mechanism builds on: the table's width
     gives ``Tk`` for any lengths, so ``dense()`` is the ``[H, Tq, Tk]`` matrix."""
-    relative = flex.offsets(tgt_len, src_len, query_offset, "cpu")
-    table = flex.OffsetTable(relative[None].double(), tgt_len)
+    relative = position_tables.offsets(tgt_len, src_len, query_offset, "cpu")
+    table = position_tables.OffsetTable(relative[None].double(), tgt_len)
     dense = table.dense()
     assert dense.shape == (1, tgt_len, src_len)
     expected = DF.relative_distance(tgt_len, src_len, query_offset, "cpu")

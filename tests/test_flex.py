@@ -4,11 +4,16 @@ through flex_attention as through the eager path, with causal, key-padding and
 direction masks; the routing takes flex only where it applies; on CUDA the
 compiled kernel matches the eager path in the forward and backward pass."""
 
+import importlib
+
 import pytest
 import torch
 
 from fairseq_distattn import functional as DF
-from fairseq_distattn.functional import flex
+from fairseq_distattn.functional import flex, position_tables
+
+# the core's module (DF.attend is the function the package exports under its name)
+CORE = importlib.import_module("fairseq_distattn.functional.attend")
 
 pytestmark = pytest.mark.skipif(flex._flex_module() is None, reason="this torch has no flex_attention")
 
@@ -97,7 +102,7 @@ def flex_calls(monkeypatch):
             calls.append(kwargs.get("min_offset"))
         return real(q, k, v, table, **kwargs)
 
-    for module in (DF.masking, DF.differentiable_window):
+    for module in (CORE, DF.differentiable_window):
         monkeypatch.setattr(module, "flex_attend", spy)
     return calls
 
@@ -153,7 +158,7 @@ def test_a_block_mask_is_built_once_per_mask_tensor_and_again_after_it_changes(b
 
     def eager(padding):
         with torch.no_grad(), flex.flex_mode("never"):
-            return DF.masking.attend(q, k, v, key_padding_mask=padding, need_weights=False)[0]
+            return DF.attend(q, k, v, key_padding_mask=padding, need_weights=False)[0]
 
     first = attend(key_padding_mask=padding)
     again = attend(key_padding_mask=padding)
@@ -203,7 +208,7 @@ def dense_flex_kernel(monkeypatch):
     """The flex path with :func:`_dense_flex` as its kernel, taken under
     ``flex_mode("always")`` with gradients on CPU too."""
     monkeypatch.setattr(flex, "_flex", lambda q, variant: _dense_flex)
-    for module in (DF.masking, DF.differentiable_window):
+    for module in (CORE, DF.differentiable_window):
         monkeypatch.setattr(module, "flex_applies", lambda *a, **kw: flex._mode != "never")
 
 
@@ -385,17 +390,17 @@ def test_a_kernel_that_cannot_be_compiled_names_the_way_off_the_flex_path(monkey
 
 def test_offset_table_dense_is_the_toeplitz_matrix():
     values = torch.arange(2 * 7, dtype=torch.float64).reshape(2, 7)  # Tq = 3, Tk = 5
-    table = flex.OffsetTable(values, 3)
+    table = position_tables.OffsetTable(values, 3)
     dense = table.dense()
     assert dense.shape == (2, 3, 5)
     for i in range(3):
         for j in range(5):
             assert dense[1, i, j] == values[1, j - i + 2]
-    assert flex.offsets(3, 5, 2, "cpu").tolist() == [-4, -3, -2, -1, 0, 1, 2]
+    assert position_tables.offsets(3, 5, 2, "cpu").tolist() == [-4, -3, -2, -1, 0, 1, 2]
     with pytest.raises(ValueError, match="combine must be one of add, relu-multiply"):
-        flex.OffsetTable(values, 3, combine="multiply")
+        position_tables.OffsetTable(values, 3, combine="multiply")
     with pytest.raises(ValueError, match=r"values must be \[H or 1, Tq \+ Tk - 1\]"):
-        flex.OffsetTable(values[0], 3)
+        position_tables.OffsetTable(values[0], 3)
 
 
 def _captured_numbers(function, seen=None):
@@ -430,7 +435,7 @@ def test_score_mods_capture_tensors_not_python_numbers(name, monkeypatch):
             score_mods.append(table.score_mod())
         return real(q, k, v, table, **kwargs)
 
-    for module in (DF.masking, DF.differentiable_window):
+    for module in (CORE, DF.differentiable_window):
         monkeypatch.setattr(module, "flex_attend", spy)
     q, k, v = _inputs(3, 11, 8, torch.float64)
     with torch.no_grad(), flex.flex_mode("always"):

@@ -273,7 +273,8 @@ def test_relative_distance_is_still_cached():
 # probabilities and output. The fused path (need_weights=False) runs SDPA; on CPU,
 # when SDPA gets no mask (here: no key_padding_mask; causal as SDPA's own) and the
 # row has fewer keys than one SIMD vector, torch's flash kernel takes the NaN row
-# for a fully masked one and returns 0 (README, softmax_attention's docstring).
+# for a fully masked one and returns 0 (docs/functional-api.md, softmax_attention's
+# docstring).
 # Pinned where measured (AVX2, 8 float32 lanes), so that a torch that changes it is
 # noticed; on other CPUs (AVX512 would predict 16 lanes, unmeasured) only "NaN or 0".
 X86_FLOAT32_LANES = {"AVX2": 8}

@@ -40,17 +40,9 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from .attend import attend, logit_dtype, masked_scores, scaled
 from .flex import flex_applies, flex_attend
-from .masking import (
-    attend,
-    check_attention_arguments,
-    check_tensor_argument,
-    logit_dtype,
-    logit_mask,
-    masked_scores,
-    masked_softmax,
-    scaled,
-)
+from .masking import check_attention_arguments, check_tensor_argument, logit_mask, masked_softmax
 
 
 def _cumulative_sums(pointer: Tensor) -> Tuple[Tensor, Tensor]:

@@ -37,8 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .flex import OffsetTable, offsets
-from .masking import attend, check_attention_arguments, check_tensor_argument, logit_dtype
+from .attend import attend, logit_dtype
+from .masking import check_attention_arguments, check_tensor_argument
+from .position_tables import OffsetTable, offsets
 
 DA_MAPPINGS = ("learnable-sigmoid", "sigmoid", "exponent", "linear", "clip")
 DA_ADJUSTINGS = ("early-multiply", "early-add", "late-multiply", "late-add")

@@ -15,14 +15,9 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .flex import OffsetTable, offsets
-from .masking import (
-    attend,
-    check_attention_arguments,
-    logit_dtype,
-    position_tensor,
-    relative_distance,
-)
+from .attend import attend, logit_dtype
+from .masking import check_attention_arguments, position_tensor, relative_distance
+from .position_tables import OffsetTable, offsets
 
 # the directional masks M_dir (None: no mask)
 DIRECTIONS = (None, "forward", "backward")

@@ -34,14 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .flex import check_position_arguments
-from .masking import (
-    attend,
-    check_attention_arguments,
-    check_tensor_argument,
-    logit_dtype,
-    sequence_positions,
-)
+from .attend import attend, logit_dtype
+from .masking import check_attention_arguments, check_tensor_argument, sequence_positions
+from .position_tables import check_position_arguments
 
 FIRE_EPS = 1e-6
 FIRE_INITIAL_C = 0.1

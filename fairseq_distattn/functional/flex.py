@@ -1,9 +1,16 @@
-"""The fused path for mechanisms that are a function of the score and of the
-key's offset from the query: ``torch.nn.attention.flex_attention``.
+"""The flex_attention backend: ``torch.nn.attention.flex_attention`` as the
+fused path for mechanisms that are a function of the score and of the key's
+offset from the query. Here: when it runs (:data:`FLEX_MODES`,
+:func:`flex_mode`, :func:`flex_applies`), its compilation (one compiled
+function per kind of call), its block masks and :func:`flex_attend`. The
+position tables it reads (:class:`position_tables.OffsetTable`,
+:class:`position_tables.LseValueTerm`) are shared with the eager and SDPA
+paths and live in :mod:`.position_tables`; the core that picks this path is
+:func:`attend.attend`.
 
 A bias that depends only on the head and on ``j - i`` (alibi's -m_h |i-j|,
 distance-mask's -alpha |i-j|, T5's bucketed b_h, DA's coefficients f(w_h |i-j|))
-is ``Tq + Tk - 1`` values per head, not ``Tq x Tk``: a :class:`OffsetTable`
+is ``Tq + Tk - 1`` values per head, not ``Tq x Tk``: an ``OffsetTable``
 holds them and its ``score_mod`` reads entry ``j - i + Tq - 1`` inside the
 kernel, so neither the bias nor the attention matrix is ever materialised, and
 a score modification such as DA's eq. 6 ``ReLU(s) * f`` runs fused too (SDPA
@@ -15,7 +22,7 @@ once.
 
 Shaw et al.'s value term (eq. 3) needs each query's probability mass per
 clipped distance, which flex does not return: it is rebuilt from flex's
-log-sum-exp (a :class:`LseValueTerm`): the 2k - 1 unclipped distances are one
+log-sum-exp (an ``LseValueTerm``): the 2k - 1 unclipped distances are one
 diagonal of keys each, whose scores are recomputed (``O(Tq k D)``) and
 normalised by ``exp(s - lse)``; the keys clipped to +k are one more flex call
 restricted to ``j - i >= k`` (``exp(lse_beyond - lse)``), and those clipped
@@ -28,7 +35,7 @@ When it runs (:func:`flex_applies`): full-sequence calls (``query_offset`` 0:
 training, scoring, the encoder; one-token decoding steps gain nothing and would
 recompile per step) without attention weights and without attention dropout
 (FlexAttention has none), on CUDA with a head size flex compiles for. Elsewhere
-the mechanisms take the eager path of :func:`masking.attend`, to which this one
+the mechanisms take the eager path of :func:`attend.attend`, to which this one
 is equal to float32 rounding. :func:`flex_mode` forces it on or off. On CPU,
 "always" runs flex's eager (uncompiled) form without gradients (flex has no
 CPU backward), which checks the score and mask functions but is not fast; the
@@ -41,14 +48,14 @@ import contextlib
 import functools
 import importlib.util
 import types
-from dataclasses import dataclass
-from typing import Callable, Iterator, Optional, Protocol
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch import Tensor
 
+from .position_tables import ScoreTable, index_scalar
+
 FLEX_MODES = ("auto", "always", "never")
-COMBINES = ("add", "relu-multiply")  # a bias on the scaled score; ReLU(score) * value (DA's eq. 6)
 _mode = "auto"
 
 
@@ -87,134 +94,6 @@ def flex_applies(q: Tensor, *, need_weights: bool, dropout_p: float, query_offse
     return head_size >= 16 and head_size & (head_size - 1) == 0
 
 
-def check_position_argument(name: str, value) -> None:
-    """ValueError unless ``value``, a length or a position, is an integer >= 0
-    (a Python check: the position helpers would otherwise fail inside
-    ``torch.arange``, or silently build a tensor for a fractional length)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-
-
-def check_position_arguments(tgt_len: int, src_len: int, query_offset: int) -> None:
-    """:func:`check_position_argument` for the lengths and ``query_offset`` every position helper takes."""
-    check_position_argument("tgt_len", tgt_len)
-    check_position_argument("src_len", src_len)
-    check_position_argument("query_offset", query_offset)
-
-
-def check_bias_table_arguments(tgt_len: int, src_len: int, query_offset: int, dtype) -> None:
-    """The arguments every public ``*_bias(tgt_len, src_len, ..., query_offset,
-    device, dtype)`` helper shares: a ValueError naming the one that is wrong."""
-    check_position_arguments(tgt_len, src_len, query_offset)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating point torch.dtype, got {dtype!r}")
-
-
-def offsets(tgt_len: int, src_len: int, query_offset: int, device, dtype=torch.long) -> Tensor:
-    """The key's position relative to the query's, ``j - (query_offset + i)``,
-    once per diagonal of a ``[Tq, Tk]`` matrix: entry ``j - i + Tq - 1``.
-
-    ``Tq + Tk - 1`` entries. Without queries (``Tq = 0``: nothing reads the
-    table) the ``Tk`` offsets of the keys from ``query_offset``, as for one
-    query, so that the width gives ``Tk`` whatever the lengths, 0 included
-    (:attr:`OffsetTable.src_len`)."""
-    check_position_arguments(tgt_len, src_len, query_offset)
-    first = -(max(tgt_len, 1) - 1) - query_offset
-    return torch.arange(first, src_len - query_offset, device=device, dtype=dtype)
-
-
-@functools.lru_cache(maxsize=256)
-def _index_scalar(value: int, device: torch.device) -> Tensor:
-    """A cached 0-d long tensor: a score_mod reads its shifts from tensors (a
-    Python int would recompile the kernel for every length), and building one
-    per call would be a blocking host-to-device copy on CUDA in every layer."""
-    with torch.inference_mode(False):
-        return torch.tensor(value, device=device)
-
-
-def index_scalar(value: int, device) -> Tensor:
-    return _index_scalar(int(value), torch.device(device))
-
-
-class ScoreTable(Protocol):
-    """What :func:`masking.attend` takes as ``offset_table``: a bias (``combine``
-    "add") or DA's ``ReLU(score) * value`` ("relu-multiply") given as a table
-    read inside flex_attention's ``score_mod``, or as its ``dense()`` matrix."""
-
-    combine: str
-
-    def dense(self) -> Tensor: ...
-
-    def score_mod(self) -> Callable: ...
-
-
-@dataclass
-class OffsetTable:
-    """Per-head values of a function of ``j - i``: ``values`` ``[H or 1, Tq + Tk - 1]``,
-    entry ``j - i + Tq - 1`` (see :func:`offsets`; ``[H or 1, Tk]`` when ``Tq``
-    is 0). ``combine``: ``"add"`` for a bias on the scaled score,
-    ``"relu-multiply"`` for ``ReLU(score) * value``. Either length may be 0
-    (an empty matrix)."""
-
-    values: Tensor
-    tgt_len: int
-    combine: str = "add"
-
-    def __post_init__(self):
-        if self.combine not in COMBINES:
-            raise ValueError(f"combine must be one of {', '.join(COMBINES)}, got {self.combine!r}")
-        if self.values.dim() != 2 or self.src_len < 0:
-            raise ValueError(
-                f"values must be [H or 1, Tq + Tk - 1] with Tq = {self.tgt_len}, got {tuple(self.values.shape)}"
-            )
-
-    @property
-    def src_len(self) -> int:
-        """``Tk``, from the table's width (:func:`offsets`: laid out as for one query when ``Tq`` is 0)."""
-        return self.values.size(-1) - max(self.tgt_len, 1) + 1
-
-    def dense(self) -> Tensor:
-        """The ``[H or 1, Tq, Tk]`` matrix the table stands for (the eager path's).
-
-        Reversed, the table's Tk-wide windows are the matrix's rows with their
-        keys reversed (a Hankel matrix): unfold and flip, whose backward is about
-        twice as fast as an index gather's scatter-add on CPU."""
-        rows = self.values.flip(-1).unfold(-1, self.src_len, 1).flip(-1)
-        # without queries the table is laid out for one: its one row is not the matrix's
-        return rows if self.tgt_len else rows[:, :0]
-
-    def score_mod(self) -> Callable:
-        values = self.values
-        shared = values.size(0) == 1
-        shift = index_scalar(self.tgt_len - 1, values.device)
-
-        def lookup(h, q_idx, kv_idx):
-            column = kv_idx - q_idx + shift
-            return values[0, column] if shared else values[h, column]
-
-        if self.combine == "add":
-            return lambda score, b, h, q_idx, kv_idx: score + lookup(h, q_idx, kv_idx)
-        return lambda score, b, h, q_idx, kv_idx: torch.relu(score) * lookup(h, q_idx, kv_idx)
-
-
-class LseValueTerm(Protocol):
-    """A term added to the attention output that depends on the probabilities
-    (``value_term`` of :func:`masking.attend`), which can also be rebuilt from
-    flex's log-sum-exp so that the mechanism stays on the flex path."""
-
-    def __call__(self, attended: Tensor) -> Tensor:
-        """The term from the (dropped) ``[B, H, Tq, Tk]`` probabilities: the eager path."""
-        ...
-
-    def from_log_normaliser(
-        self, lse: Tensor, lse_beyond: Callable[[int], Tensor], key_padding_mask: Optional[Tensor]
-    ) -> Tensor:
-        """The term from ``lse`` ``[B, H, Tq]`` (float32, -inf on rows with no
-        visible key) and ``lse_beyond(d)``, the log-sum-exp over the visible
-        keys with ``j - i >= d`` only."""
-        ...
-
-
 COMPILE_BACKEND = "inductor"  # torch.compile's backend for the kernel (tests count compilations with their own)
 
 
@@ -222,18 +101,17 @@ COMPILE_BACKEND = "inductor"  # torch.compile's backend for the kernel (tests co
 def _compiled_flex(variant: tuple, backend) -> Callable:
     """flex_attention compiled for one ``variant`` of the call (see :func:`flex_attend`).
 
-    torch.compile keeps its compiled entries per code object, at most 8 of them
+    torch.compile keeps a limited number of compiled entries per code object
     (``torch._dynamo.config.recompile_limit``), and past that runs flex
     uncompiled, which on CUDA materialises every score (slower and larger than
     the eager path). Every mask combination (causal, padding, ``allowed``,
     ``min_offset``), score_mod and lse request fails the others' guards, and a
-    static compile adds entries as lengths vary: compiled as one function, rpr in
-    the encoder and decoder filled the 8 entries within 2 batches and ran
-    uncompiled from then on (measured with a counting backend). A code object per
-    variant gives each its own entries without touching torch's global
-    configuration, and compiling with dynamic shapes from the start keeps varying
-    lengths from adding more (that model: 3 variants, 6 entries, none after its
-    first batch)."""
+    static compile adds entries as lengths vary: compiled as one function, a
+    model with rpr in both stacks ran out of entries within its first batches.
+    A code object per variant gives each its own entries without touching
+    torch's global configuration, and compiling with dynamic shapes from the
+    start keeps varying lengths from adding more (counted in
+    docs/functional-api.md; ``tests/test_flex.py`` counts the compilations)."""
     module = _flex_module()
 
     def flex_attention(*args, **kwargs):
@@ -370,12 +248,7 @@ def flex_attend(
 
 
 __all__ = [
-    "LseValueTerm",
-    "OffsetTable",
-    "ScoreTable",
     "flex_applies",
     "flex_attend",
     "flex_mode",
-    "index_scalar",
-    "offsets",
 ]

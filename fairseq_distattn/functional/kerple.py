@@ -33,8 +33,9 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .flex import OffsetTable, check_position_arguments, offsets
-from .masking import attend, check_attention_arguments, check_tensor_argument, logit_dtype
+from .attend import attend, logit_dtype
+from .masking import check_attention_arguments, check_tensor_argument
+from .position_tables import OffsetTable, check_position_arguments, offsets
 
 KERPLE_KERNELS = ("log", "power")
 # the authors' projection: both parameters >= 1e-2, the power kernel's exponent <= 2

@@ -31,7 +31,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .masking import HALF_DTYPES, attend, autocast_enabled, check_attention_arguments, check_tensor_argument
+from .attend import HALF_DTYPES, attend
+from .masking import autocast_enabled, check_attention_arguments, check_tensor_argument
 
 QVI_INTERACTIONS = ("gated", "values-only", "interactions-only", "summation")
 # the parameters each g(Q, V) uses: W (value_projection), u (gate_weight), h (gate_bias)

@@ -21,17 +21,15 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .flex import index_scalar
+from .attend import attend, logit_dtype, scaled
 from .masking import (
-    attend,
     autocast_enabled,
     check_attention_arguments,
     check_tensor_argument,
-    logit_dtype,
     position_tensor,
     relative_distance,
-    scaled,
 )
+from .position_tables import index_scalar
 
 
 @position_tensor
@@ -169,7 +167,7 @@ def relative_position_bias(
 
 @dataclass
 class RelativeKeyScores:
-    """The second term of eq. 4 as a table for :func:`masking.attend`:
+    """The second term of eq. 4 as a table for :func:`attend.attend`:
     ``q_i . a^K_b`` per query and bucket, ``per_bucket`` ``[B, H, Tq, 2k+1]``, read at
     bucket ``clip(j - i, -k, k) + k``. Eagerly it becomes the ``[B, H, Tq, Tk]``
     bias of :func:`relative_position_bias`; in flex_attention ``score_mod`` reads
@@ -198,7 +196,7 @@ class RelativeKeyScores:
         per_bucket = self.per_bucket
         offset = index_scalar(self.query_offset, per_bucket.device)
         # a tensor, not a Python int: compiled with dynamic shapes, a captured int becomes a
-        # symbol that torch 2.11's inductor cannot lower inside score_mod (seen on an H200)
+        # symbol that inductor could not lower inside score_mod (benchmarks/results/speed/gpu-nvidia-h200)
         max_distance = index_scalar(self.max_distance, per_bucket.device)
 
         def add_relative_key_score(score, b, h, q_idx, kv_idx):
@@ -225,7 +223,7 @@ def _rowwise_dot(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
 
 class _BandDotProducts(torch.autograd.Function):
     """``q_i . k_{i+d}`` for the unclipped distances ``|d| < k`` as ``[B, H, Tq, 2k+1]``
-    (column ``d + k``; 0 where there is no such key) in :func:`masking.logit_dtype`:
+    (column ``d + k``; 0 where there is no such key) in :func:`attend.logit_dtype`:
     one diagonal of ``q k^T`` per distance, ``O(Tq k D)``, and its gradient
     without autograd keeping a float32 copy of every diagonal's slices."""
 
@@ -261,7 +259,7 @@ class _BandDotProducts(torch.autograd.Function):
 @dataclass
 class RelativeValues:
     """The second term of eq. 3, ``sum_j alpha_ij a^V_ij``, as a ``value_term`` of
-    :func:`masking.attend` (a :class:`flex.LseValueTerm`). Eagerly it sums the
+    :func:`attend.attend` (a :class:`position_tables.LseValueTerm`). Eagerly it sums the
     probabilities per bucket. On the flex path, where the probabilities are never
     formed, each unclipped bucket's one key is rescored (eq. 4 from ``q``,
     ``k`` and the key table's ``key_scores``) and normalised by flex's log-sum-exp;

@@ -101,7 +101,8 @@ import torch
 from torch import Tensor
 
 from ..registry import FLOAT32_MAX, SpecError, finite_number, is_integer
-from .masking import attend, check_attention_arguments, position_tensor, sequence_positions
+from .attend import attend
+from .masking import check_attention_arguments, position_tensor, sequence_positions
 
 ROPE_BASE = 10000.0
 XPOS_GAMMA = 0.4

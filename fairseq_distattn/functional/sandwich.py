@@ -25,8 +25,9 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .flex import OffsetTable, check_bias_table_arguments, offsets
-from .masking import attend, check_attention_arguments, logit_dtype, position_tensor
+from .attend import attend, logit_dtype
+from .masking import check_attention_arguments, position_tensor
+from .position_tables import OffsetTable, check_bias_table_arguments, offsets
 
 SANDWICH_BASE = 10000.0
 

@@ -28,8 +28,9 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .flex import OffsetTable, check_position_arguments, offsets
-from .masking import attend, check_attention_arguments, check_tensor_argument, logit_dtype
+from .attend import attend, logit_dtype
+from .masking import check_attention_arguments, check_tensor_argument
+from .position_tables import OffsetTable, check_position_arguments, offsets
 
 NUM_BUCKETS = 32
 MAX_DISTANCE = 128

@@ -31,8 +31,9 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .flex import offsets
-from .masking import attend, check_attention_arguments, check_tensor_argument, logit_dtype
+from .attend import attend, logit_dtype
+from .masking import check_attention_arguments, check_tensor_argument
+from .position_tables import offsets
 
 
 def relative_sinusoids(distances: Tensor, width: int) -> Tensor:
@@ -73,7 +74,8 @@ def relative_position_scores(
     relative_keys = relative_keys.view(-1, heads, head_dim).permute(1, 2, 0)  # [H, D, N]
     queries = q.to(dtype) + position_bias.to(dtype)[:, None, :]
     # one [B * Tq, D] x [D, N] product per head: a batch-broadcast matmul would run B * H
-    # small ones and reduce W_R's gradient over the batch after (1.4x slower fwd+bwd on CPU)
+    # small ones and reduce W_R's gradient over the batch after (slower on CPU; the timing is in
+    # commit 84ef476's message)
     queries = queries.transpose(0, 1).reshape(heads, batch * tgt_len, head_dim)
     # [B, H, Tq, N]; N given, as -1 cannot be inferred from an empty product (Tq = 0)
     by_distance = torch.bmm(queries, relative_keys).view(heads, batch, tgt_len, distances.size(0)).transpose(0, 1)

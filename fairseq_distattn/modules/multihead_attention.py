@@ -23,11 +23,10 @@ from ..spec import MechanismOptions
 # float32): small beside a layer's activations, large enough to keep matmuls efficient.
 RECOMPUTE_CHUNK_ELEMENTS = 2**18
 # Each block launches the mechanism's tens of kernels three times (its forward, then in
-# backward its forward again and its backward), so the block count, not the arithmetic,
-# set the time on a GPU: at 2**18 elements per block, window-preset's training pass on an
-# H100 took 2.8 s at L = 1024 (vanilla fairseq 53 ms) in 69k kernel launches, 64 blocks per
-# layer (benchmarks/results/speed/gpu-nvidia-h100-recompute). Blocks grow past that size to
-# keep at most this many per layer, each then an eighth of the [B, H, Tq, Tk] scores.
+# backward its forward again and its backward), so on a GPU the block count, not the
+# arithmetic, sets the time of a long pass (benchmarks/results/speed/gpu-nvidia-h100-recompute).
+# Blocks grow past RECOMPUTE_CHUNK_ELEMENTS to keep at most this many per layer, each then an
+# eighth of the [B, H, Tq, Tk] scores.
 RECOMPUTE_MAX_BLOCKS = 8
 
 

@@ -1,0 +1,307 @@
+"""The core attention path of every mechanism: :func:`attend`, and the ops and
+helpers of its three execution paths.
+
+A mechanism hands :func:`attend` what it changes: an additive ``bias`` on the
+logits, a ``score_mod`` of the raw scores, an ``offset_table`` read by ``j - i``
+(:mod:`.position_tables`), a ``weight_mod`` of the normalised weights or a
+``value_term``. :func:`attend` composes the masks of :mod:`.masking` (key
+padding, causal, a mechanism's own visibility such as a direction) with it and
+picks the path: eager (:func:`attention_weights`, on the scoring helpers
+:func:`logit_dtype`, :func:`scaled` and :func:`masked_scores`, then
+:func:`dropout_probs`), fused ``F.scaled_dot_product_attention`` when the
+weights are not needed (:func:`fused_attention`, :func:`half_range_bias`), or
+flex_attention for a table (:func:`_flex_attend` on the backend in
+:mod:`.flex`). :func:`softmax_attention` is the plain op on it.
+
+Every attention op takes the same keyword-only arguments after its tensors:
+``key_padding_mask``, ``causal``, ``query_offset``, ``dropout_p`` (attention
+dropout on the probabilities that multiply the values; returned probabilities
+are undropped) and ``need_weights`` (False: the op returns ``(out, None)``,
+and a mechanism that is an additive bias on the logits runs fused).
+
+The package exports the function :func:`attend` under this module's name:
+``fairseq_distattn.functional.attend`` is the function, and the module is
+reached with ``from fairseq_distattn.functional.attend import ...``.
+"""
+
+import functools
+from typing import Callable, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .flex import flex_applies, flex_attend
+from .masking import check_attention_arguments, logit_mask, masked_softmax
+from .position_tables import ScoreTable
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def logit_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype in which logits and the terms a mechanism adds to them are
+    formed: float32 for half inputs (as fairseq's softmax already is), since
+    products such as DA's ReLU(QK^T) x f or a -alpha |i-j| bias leave the
+    float16 range (65504) where QK^T alone does not."""
+    return torch.float32 if dtype in HALF_DTYPES else dtype
+
+
+def scaled(q: Tensor) -> Tensor:
+    """``q / sqrt(D)``: scaling the queries costs [Tq, D], scaling the scores [Tq, Tk]."""
+    return q * (q.size(-1) ** -0.5)
+
+
+def masked_scores(scaled_q: Tensor, k: Tensor, mask: Optional[Tensor]) -> Tensor:
+    """``scaled_q k^T + mask`` for ``scaled_q`` ``[B,H,Tq,D]`` (see :func:`scaled`),
+    ``k`` ``[B,H,Tk,D]`` and an additive mask broadcastable to ``[B,H,Tq,Tk]``
+    or None: QK^T in the inputs' dtype, as vanilla attention computes it,
+    returned in :func:`logit_dtype` (``mask`` must be in that dtype). A fresh
+    tensor, so callers may add further terms in place; probabilities made
+    from it go back to the inputs' dtype with ``.to(q.dtype)``."""
+    scores = torch.matmul(scaled_q, k.transpose(-2, -1))
+    scores = scores.to(logit_dtype(scores.dtype))
+    return scores if mask is None else scores.add_(mask)
+
+
+def dropout_probs(probs: Tensor, dropout_p: float) -> Tensor:
+    """Attention dropout on the probabilities that multiply the values; the
+    returned ``probs`` of every op stay undropped, as in fairseq."""
+    if dropout_p > 0.0:
+        return torch.nn.functional.dropout(probs, p=dropout_p, training=True)
+    return probs
+
+
+def softmax_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    key_padding_mask: Optional[Tensor] = None,
+    causal: bool = False,
+    query_offset: int = 0,
+    dropout_p: float = 0.0,
+    need_weights: bool = True,
+):
+    """Plain ``softmax(q k^T / sqrt(D)) v`` under the same conventions; returns
+    ``(out, probs)`` (``probs`` is None when ``need_weights=False``).
+
+    NaN in gives NaN out on both paths, except that on CPU the fused path
+    (``need_weights=False``) gives 0 for a row of all-NaN logits shorter than
+    one SIMD vector when SDPA gets no mask: torch's CPU kernel takes such a row
+    for a fully masked one. Not corrected, as forcing NaN costs more than it is
+    worth (docs/functional-api.md; ``tests/test_functional_errors.py`` pins both
+    paths)."""
+    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
+    return attend(
+        q,
+        k,
+        v,
+        key_padding_mask=key_padding_mask,
+        causal=causal,
+        query_offset=query_offset,
+        dropout_p=dropout_p,
+        need_weights=need_weights,
+    )
+
+
+# score_mod(raw scores q k^T / sqrt(D) in logit_dtype, the additive mask that will be added
+# after it or None) -> logits: the mask is passed so a mod that reads which keys are visible
+# (CoPE's gates) does not build it a second time
+ScoreMod = Callable[[Tensor, Optional[Tensor]], Tensor]
+# weight_mod(softmax weights, additive mask, hidden rows) -> the weights that multiply the values
+WeightMod = Callable[[Tensor, Optional[Tensor], Optional[Tensor]], Tensor]
+# value_term(the (dropped) weights) -> a [B, H, Tq, D] term added to the output
+ValueTerm = Callable[[Tensor], Tensor]
+
+
+def attention_weights(
+    q: Tensor,
+    k: Tensor,
+    *,
+    bias: Optional[Tensor] = None,
+    score_mod: Optional[ScoreMod] = None,
+    allowed: Optional[Tensor] = None,
+    key_padding_mask: Optional[Tensor] = None,
+    causal: bool = False,
+    query_offset: int = 0,
+) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+    """``(probs, mask, hidden)``: ``softmax(score_mod(q k^T / sqrt(D)) + bias)``
+    over the keys each query may see (key padding, ``causal`` and the bool
+    ``[Tq, Tk]`` restriction ``allowed``), in :func:`logit_dtype`; ``mask,
+    hidden`` from :func:`masking.logit_mask`. ``bias`` broadcasts to ``[B, H, Tq, Tk]``
+    and is in the logit dtype."""
+    tgt_len, src_len = q.size(2), k.size(2)
+    mask, hidden = logit_mask(
+        key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, logit_dtype(q.dtype), allowed
+    )
+    if score_mod is None:
+        logits = masked_scores(scaled(q), k, mask)
+        if bias is not None:
+            logits = logits.add_(bias)
+    else:
+        logits = score_mod(torch.matmul(scaled(q), k.transpose(-2, -1)).to(logit_dtype(q.dtype)), mask)
+        if bias is not None:
+            logits = logits + bias
+        if mask is not None:
+            logits = logits + mask
+    return masked_softmax(logits, hidden), mask, hidden
+
+
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    bias: Optional[Tensor] = None,
+    score_mod: Optional[ScoreMod] = None,
+    offset_table: Optional[ScoreTable] = None,
+    weight_mod: Optional[WeightMod] = None,
+    value_term: Optional[ValueTerm] = None,
+    allowed: Optional[Tensor] = None,
+    key_padding_mask: Optional[Tensor] = None,
+    causal: bool = False,
+    query_offset: int = 0,
+    dropout_p: float = 0.0,
+    need_weights: bool = True,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """The core path of every mechanism: ``(out, probs)`` with
+    ``probs = weight_mod(softmax(score_mod(q k^T / sqrt(D)) + bias))`` over the
+    visible keys (see :func:`attention_weights`) and ``out = dropout(probs) v
+    + value_term(dropout(probs))``; ``probs`` is None unless ``need_weights``.
+
+    ``offset_table`` is a bias or a score modification read from a table by
+    ``j - i`` (:class:`position_tables.OffsetTable`: per head; rpr's
+    ``RelativeKeyScores``: per query and clipped distance), given instead of
+    ``bias`` or ``score_mod``: where :func:`flex.flex_applies` it runs in
+    flex_attention (its ``score_mod``), with a ``value_term`` only if that can
+    be rebuilt from flex's log-sum-exp (:class:`position_tables.LseValueTerm`);
+    elsewhere its ``dense()`` becomes that ``bias`` or ``score_mod``. A mechanism that is
+    only an additive bias (and ``allowed``) otherwise runs fused
+    (:func:`fused_attention`) when the weights are not needed. Unchecked: the
+    public ops check their arguments first.
+
+    Empty sequences, as ``F.scaled_dot_product_attention`` treats them: no
+    queries (``Tq = 0``) give an empty ``[B, H, 0, D]`` output and ``[B, H, 0,
+    Tk]`` weights; no keys (``Tk = 0``) leave every query row without a visible
+    key, which gives 0 (as a row hidden by the masks does) and ``[B, H, Tq, 0]``
+    weights."""
+    tgt_len, src_len = q.size(2), k.size(2)
+    if offset_table is not None:
+        if (
+            weight_mod is None
+            and (value_term is None or hasattr(value_term, "from_log_normaliser"))
+            and tgt_len
+            and src_len  # an empty matrix has nothing to fuse: its dense bias is empty too
+            and flex_applies(q, need_weights=need_weights, dropout_p=dropout_p, query_offset=query_offset)
+        ):
+            return _flex_attend(q, k, v, offset_table, value_term, allowed, key_padding_mask, causal), None
+        dense = offset_table.dense()
+        if offset_table.combine == "add":
+            bias = dense
+        else:
+            score_mod = functools.partial(_relu_multiply, coefficients=dense)
+    if not need_weights and score_mod is None and weight_mod is None and value_term is None:
+        if (
+            bias is None
+            and allowed is None
+            and causal
+            and key_padding_mask is None
+            and query_offset == 0
+            and tgt_len == src_len
+        ):
+            # exactly SDPA's own causal mask: let it pick its causal kernel
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True), None
+        mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, q.dtype, allowed)
+        return fused_attention(q, k, v, bias, mask, hidden, dropout_p), None
+    probs, mask, hidden = attention_weights(
+        q,
+        k,
+        bias=bias,
+        score_mod=score_mod,
+        allowed=allowed,
+        key_padding_mask=key_padding_mask,
+        causal=causal,
+        query_offset=query_offset,
+    )
+    if weight_mod is not None:
+        probs = weight_mod(probs, mask, hidden)
+    probs = probs.to(q.dtype)
+    attended = dropout_probs(probs, dropout_p)
+    out = torch.matmul(attended, v)
+    if value_term is not None:
+        out = out + value_term(attended)
+    return out, probs if need_weights else None
+
+
+def _flex_attend(q, k, v, offset_table, value_term, allowed, key_padding_mask, causal) -> Tensor:
+    """:func:`flex.flex_attend`, plus the value term rebuilt from its log-sum-exp."""
+    masks = dict(allowed=allowed, key_padding_mask=key_padding_mask, causal=causal)
+    if value_term is None:
+        return flex_attend(q, k, v, offset_table, **masks)
+    out, lse = flex_attend(q, k, v, offset_table, return_lse=True, **masks)
+
+    def lse_beyond(min_offset: int) -> Tensor:
+        return flex_attend(q, k, v, offset_table, min_offset=min_offset, return_lse=True, **masks)[1]
+
+    return out + value_term.from_log_normaliser(lse, lse_beyond, key_padding_mask).to(out.dtype)
+
+
+def _relu_multiply(scores: Tensor, mask: Optional[Tensor], coefficients: Tensor) -> Tensor:
+    return torch.relu(scores) * coefficients
+
+
+def half_range_bias(bias: Tensor, mask: Optional[Tensor], dtype: torch.dtype) -> Tensor:
+    """``bias`` as an SDPA ``attn_mask`` for half queries of ``dtype``: a row whose
+    largest entry over the keys ``mask`` leaves visible is beyond +-max/64 of
+    ``dtype`` is shifted by that entry; then it is clamped to +-max/2.
+
+    Why: SDPA takes no float32 mask with half queries on CUDA (its
+    memory-efficient kernel refuses a bias whose dtype is not the query's), and
+    its math kernels add the bias to QK^T in the half dtype, where the sum can
+    pass 65504 although each term fits, and a row of -inf gives NaN; a plain
+    clamp would tie distinct large biases (AW's 40000 and 50000). Softmax is
+    invariant to a per-row constant, so the shift changes nothing exact (and
+    needs no gradient); after it the key with the largest bias has a logit
+    within max/64 of QK^T's own, so a row overflows only where QK^T nearly does
+    alone. Rows of ordinary biases are not shifted: rounding ``bias - max``
+    instead of ``bias`` would cost precision on the small entries. Keeping the
+    rounded bias (rather than routing half inputs to float32 logits) keeps the
+    fused kernels, and their memory saving, for half precision."""
+    bias = bias.to(torch.float32)
+    limit = torch.finfo(dtype).max / 2
+    visible_max = (bias if mask is None else bias + mask).amax(dim=-1, keepdim=True).detach()
+    shift = torch.where(visible_max.abs() > limit / 32, visible_max, 0.0)
+    # entries above 0 after the shift lie under the mask's -inf, which must not meet +inf
+    return (bias - shift).clamp_(-limit, limit).to(dtype)
+
+
+def fused_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Optional[Tensor],
+    mask: Optional[Tensor],
+    hidden: Optional[Tensor],
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """``softmax(q k^T / sqrt(D) + bias + mask) v`` through
+    ``F.scaled_dot_product_attention``; ``mask, hidden`` from :func:`masking.logit_mask`.
+
+    The fast path for mechanisms whose math is an additive bias on the
+    logits, used when the caller does not need the probabilities. Same
+    semantics as :func:`masking.masked_softmax`: a hidden row gives 0. Also 0, on CPU,
+    a short row whose logits are all NaN when SDPA gets no mask (the weights
+    path gives NaN: see :func:`softmax_attention`).
+    """
+    if bias is not None:
+        if q.dtype in HALF_DTYPES:
+            bias = half_range_bias(bias, mask, q.dtype)
+        mask = bias if mask is None else bias + mask
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    return out if hidden is None else out.masked_fill(hidden, 0.0)
+
+
+__all__ = [
+    "attend",
+    "attention_weights",
+    "softmax_attention",
+]
