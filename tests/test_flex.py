@@ -13,7 +13,7 @@ from fairseq_distattn import functional as DF
 from fairseq_distattn.functional import flex, position_tables
 
 # the core's module (DF.attend is the function the package exports under its name)
-CORE = importlib.import_module("fairseq_distattn.functional.attend")
+CORE = importlib.import_module("fairseq_distattn.functional.attention")
 
 pytestmark = pytest.mark.skipif(flex._flex_module() is None, reason="this torch has no flex_attention")
 

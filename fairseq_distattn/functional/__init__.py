@@ -13,10 +13,9 @@ applies 1/sqrt(D)); ``key_padding_mask`` ``[B,Tk]`` bool, True = padding;
 import importlib as _importlib
 import pkgutil as _pkgutil
 
-# every module of this package (one per mechanism, plus the shared attend.py, masking.py,
+# every module of this package (one per mechanism, plus the shared attention.py, masking.py,
 # position_tables.py and flex.py) exports its __all__ here, so a new mechanism's file is part
-# of the API without an edit here; an exported name that is also a module's name (attend) is
-# the export here, the module stays importable by its path
+# of the API without an edit here
 __all__ = []
 for _module in sorted(m.name for m in _pkgutil.iter_modules(__path__)):
     _exported = _importlib.import_module(f"{__name__}.{_module}")

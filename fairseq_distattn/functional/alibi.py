@@ -24,7 +24,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .attend import attend, logit_dtype
+from .attention import attend, logit_dtype
 from .masking import check_attention_arguments, check_tensor_argument, position_tensor
 from .position_tables import OffsetTable, check_bias_table_arguments, offsets
 

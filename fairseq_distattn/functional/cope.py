@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from ..registry import OptionContext, SpecError, positive_integer
-from .attend import attend, logit_dtype, scaled
+from .attention import attend, logit_dtype, scaled
 from .masking import check_attention_arguments, check_tensor_argument, logit_mask
 
 # the rule of the command line's --cope-max-positions (mechanisms/cope.py), for the functional npos

@@ -40,7 +40,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .attend import attend, logit_dtype, masked_scores, scaled
+from .attention import attend, logit_dtype, masked_scores, scaled
 from .flex import flex_applies, flex_attend
 from .masking import check_attention_arguments, check_tensor_argument, logit_mask, masked_softmax
 

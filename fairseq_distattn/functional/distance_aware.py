@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attend import attend, logit_dtype
+from .attention import attend, logit_dtype
 from .masking import check_attention_arguments, check_tensor_argument
 from .position_tables import OffsetTable, offsets
 

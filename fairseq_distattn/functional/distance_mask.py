@@ -15,7 +15,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .attend import attend, logit_dtype
+from .attention import attend, logit_dtype
 from .masking import check_attention_arguments, position_tensor, relative_distance
 from .position_tables import OffsetTable, offsets
 

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attend import attend, logit_dtype
+from .attention import attend, logit_dtype
 from .masking import check_attention_arguments, check_tensor_argument, sequence_positions
 from .position_tables import check_position_arguments
 

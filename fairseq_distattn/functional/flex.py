@@ -6,7 +6,7 @@ function per kind of call), its block masks and :func:`flex_attend`. The
 position tables it reads (:class:`position_tables.OffsetTable`,
 :class:`position_tables.LseValueTerm`) are shared with the eager and SDPA
 paths and live in :mod:`.position_tables`; the core that picks this path is
-:func:`attend.attend`.
+:func:`attention.attend`.
 
 A bias that depends only on the head and on ``j - i`` (alibi's -m_h |i-j|,
 distance-mask's -alpha |i-j|, T5's bucketed b_h, DA's coefficients f(w_h |i-j|))
@@ -35,7 +35,7 @@ When it runs (:func:`flex_applies`): full-sequence calls (``query_offset`` 0:
 training, scoring, the encoder; one-token decoding steps gain nothing and would
 recompile per step) without attention weights and without attention dropout
 (FlexAttention has none), on CUDA with a head size flex compiles for. Elsewhere
-the mechanisms take the eager path of :func:`attend.attend`, to which this one
+the mechanisms take the eager path of :func:`attention.attend`, to which this one
 is equal to float32 rounding. :func:`flex_mode` forces it on or off. On CPU,
 "always" runs flex's eager (uncompiled) form without gradients (flex has no
 CPU backward), which checks the score and mask functions but is not fast; the

@@ -13,7 +13,7 @@ their cache (:func:`position_tensor`); the masks, composed only here
 applied by :func:`masked_softmax`; and the checks of the arguments the ops
 share (:func:`check_attention_arguments`, :func:`check_tensor_argument`,
 :func:`autocast_enabled`). The core that applies the masks for every
-mechanism is :func:`attend.attend`; the tables of a term by ``j - i`` and the
+mechanism is :func:`attention.attend`; the tables of a term by ``j - i`` and the
 checks of lengths and offsets are in :mod:`.position_tables`.
 """
 

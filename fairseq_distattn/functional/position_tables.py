@@ -6,7 +6,7 @@ position helper takes.
 Every mechanism that is a function of ``j - i`` builds one, on every path:
 :func:`offsets` lays out the ``Tq + Tk - 1`` offsets, an :class:`OffsetTable`
 holds a value per head and offset (``combine``: a bias, or DA's
-``ReLU(score) * value``), and :func:`attend.attend` takes it (a
+``ReLU(score) * value``), and :func:`attention.attend` takes it (a
 :class:`ScoreTable`) as ``offset_table``: its ``dense()`` matrix on the eager
 and SDPA paths, its ``score_mod()`` inside flex_attention (:mod:`.flex`). An
 :class:`LseValueTerm` is a value term that can also be rebuilt from flex's
@@ -76,7 +76,7 @@ def index_scalar(value: int, device) -> Tensor:
 
 
 class ScoreTable(Protocol):
-    """What :func:`attend.attend` takes as ``offset_table``: a bias (``combine``
+    """What :func:`attention.attend` takes as ``offset_table``: a bias (``combine``
     "add") or DA's ``ReLU(score) * value`` ("relu-multiply") given as a table
     read inside flex_attention's ``score_mod``, or as its ``dense()`` matrix."""
 
@@ -138,7 +138,7 @@ class OffsetTable:
 
 class LseValueTerm(Protocol):
     """A term added to the attention output that depends on the probabilities
-    (``value_term`` of :func:`attend.attend`), which can also be rebuilt from
+    (``value_term`` of :func:`attention.attend`), which can also be rebuilt from
     flex's log-sum-exp so that the mechanism stays on the flex path."""
 
     def __call__(self, attended: Tensor) -> Tensor:

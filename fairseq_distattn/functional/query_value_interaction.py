@@ -31,7 +31,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .attend import HALF_DTYPES, attend
+from .attention import HALF_DTYPES, attend
 from .masking import autocast_enabled, check_attention_arguments, check_tensor_argument
 
 QVI_INTERACTIONS = ("gated", "values-only", "interactions-only", "summation")

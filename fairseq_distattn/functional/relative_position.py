@@ -21,7 +21,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .attend import attend, logit_dtype, scaled
+from .attention import attend, logit_dtype, scaled
 from .masking import (
     autocast_enabled,
     check_attention_arguments,
@@ -167,7 +167,7 @@ def relative_position_bias(
 
 @dataclass
 class RelativeKeyScores:
-    """The second term of eq. 4 as a table for :func:`attend.attend`:
+    """The second term of eq. 4 as a table for :func:`attention.attend`:
     ``q_i . a^K_b`` per query and bucket, ``per_bucket`` ``[B, H, Tq, 2k+1]``, read at
     bucket ``clip(j - i, -k, k) + k``. Eagerly it becomes the ``[B, H, Tq, Tk]``
     bias of :func:`relative_position_bias`; in flex_attention ``score_mod`` reads
@@ -259,7 +259,7 @@ class _BandDotProducts(torch.autograd.Function):
 @dataclass
 class RelativeValues:
     """The second term of eq. 3, ``sum_j alpha_ij a^V_ij``, as a ``value_term`` of
-    :func:`attend.attend` (a :class:`position_tables.LseValueTerm`). Eagerly it sums the
+    :func:`attention.attend` (a :class:`position_tables.LseValueTerm`). Eagerly it sums the
     probabilities per bucket. On the flex path, where the probabilities are never
     formed, each unclipped bucket's one key is rescored (eq. 4 from ``q``,
     ``k`` and the key table's ``key_scores``) and normalised by flex's log-sum-exp;

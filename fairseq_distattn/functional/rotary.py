@@ -101,7 +101,7 @@ import torch
 from torch import Tensor
 
 from ..registry import FLOAT32_MAX, SpecError, finite_number, is_integer
-from .attend import attend
+from .attention import attend
 from .masking import check_attention_arguments, position_tensor, sequence_positions
 
 ROPE_BASE = 10000.0

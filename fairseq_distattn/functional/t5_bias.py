@@ -28,7 +28,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .attend import attend, logit_dtype
+from .attention import attend, logit_dtype
 from .masking import check_attention_arguments, check_tensor_argument
 from .position_tables import OffsetTable, check_position_arguments, offsets
 

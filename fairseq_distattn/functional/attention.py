@@ -18,10 +18,6 @@ Every attention op takes the same keyword-only arguments after its tensors:
 dropout on the probabilities that multiply the values; returned probabilities
 are undropped) and ``need_weights`` (False: the op returns ``(out, None)``,
 and a mechanism that is an additive bias on the logits runs fused).
-
-The package exports the function :func:`attend` under this module's name:
-``fairseq_distattn.functional.attend`` is the function, and the module is
-reached with ``from fairseq_distattn.functional.attend import ...``.
 """
 
 import functools
