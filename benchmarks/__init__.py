@@ -10,5 +10,7 @@
 - ``benchmarks/gpu/``: the shell scripts that run the above on a lent GPU machine.
 
 :mod:`benchmarks.common` holds what they share: paths, command-line checks and the
-machine description.
+machine description; :mod:`benchmarks.tiny_models` the tiny models the precision
+diagnostic measures (and the tests build theirs with). BLEU is scored by
+:mod:`fairseq_distattn.tools.translation_scoring`, as ``scripts/evaluate.py`` scores it.
 """

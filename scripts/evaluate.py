@@ -54,16 +54,19 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 SCRIPTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = SCRIPTS_DIR.parent
-# mt_eval and average_checkpoints are this file's neighbours: on sys.path when it runs as a
-# script, not when it is loaded from its path (the tests do)
-if str(SCRIPTS_DIR) not in sys.path:
-    sys.path.insert(0, str(SCRIPTS_DIR))
+# average_checkpoints is this file's neighbour: on sys.path when it runs as a script, not
+# when it is loaded from its path (the tests do). The checkout's fairseq_distattn comes
+# first: the one --user-dir names, also where the package is not installed (or is
+# installed from another checkout)
+for directory in (SCRIPTS_DIR, REPO_ROOT):
+    if str(directory) not in sys.path:
+        sys.path.insert(0, str(directory))
 
-import mt_eval  # noqa: E402
+from fairseq_distattn.tools import translation_scoring  # noqa: E402
 
 PROG = "evaluate"
 USER_DIR = REPO_ROOT / "fairseq_distattn"
@@ -159,9 +162,9 @@ def expected_count(setup: Setup, src: str, tgt: str, src_raw: Optional[Path]) ->
     """Number of test sentences: the raw source file, else the binarised data."""
     counts = {}
     if src_raw is not None:
-        counts[str(src_raw)] = len(mt_eval.read_text(src_raw))
+        counts[str(src_raw)] = len(translation_scoring.read_text(src_raw))
     if setup.data_bin is not None:
-        sizes = mt_eval.indexed_dataset_sizes(setup.data_bin / f"{setup.subset}.{src}-{tgt}.{src}.idx")
+        sizes = translation_scoring.indexed_dataset_sizes(setup.data_bin / f"{setup.subset}.{src}-{tgt}.{src}.idx")
         if sizes is not None:
             counts[str(setup.data_bin / f"{setup.subset}.{src}-{tgt}.{src}.idx")] = len(sizes)
     if len(set(counts.values())) > 1:
@@ -207,13 +210,10 @@ def warn_of_other_languages(setup: Setup, args, tgt: str) -> None:
         log(f"warning: the target language is {tgt}, but " + "; ".join(hints) + " (is --target-lang right?)")
 
 
-def score_generate_output(generate_file: Path, setup: Setup, args, out_dir: Path) -> Dict[str, object]:
-    src, tgt = setup.languages()
-    src_raw = setup.ref_file(getattr(args, "src_raw", None), "raw", src)
-    ref_raw = setup.ref_file(getattr(args, "ref_raw", None), "raw", tgt)
-    ref_tok = setup.ref_file(getattr(args, "ref_tok", None), "tok", tgt)
-
-    output = mt_eval.parse_generate_output(mt_eval.read_text(generate_file))
+def translated_test_set(generate_file: Path, setup: Setup, src: str, tgt: str, src_raw: Optional[Path]):
+    """(the fairseq-generate output, the number of test sentences), once every sentence
+    has a hypothesis: a missing one would silently lower BLEU."""
+    output = translation_scoring.parse_generate_output(translation_scoring.read_text(generate_file))
     n = expected_count(setup, src, tgt, src_raw)
     if n is None:
         n = len(output.sources)
@@ -221,31 +221,44 @@ def score_generate_output(generate_file: Path, setup: Setup, args, out_dir: Path
             f"warning: no raw source file or binarised data to count the {setup.subset} sentences; "
             f"checking against the {n} S- lines of the output"
         )
-    mt_eval.check_complete(output.hyps.keys(), n, setup.subset)
-    hyps = [output.hyps[i] for i in range(n)]
+    translation_scoring.check_complete(output.hyps.keys(), n, setup.subset)
+    return output, n
 
-    if setup.segmentation == "sentencepiece":
-        hyp_detok = hyps
-        hyp_tok = mt_eval.moses_tokenize(hyps, tgt)
-    else:
-        hyp_tok = hyps
-        hyp_detok = mt_eval.moses_detokenize(hyps, tgt)
 
+def hypotheses_both_ways(hyps: List[str], segmentation: str, tgt: str) -> Tuple[List[str], List[str]]:
+    """(Moses-tokenised, detokenised) hypotheses: with ``--remove-bpe`` a subword-nmt
+    model writes Moses-tokenised text, a sentencepiece model raw text."""
+    if segmentation == "sentencepiece":
+        return translation_scoring.moses_tokenize(hyps, tgt), hyps
+    return hyps, translation_scoring.moses_detokenize(hyps, tgt)
+
+
+def references_both_ways(
+    output: translation_scoring.GenerateOutput,
+    n: int,
+    setup: Setup,
+    tgt: str,
+    ref_tok: Optional[Path],
+    ref_raw: Optional[Path],
+):
+    """(Moses-tokenised references, raw references, notes): the reference files, else
+    the T- lines of the output (fairseq's binarised, so tokenised, target) brought to
+    the form needed, with a note saying so, as such scores are not the published ones."""
     notes = []
     if ref_tok is not None:
-        refs_tok = mt_eval.read_text(ref_tok)
+        refs_tok = translation_scoring.read_text(ref_tok)
     else:
-        mt_eval.check_complete(output.targets.keys(), n, setup.subset)
+        translation_scoring.check_complete(output.targets.keys(), n, setup.subset)
         refs_tok = [output.targets[i] for i in range(n)]
         if setup.segmentation == "sentencepiece":
-            refs_tok = mt_eval.moses_tokenize(refs_tok, tgt)
+            refs_tok = translation_scoring.moses_tokenize(refs_tok, tgt)
         notes.append("tokenised references taken from the T- lines of the fairseq-generate output")
     if ref_raw is not None:
-        refs_raw = mt_eval.read_text(ref_raw)
+        refs_raw = translation_scoring.read_text(ref_raw)
     else:
         refs_raw = [output.targets.get(i, "") for i in range(n)]
         if setup.segmentation != "sentencepiece":
-            refs_raw = mt_eval.moses_detokenize(refs_raw, tgt)
+            refs_raw = translation_scoring.moses_detokenize(refs_raw, tgt)
         notes.append(
             "no raw references: sacreBLEU is computed against detokenised T- lines "
             "(not comparable to published sacreBLEU scores)"
@@ -253,39 +266,68 @@ def score_generate_output(generate_file: Path, setup: Setup, args, out_dir: Path
     for name, refs in (("tokenised", refs_tok), ("raw", refs_raw)):
         if len(refs) != n:
             raise EvalError(f"{len(refs)} {name} references for {n} {setup.subset} sentences")
+    return refs_tok, refs_raw, notes
 
-    warn_of_other_languages(setup, args, tgt)
-    compound, compound_reason = compound_splitting(args.compound_split, tgt)
-    if compound_reason is not None:
-        log(f"warning: {compound_reason}")
-    tok_plain = mt_eval.tokenized_bleu(hyp_tok, refs_tok, compound_split=False)
-    tok_compound = mt_eval.tokenized_bleu(hyp_tok, refs_tok, compound_split=True) if compound else None
-    sacre, signature = mt_eval.detok_bleu(hyp_detok, refs_raw)
-    tok_signature = mt_eval.tokenized_bleu_signature()
-    tok_metric = f"multi-bleu.perl style on the Moses-tokenised text: sacreBLEU {tok_signature}"
-    metrics = {
-        "tokenized_bleu_compound_split": (
-            f"tokenised BLEU with compound splitting (a-b -> a ##AT##-##AT## b, t2t get_ende_bleu.sh), {tok_metric}"
-            if compound
-            else None
-        ),
-        "tokenized_bleu": f"tokenised BLEU without compound splitting, {tok_metric}",
-        "sacrebleu": signature,
-    }
+
+# a NamedTuple, not a dataclass: the tests load this file without registering it in
+# sys.modules, which a dataclass with string annotations needs
+class BleuScores(NamedTuple):
+    """The scores of a test set (sacrebleu BLEUScores) and the metric each one is."""
+
+    tokenized: object
+    tokenized_compound_split: Optional[object]  # None where compound splitting is not applied
+    sacrebleu: object
+    sacrebleu_signature: str
+    tokenized_metric: str  # how tokenised BLEU is computed, with sacreBLEU's signature of it
+
+    def metrics(self) -> Dict[str, Optional[str]]:
+        """What each score of bleu.json is (None for a score not computed)."""
+        return {
+            "tokenized_bleu_compound_split": (
+                "tokenised BLEU with compound splitting (a-b -> a ##AT##-##AT## b, t2t get_ende_bleu.sh), "
+                f"{self.tokenized_metric}"
+                if self.tokenized_compound_split is not None
+                else None
+            ),
+            "tokenized_bleu": f"tokenised BLEU without compound splitting, {self.tokenized_metric}",
+            "sacrebleu": self.sacrebleu_signature,
+        }
+
+
+def bleu_scores(hyp_tok, hyp_detok, refs_tok, refs_raw, compound: bool) -> BleuScores:
+    tokenized = translation_scoring.tokenized_bleu(hyp_tok, refs_tok, compound_split=False)
+    compound_split = translation_scoring.tokenized_bleu(hyp_tok, refs_tok, compound_split=True) if compound else None
+    sacrebleu, sacrebleu_signature = translation_scoring.detok_bleu(hyp_detok, refs_raw)
+    signature = translation_scoring.tokenized_bleu_signature()
+    return BleuScores(
+        tokenized=tokenized,
+        tokenized_compound_split=compound_split,
+        sacrebleu=sacrebleu,
+        sacrebleu_signature=sacrebleu_signature,
+        tokenized_metric=f"multi-bleu.perl style on the Moses-tokenised text: sacreBLEU {signature}",
+    )
+
+
+def moses_description(segmentation: str, tgt: str, ref_tok: Optional[Path], ref_raw: Optional[Path]) -> str:
+    """What sacremoses did to which text, and with which language's rules: the
+    language changes the (de)tokenisation, so a wrong target language changes BLEU."""
     moses_uses = []
-    if setup.segmentation == "sentencepiece":
+    if segmentation == "sentencepiece":
         moses_uses.append("Moses-tokenised the hypotheses for tokenised BLEU")
     else:
         moses_uses.append("detokenised the hypotheses for sacreBLEU")
-    if ref_tok is None and setup.segmentation == "sentencepiece":
+    if ref_tok is None and segmentation == "sentencepiece":
         moses_uses.append("tokenised the T- references")
-    if ref_raw is None and setup.segmentation != "sentencepiece":
+    if ref_raw is None and segmentation != "sentencepiece":
         moses_uses.append("detokenised the T- references")
-    moses = (
+    return (
         f"sacremoses lang={tgt} {' and '.join(moses_uses)}; the language picks Moses' nonbreaking "
         "prefixes and its apostrophe and punctuation rules"
     )
 
+
+def write_scored_texts(out_dir: Path, tgt: str, hyp_tok, hyp_detok, refs_tok, compound: bool) -> None:
+    """The texts the scores were computed on, to check a score by hand."""
     out_dir.mkdir(parents=True, exist_ok=True)
 
     def dump(name: str, lines: Sequence[str]) -> None:
@@ -294,8 +336,48 @@ def score_generate_output(generate_file: Path, setup: Setup, args, out_dir: Path
     dump(f"hyp.tok.{tgt}", hyp_tok)
     dump(f"hyp.detok.{tgt}", hyp_detok)
     if compound:
-        dump(f"hyp.tok.compound.{tgt}", [mt_eval.split_compounds(h) for h in hyp_tok])
-        dump(f"ref.tok.compound.{tgt}", [mt_eval.split_compounds(r) for r in refs_tok])
+        dump(f"hyp.tok.compound.{tgt}", [translation_scoring.split_compounds(h) for h in hyp_tok])
+        dump(f"ref.tok.compound.{tgt}", [translation_scoring.split_compounds(r) for r in refs_tok])
+
+
+def print_scores(result: Dict[str, object], scores: BleuScores, out_dir: Path) -> None:
+    n, target, signature = result["sentences"], result["target_lang"], scores.sacrebleu_signature
+    name = result["test_set"] or result["subset"]
+    print(f"{PROG}: scored {n}/{n} sentences of {name} ({result['pair']}); outputs in {out_dir}")
+    print(f"target language: {target} ({result['moses']})")
+    tokenised = (
+        "tokenised BLEU with compound splitting (the papers' En-De metric) and without"
+        if scores.tokenized_compound_split is not None
+        else "tokenised BLEU without compound splitting"
+    )
+    print(f"metrics: {tokenised} ({scores.tokenized_metric}); detokenised sacreBLEU {signature}")
+    if scores.tokenized_compound_split is not None:
+        compound = translation_scoring.format_bleu(scores.tokenized_compound_split)
+        print(f"tokenized BLEU, compound splitting (papers' En-De metric) = {compound}")
+    print(f"tokenized BLEU = {translation_scoring.format_bleu(scores.tokenized)}")
+    print(f"sacreBLEU (detokenized) = {scores.sacrebleu.score:.2f}  signature: {signature}")
+    for note in result["notes"]:
+        print(f"note: {note}")
+
+
+def score_generate_output(generate_file: Path, setup: Setup, args, out_dir: Path) -> Dict[str, object]:
+    """Score a fairseq-generate output: writes the texts scored and bleu.json into
+    ``out_dir``, prints the scores; returns bleu.json's contents."""
+    src, tgt = setup.languages()
+    src_raw = setup.ref_file(getattr(args, "src_raw", None), "raw", src)
+    ref_raw = setup.ref_file(getattr(args, "ref_raw", None), "raw", tgt)
+    ref_tok = setup.ref_file(getattr(args, "ref_tok", None), "tok", tgt)
+
+    output, n = translated_test_set(generate_file, setup, src, tgt, src_raw)
+    hyp_tok, hyp_detok = hypotheses_both_ways([output.hyps[i] for i in range(n)], setup.segmentation, tgt)
+    refs_tok, refs_raw, notes = references_both_ways(output, n, setup, tgt, ref_tok, ref_raw)
+
+    warn_of_other_languages(setup, args, tgt)
+    compound, compound_reason = compound_splitting(args.compound_split, tgt)
+    if compound_reason is not None:
+        log(f"warning: {compound_reason}")
+    scores = bleu_scores(hyp_tok, hyp_detok, refs_tok, refs_raw, compound)
+    write_scored_texts(out_dir, tgt, hyp_tok, hyp_detok, refs_tok, compound)
 
     result = {
         "subset": setup.subset,
@@ -303,39 +385,26 @@ def score_generate_output(generate_file: Path, setup: Setup, args, out_dir: Path
         "pair": f"{src}-{tgt}",
         "source_lang": src,
         "target_lang": tgt,
-        "moses": moses,
+        "moses": moses_description(setup.segmentation, tgt, ref_tok, ref_raw),
         "compound_split": {
             "requested": args.compound_split,
             "applied": compound,
             "reason": compound_reason,
         },
-        "metrics": metrics,
+        "metrics": scores.metrics(),
         "sentences": n,
         "hypotheses": len(output.hyps),
-        "tokenized_bleu_compound_split": round(tok_compound.score, 2) if tok_compound else None,
-        "tokenized_bleu": round(tok_plain.score, 2),
-        "sacrebleu": round(sacre.score, 2),
-        "sacrebleu_signature": signature,
+        "tokenized_bleu_compound_split": (
+            round(scores.tokenized_compound_split.score, 2) if scores.tokenized_compound_split else None
+        ),
+        "tokenized_bleu": round(scores.tokenized.score, 2),
+        "sacrebleu": round(scores.sacrebleu.score, 2),
+        "sacrebleu_signature": scores.sacrebleu_signature,
         "generate_output": str(generate_file),
         "notes": notes,
     }
     (out_dir / "bleu.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-
-    name = result["test_set"] or setup.subset
-    print(f"{PROG}: scored {n}/{n} sentences of {name} ({src}-{tgt}); outputs in {out_dir}")
-    print(f"target language: {tgt} ({moses})")
-    tokenised = (
-        "tokenised BLEU with compound splitting (the papers' En-De metric) and without"
-        if compound
-        else "tokenised BLEU without compound splitting"
-    )
-    print(f"metrics: {tokenised} ({tok_metric}); detokenised sacreBLEU {signature}")
-    if tok_compound is not None:
-        print(f"tokenized BLEU, compound splitting (papers' En-De metric) = {mt_eval.format_bleu(tok_compound)}")
-    print(f"tokenized BLEU = {mt_eval.format_bleu(tok_plain)}")
-    print(f"sacreBLEU (detokenized) = {sacre.score:.2f}  signature: {signature}")
-    for note in notes:
-        print(f"note: {note}")
+    print_scores(result, scores, out_dir)
     return result
 
 
@@ -345,8 +414,6 @@ def score_generate_output(generate_file: Path, setup: Setup, args, out_dir: Path
 def load_checkpoint_state(path: Path):
     """A checkpoint's contents, loaded as fairseq_distattn.check loads them (weights-only,
     with the plugin's allow-list of fairseq's config classes; tensors memory-mapped)."""
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))  # fairseq_distattn, also where it is not installed
     from fairseq_distattn.patches.checkpoint_guards import read_checkpoint
     from fairseq_distattn.tools.check import failure_reason
 
@@ -597,7 +664,7 @@ def cmd_lm(args, passthrough: List[str]) -> int:
     if not m_count or not m_ppl:
         raise EvalError(f"could not find the perplexity in the fairseq-eval-lm log {log_file}")
     count = int(m_count.group(1).replace(",", ""))
-    sizes = mt_eval.indexed_dataset_sizes(setup.data_bin / f"{setup.subset}.idx")
+    sizes = translation_scoring.indexed_dataset_sizes(setup.data_bin / f"{setup.subset}.idx")
     expected = sum(sizes) if sizes is not None else None
     if expected is not None and count != expected:
         raise EvalError(
@@ -721,7 +788,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(own)
     try:
         return args.func(args, passthrough)
-    except mt_eval.IncompleteOutput as error:
+    except translation_scoring.IncompleteOutput as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 3
     except UsageError as error:

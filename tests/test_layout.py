@@ -6,7 +6,7 @@ only from its own floor or below, never from the repository around it.
     2  spec, trained_configuration (configuration from flags and checkpoints)
     3  modules/ (the fairseq layers), patches/ (the changes to fairseq and torch)
     4  models/ (registered models and architectures, flags)
-    5  tools/ (check, inspection, docs)
+    5  tools/ (check, inspection, docs, translation scoring)
     6  entry points: the package's import hook, ``python -m`` forwarders
 """
 

@@ -22,6 +22,7 @@ import functools
 import gzip
 import hashlib
 import http.server
+import importlib.util
 import io
 import json
 import math
@@ -39,7 +40,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import pytest
 
-from scripts import mt_eval
+from fairseq_distattn.tools import translation_scoring
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO_ROOT / "scripts"
@@ -479,7 +480,7 @@ def test_prepare_wmt14en2de_end_to_end(ende, wmt_raw):
     assert (data_bin / "dict.en.txt").read_bytes() == (data_bin / "dict.de.txt").read_bytes()
     for split, n in (("train", len(clean_en)), ("valid", N_DEV), ("test", N_TEST_FULL)):
         for lang in ("en", "de"):
-            sizes = mt_eval.indexed_dataset_sizes(data_bin / f"{split}.en-de.{lang}.idx")
+            sizes = translation_scoring.indexed_dataset_sizes(data_bin / f"{split}.en-de.{lang}.idx")
             assert sizes is not None and len(sizes) == n, (split, lang)
     prep = json.loads((out / "prep.json").read_text())
     assert prep["source_lang"] == "en" and prep["target_lang"] == "de"
@@ -625,7 +626,7 @@ def test_prepare_wmt14en2fr_sentencepiece_filtered_test_set(wmt_raw, pipeline_ro
     assert (out / "ref" / "test.tok.fr").is_file()
     data_bin = out / "data-bin"
     assert (data_bin / "dict.en.txt").read_bytes() == (data_bin / "dict.fr.txt").read_bytes()
-    assert len(mt_eval.indexed_dataset_sizes(data_bin / "test.en-fr.fr.idx")) == N_TEST_FILTERED
+    assert len(translation_scoring.indexed_dataset_sizes(data_bin / "test.en-fr.fr.idx")) == N_TEST_FILTERED
     prep = json.loads((out / "prep.json").read_text())
     assert prep["segmentation"] == "sentencepiece" and prep["target_lang"] == "fr"
     assert prep["test_set"] == "newstest2014-filtered"
@@ -683,7 +684,7 @@ def test_prepare_lm1b_downloads_verifies_and_binarises(lm1b, lm1b_raw):
     assert read_lines(out / "text" / "test.txt") == lm1b_raw["test"]  # held-out shard 00000
     assert read_lines(out / "text" / "valid.txt") == lm1b_raw["valid"]  # held-out shard 00001
     data_bin = out / "data-bin"
-    sizes = mt_eval.indexed_dataset_sizes(data_bin / "test.idx")
+    sizes = translation_scoring.indexed_dataset_sizes(data_bin / "test.idx")
     assert sizes == [len(line.split()) + 1 for line in lm1b_raw["test"]]  # tokens as is, + </s>
     # --only-source with the full vocabulary: every training word type is in the dictionary
     vocab = {
@@ -742,7 +743,7 @@ COMPOUND_CASES = {
 
 def test_compound_splitting_is_the_t2t_rule():
     for line, expected in COMPOUND_CASES.items():
-        assert mt_eval.split_compounds(line) == expected, line
+        assert translation_scoring.split_compounds(line) == expected, line
     perl = shutil.which("perl")
     if perl:  # the rule of t2t's get_ende_bleu.sh, run by Perl itself
         lines = list(COMPOUND_CASES)
@@ -753,7 +754,7 @@ def test_compound_splitting_is_the_t2t_rule():
             text=True,
             check=True,
         )
-        assert proc.stdout.splitlines() == [mt_eval.split_compounds(line) for line in lines]
+        assert proc.stdout.splitlines() == [translation_scoring.split_compounds(line) for line in lines]
 
 
 def fixed_translation_case(tmp: Path):
@@ -833,7 +834,7 @@ def test_bleu_tooling_agrees_with_sacrebleu_and_multi_bleu(tmp_path):
     assert result["sentences"] == 24
 
     hyps, refs = case["hyps_tok"], case["refs_tok"]
-    split = mt_eval.split_compounds
+    split = translation_scoring.split_compounds
     # tokenised BLEU, with and without compound splitting: sacreBLEU tokenize='none'
     # and an independent multi-bleu.perl
     plain = sacrebleu.corpus_bleu(hyps, [refs], tokenize="none", smooth_method="none", force=True).score
@@ -863,7 +864,7 @@ def test_bleu_tooling_agrees_with_sacrebleu_and_multi_bleu(tmp_path):
     assert "compound splitting" in proc.stdout
 
     # the same through the library, and no compound splitting for --compound-split no
-    assert mt_eval.tokenized_bleu(hyps, refs, compound_split=True).score == pytest.approx(compound)
+    assert translation_scoring.tokenized_bleu(hyps, refs, compound_split=True).score == pytest.approx(compound)
     proc = run_python(
         [
             SCRIPTS / "evaluate.py",
@@ -936,17 +937,27 @@ def test_evaluate_fails_loudly_on_a_dropped_sentence(tmp_path):
     assert "missing 1 sentence id(s): 7" in proc.stderr
     assert "--required-batch-size-multiple 1" in proc.stderr
     assert not (tmp_path / "scores" / "bleu.json").exists()
-    with pytest.raises(mt_eval.IncompleteOutput):
-        mt_eval.check_complete([0, 1, 3], 4)
-    mt_eval.check_complete([2, 0, 1, 3], 4)
+    with pytest.raises(translation_scoring.IncompleteOutput):
+        translation_scoring.check_complete([0, 1, 3], 4)
+    translation_scoring.check_complete([2, 0, 1, 3], 4)
 
 
 # --------------------------------------------------------------------------- checkpoints
 
 
-def test_last_checkpoints_are_chosen_by_number(tmp_path):
-    from scripts import average_checkpoints
+def average_checkpoints_module():
+    """scripts/average_checkpoints.py as a module: a command-line entry point, loaded from
+    its path (scripts/ is no package)."""
+    spec = importlib.util.spec_from_file_location(
+        "distattn_average_checkpoints_script", SCRIPTS / "average_checkpoints.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
+
+def test_last_checkpoints_are_chosen_by_number(tmp_path):
+    average_checkpoints = average_checkpoints_module()
     for name in (
         "checkpoint1.pt",
         "checkpoint2.pt",
@@ -1180,6 +1191,6 @@ def test_language_model_perplexity_on_lm1b(lm1b, tmp_path):
     )
     assert proc.returncode == 0, show(proc)
     result = json.loads((eval_dir / "perplexity.json").read_text())
-    assert result["tokens"] == sum(mt_eval.indexed_dataset_sizes(out / "data-bin" / "test.idx"))
+    assert result["tokens"] == sum(translation_scoring.indexed_dataset_sizes(out / "data-bin" / "test.idx"))
     assert 1 < result["perplexity"] < 1e6
     assert result["settings"]["sample_break_mode"] == "eos" and result["settings"]["softmax_batch"] == 1024

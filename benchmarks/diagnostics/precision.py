@@ -100,7 +100,7 @@ def op_errors(dtype: torch.dtype, scale: float, draws: int = OP_DRAWS) -> Dict[s
 def model_errors(dtype: torch.dtype, seed: int = 0) -> Dict[str, float]:
     """Whole tiny translation model (perturbed weights, rounded to ``dtype``) run in ``dtype`` vs the
     same weights in float64: relative error of the logits. ``seed`` draws the weights."""
-    from tests.model_helpers import TINY, everywhere, left_pad, random_tokens, right_pad, translation_model
+    from ..tiny_models import TINY, everywhere, left_pad, random_tokens, right_pad, translation_model
 
     errors = {}
     for name in op_names():

@@ -22,8 +22,8 @@ import statistics
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from fairseq_distattn.tools import translation_scoring
 from fairseq_distattn.tools.generated_blocks import update_pages
-from scripts import mt_eval
 
 from ..common import (
     REPO_ROOT,
@@ -72,7 +72,7 @@ def build_test_set(prep: Path, data_bin: Path, factor: int, work: Path, env: Dic
     directory.mkdir(parents=True, exist_ok=True)
     for kind in ("bpe", "tok", "raw"):
         for lang in ("en", "de"):
-            lines = mt_eval.read_text(prep / f"test.{kind}.{lang}")
+            lines = translation_scoring.read_text(prep / f"test.{kind}.{lang}")
             (directory / f"test.{kind}.{lang}").write_text(
                 "".join(line + "\n" for line in concatenated(lines, factor)), encoding="utf-8"
             )
@@ -135,15 +135,15 @@ def evaluate(model: Path, test_set: Path, out_dir: Path, env: Dict[str, str]) ->
         stdout_path=generated,
     )
     scores = score_translation(generated, test_set / "test", out_dir, log_path, env)
-    sources = mt_eval.read_text(test_set / "test.bpe.en")
-    hyps_tok = mt_eval.read_text(out_dir / "hyp.tok.de")
-    refs_tok = mt_eval.read_text(test_set / "test.tok.de")
+    sources = translation_scoring.read_text(test_set / "test.bpe.en")
+    hyps_tok = translation_scoring.read_text(out_dir / "hyp.tok.de")
+    refs_tok = translation_scoring.read_text(test_set / "test.tok.de")
     groups: Dict[str, List[int]] = {}
     for index, source in enumerate(sources):
         groups.setdefault(bucket_of(len(source.split())), []).append(index)
     per_bucket = {}
     for bucket, indices in sorted(groups.items(), key=lambda item: BUCKET_LABELS.index(item[0])):
-        score = mt_eval.tokenized_bleu(
+        score = translation_scoring.tokenized_bleu(
             [hyps_tok[i] for i in indices], [refs_tok[i] for i in indices], compound_split=True
         )
         per_bucket[bucket] = {
@@ -270,8 +270,6 @@ def report(out: Path, quality_runs: Optional[Path] = None) -> str:
 
 def pooled_bucket_bleu(records: Sequence[Dict]) -> Dict[str, float]:
     """BLEU per source-length bucket over all of one run's factors (statistics summed, then BLEU)."""
-    from sacrebleu.metrics import BLEU
-
     pooled: Dict[str, Dict[str, object]] = {}
     for record in records:
         for bucket, entry in record["per_source_length"].items():
@@ -286,8 +284,8 @@ def pooled_bucket_bleu(records: Sequence[Dict]) -> Dict[str, float]:
             for key in ("hypothesis_length", "reference_length"):
                 total[key] += stats[key]
     return {
-        bucket: BLEU.compute_bleu(
-            t["correct"], t["total"], t["hypothesis_length"], t["reference_length"], smooth_method="none"
+        bucket: translation_scoring.tokenized_bleu_from_statistics(
+            t["correct"], t["total"], t["hypothesis_length"], t["reference_length"]
         ).score
         for bucket, t in pooled.items()
     }

@@ -674,13 +674,8 @@ def cmd_count_lines(args) -> None:
 # --------------------------------------------------------------------------- CLI
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    default_workers = max(1, os.cpu_count() or 1)
-
+def add_archive_commands(sub) -> None:
+    """Fetching the upstream archives, checking them against their checksums, unpacking them."""
     p = sub.add_parser("download")
     p.add_argument("url")
     p.add_argument("dest")
@@ -705,6 +700,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--glob", action="append", default=[])
     p.set_defaults(func=cmd_extract)
 
+
+def add_text_extraction_commands(sub) -> None:
+    """One plain-text file from the archives' members (WMT SGML, corpora in parts, parallel pairs)."""
     p = sub.add_parser("sgm2txt")
     p.add_argument("input")
     p.add_argument("output")
@@ -721,6 +719,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tgt-out", required=True)
     p.set_defaults(func=cmd_concat_parallel)
 
+
+def add_line_processing_commands(sub, default_workers: int) -> None:
+    """The Moses and subword-nmt steps: line by line, so split over ``--workers`` processes."""
     p = sub.add_parser("normalise")
     p.add_argument("--lang", required=True)
     p.add_argument("--punct", action="store_true", help="normalize-punctuation.perl")
@@ -743,6 +744,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="+", metavar="INPUT OUTPUT")
     p.set_defaults(func=cmd_apply_bpe)
 
+
+def add_training_corpus_commands(sub, default_workers: int) -> None:
+    """Filtering the parallel training corpus, and the sentencepiece model learnt on it and applied."""
     p = sub.add_parser("clean")
     p.add_argument("--ratio", type=float, default=9.0)
     p.add_argument("--max-word-length", type=int, default=1000)
@@ -772,6 +776,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("input")
     p.add_argument("output")
     p.set_defaults(func=cmd_spm_encode)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    # in the order of the module's docstring, which --help lists them in too
+    add_archive_commands(sub)
+    add_text_extraction_commands(sub)
+    default_workers = max(1, os.cpu_count() or 1)
+    add_line_processing_commands(sub, default_workers)
+    add_training_corpus_commands(sub, default_workers)
 
     p = sub.add_parser("count-lines")
     p.add_argument("files", nargs="+")

@@ -1,5 +1,9 @@
-"""BLEU and output checks of scripts/evaluate.py, shared with the benchmarks and the tests
-(``from scripts import mt_eval`` from the repository root).
+"""Scoring translations as the papers do: BLEU, and what it needs around it (reading a
+fairseq-generate output and checking it translated every test sentence, the test
+set's size from the binarised data, Moses (de)tokenisation). ``scripts/evaluate.py``
+scores with it, and so do the benchmarks and the tests
+(``from fairseq_distattn.tools import translation_scoring``). sacreBLEU and sacremoses
+are imported only by the functions that use them.
 
 Two scores are computed for a translation test set:
 
@@ -44,10 +48,22 @@ def tokenized_bleu(hyps: Sequence[str], refs: Sequence[str], compound_split: boo
     return _tokenized_bleu_metric().corpus_score(list(hyps), [list(refs)])
 
 
+# multi-bleu.perl smooths nothing: a hypothesis set with no matching 4-gram scores 0
+TOKENIZED_SMOOTHING = "none"
+
+
 def _tokenized_bleu_metric():
     from sacrebleu.metrics import BLEU
 
-    return BLEU(tokenize="none", smooth_method="none", force=True)
+    return BLEU(tokenize="none", smooth_method=TOKENIZED_SMOOTHING, force=True)
+
+
+def tokenized_bleu_from_statistics(correct: Sequence[int], total: Sequence[int], hyp_len: int, ref_len: int):
+    """:func:`tokenized_bleu` from its sufficient statistics (n-gram matches and counts,
+    lengths), e.g. summed over several scorings to pool them: a sacrebleu BLEUScore."""
+    from sacrebleu.metrics import BLEU
+
+    return BLEU.compute_bleu(list(correct), list(total), hyp_len, ref_len, smooth_method=TOKENIZED_SMOOTHING)
 
 
 def tokenized_bleu_signature() -> str:
