@@ -21,7 +21,8 @@ import fairseq_distattn.mechanisms  # noqa: F401 (discovers the registry)
 from benchmarks.speed import configs as C
 from benchmarks.speed.configs import LM_FLOORS, LM_PRESETS, MT_FLOORS, MT_PRESETS, mt_mechanism_configs
 from benchmarks.speed.floor import TRANSLATION_WINDOW_FLOOR, WINDOW_FLOOR_LAYERS, WINDOW_SEGMENT_SIZE
-from benchmarks.speed.report import TRAIN_TARGETS, md_table
+from benchmarks.speed.report import md_table
+from benchmarks.speed.targets import TRAIN_TARGETS
 from benchmarks.speed.timing import Summary, fit_exponent, run_paired
 from fairseq_distattn.registry import registered
 
@@ -146,7 +147,7 @@ def test_report_all_rebuilds_every_output_from_results_json_alone(quick_run, tmp
     [((128, 256, 512, 1024, 2048), 2048), ((128, 256, 512, 1024), 512), ((16, 32, 64), 64), (("512", "2048"), 2048)],
 )
 def test_the_memory_target_is_read_at_2048_tokens_where_measured_else_512(lengths, expected):
-    from benchmarks.speed.report import memory_target_length
+    from benchmarks.speed.targets import memory_target_length
 
     assert memory_target_length(lengths) == expected
 
@@ -465,13 +466,8 @@ def test_report_computes_the_floor_ratios_per_round():
     """preset / floor is, per round, the preset's ratio to vanilla over the floor's (both paired
     with vanilla in the same round); the window preset's targets become >= 0.97 of its floor,
     the LM preset's stay relative to vanilla; the summary shows both ratios and the floors' rows."""
-    from benchmarks.speed.report import (
-        FLOOR_TARGET,
-        evaluate_targets,
-        floor_comparisons,
-        floors_section,
-        render_summary,
-    )
+    from benchmarks.speed.report import floors_section, render_summary
+    from benchmarks.speed.targets import FLOOR_TARGET, evaluate_targets, floor_comparisons
 
     results = _hand_made_results()
     comparisons = {(c.section, c.preset): c for c in floor_comparisons(results)}
@@ -527,7 +523,8 @@ def test_report_computes_the_floor_ratios_per_round():
 def test_the_summary_shows_the_memory_pass_time_beside_the_memory_target():
     """On an H100 window-preset passed the memory target while its recomputed pass took 137x
     vanilla's time; the README's table must show that time, at the target's length."""
-    from benchmarks.speed.report import evaluate_targets, render_summary
+    from benchmarks.speed.report import render_summary
+    from benchmarks.speed.targets import evaluate_targets
 
     def memory_row(kind, peaks, seconds):
         row = {"kind": kind, "task": "translation", "peak_bytes": peaks, "pass_seconds": seconds}
@@ -547,7 +544,8 @@ def test_the_summary_shows_the_memory_pass_time_beside_the_memory_target():
 
 def test_report_without_the_floor_keeps_the_vanilla_targets():
     """A run without window-floor (or an older results.json) is judged as before."""
-    from benchmarks.speed.report import evaluate_targets, floor_comparisons, render_summary
+    from benchmarks.speed.report import render_summary
+    from benchmarks.speed.targets import evaluate_targets, floor_comparisons
 
     results = _hand_made_results(with_floor=False)
     targets = {(t.section, t.candidate): t for t in evaluate_targets(results)}

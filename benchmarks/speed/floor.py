@@ -57,7 +57,7 @@ beam search only (the harness does not train it).
 A floor's ratio to vanilla is what the paper's window costs when written as
 plainly as fairseq's own attention (one op per operation of the equations, no
 fused kernels); the preset's ratio to its floor is the plugin's own overhead
-(or gain). The harness reports both (report.py).
+(or gain). The harness reports both (targets.py, report.py).
 """
 
 from __future__ import annotations

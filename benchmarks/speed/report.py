@@ -1,215 +1,34 @@
-"""Targets, markdown report and results.json.
-
-The harness reports targets; it never asserts timing. Each target row shows
-the measured median ratio (with min and max over the interleaved rounds) next
-to the threshold and PASS or MISS (judged on the median).
+"""The speed run's reports, from its measurements: ``results.md``, ``results.json``,
+``benchmark.png``, ``profiles.md`` and ``summary.md``; ``python -m benchmarks.speed.report``
+rebuilds them from a ``results.json``. What each target is, and whether it passed, is
+:mod:`.targets`'s; this module lays the rows out.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from fairseq_distattn.tools.generated_blocks import update_pages
+
+from ..common import REPO_ROOT
 from .memory import TIMED_PASSES
+from .plot import write_plot
+from .targets import (
+    FLOOR_TARGET,
+    FLOOR_TARGETED,
+    OP_EXPONENT_TARGET,
+    PASS,
+    FloorComparison,
+    TargetRow,
+    evaluate_targets,
+    floor_comparisons,
+    memory_target_length,
+)
 from .timing import Summary
-
-# Minimum tokens/s ratio to vanilla of each trained candidate: the presets by key; every
-# registered mechanism (a model with it in every layer that accepts it) by what it is: one
-# that only transforms queries and keys before vanilla's own fused call (fused_without_bias)
-# costs a few elementwise passes, a bias on the logits (its fused path keeps only that bias)
-# no more than one addition, anything else builds per-query tensors of its own.
-PRESET_TRAIN_TARGETS = [
-    ("rpr-preset", 0.95),
-    ("da-preset", 0.95),
-    ("window-preset", 0.92),
-    ("rope-preset", 0.97),
-    ("lm-rpr-preset", 0.95),
-    ("lm-da-preset", 0.95),
-    ("lm-window-preset", 0.92),
-    ("lm-rope-preset", 0.97),
-    ("lm-xpos-preset", 0.97),
-]
-WITHOUT_BIAS_TRAIN_TARGET = 0.97
-BIAS_TRAIN_TARGET = 0.95
-MECHANISM_TRAIN_TARGET = 0.90
-
-
-def mechanism_train_target(info) -> float:
-    if info.fused_without_bias:
-        return WITHOUT_BIAS_TRAIN_TARGET
-    return BIAS_TRAIN_TARGET if info.small_fused_bias else MECHANISM_TRAIN_TARGET
-
-
-def mechanism_train_targets():
-    import fairseq_distattn.mechanisms  # noqa: F401 (discovers the registry)
-    from fairseq_distattn.registry import registered
-
-    return [(info.name, mechanism_train_target(info)) for info in registered()]
-
-
-TRAIN_TARGETS = [*PRESET_TRAIN_TARGETS, *mechanism_train_targets()]
-GENERATION_TARGET = 0.92  # every preset, sentences/s ratio
-# Presets whose training and generation targets are relative to their cost
-# floor (benchmarks/speed/floor.py) when the floor ran in the same run: preset / floor
-# >= FLOOR_TARGET in tokens/s and sentences/s. Without the floor their targets
-# above (ratio to vanilla) apply.
-FLOOR_TARGETED = ("window-preset",)
-FLOOR_TARGET = 0.97
-MEMORY_TARGET = 1.10  # every preset, peak-memory ratio at memory_target_length()
-# presets whose mechanisms only rotate queries and keys: vanilla's attention, and no more memory than that
-MEMORY_TARGETS = {"rope-preset": 1.05, "lm-rope-preset": 1.05, "lm-xpos-preset": 1.05}
-# the longest of these that a run measured: 2048 at --scale paper (a GPU), 512 on CPU scales
-MEMORY_TARGET_LENGTHS = (2048, 512)
-OP_EXPONENT_TARGET = 2.05  # every op, fitted exponent of cost vs length
-
-PASS, MISS = "PASS", "MISS"
-
-
-@dataclass
-class TargetRow:
-    section: str
-    candidate: str
-    metric: str
-    comparison: str  # ">=" or "<="
-    threshold: float
-    median: float
-    low: Optional[float]
-    high: Optional[float]
-    reference: str = "vanilla"  # what the ratio is relative to: vanilla fairseq, or a floor's key
-
-    @property
-    def status(self) -> str:
-        if self.median is None or math.isnan(self.median):
-            return MISS
-        ok = self.median >= self.threshold if self.comparison == ">=" else self.median <= self.threshold
-        return PASS if ok else MISS
-
-    def as_dict(self) -> dict:
-        return {
-            "section": self.section,
-            "candidate": self.candidate,
-            "metric": self.metric,
-            "target": f"{self.comparison} {self.threshold:g}",
-            "threshold": self.threshold,
-            "comparison": self.comparison,
-            "median": self.median,
-            "min": self.low,
-            "max": self.high,
-            "status": self.status,
-            "reference": self.reference,
-        }
-
-
-@dataclass
-class FloorComparison:
-    """A preset next to its cost floor in one section (train or generate), both
-    paired with vanilla in the same rounds: per round, preset / floor is the
-    ratio of their ratios to vanilla (each against the vanilla samples around it)."""
-
-    section: str
-    task: str
-    preset: str
-    floor: str
-    preset_vs_floor: Summary
-    floor_vs_vanilla: Summary
-    preset_vs_vanilla: Summary
-
-    def as_dict(self) -> dict:
-        return {
-            "section": self.section,
-            "task": self.task,
-            "preset": self.preset,
-            "floor": self.floor,
-            "preset_vs_floor": self.preset_vs_floor.as_dict(),
-            "floor_vs_vanilla": self.floor_vs_vanilla.as_dict(),
-            "preset_vs_vanilla": self.preset_vs_vanilla.as_dict(),
-        }
-
-
-def floor_comparisons(results: dict) -> List[FloorComparison]:
-    """Every floor measured in the same comparison as its preset (results' ``floor_of``), training and generation."""
-    out: List[FloorComparison] = []
-    for section in ("train", "generate"):
-        for task, rows in results.get(section, {}).items():
-            for key, r in rows.items():
-                preset = rows.get(r.get("floor_of") or "")
-                if r.get("kind") != "floor" or not preset or not r.get("ratios") or not preset.get("ratios"):
-                    continue
-                per_round = [p / f for p, f in zip(preset["ratios"], r["ratios"])]
-                out.append(
-                    FloorComparison(
-                        section,
-                        task,
-                        r["floor_of"],
-                        key,
-                        Summary.of(per_round),
-                        Summary.of(r["ratios"]),
-                        Summary.of(preset["ratios"]),
-                    )
-                )
-    return out
-
-
-def memory_target_length(lengths: Sequence[int]) -> int:
-    """2048 when measured (paper scale), else 512, else the longest measured length (quick runs)."""
-    lengths = [int(n) for n in lengths]
-    return next((n for n in MEMORY_TARGET_LENGTHS if n in lengths), max(lengths))
-
-
-def evaluate_targets(results: dict) -> List[TargetRow]:
-    rows: List[TargetRow] = []
-    floors = {(c.section, c.preset): c for c in floor_comparisons(results) if c.preset in FLOOR_TARGETED}
-
-    def ratio_row(section: str, key: str, metric: str, threshold: float, ratio: dict) -> TargetRow:
-        floor = floors.get((section, key))
-        if floor is not None:
-            s = floor.preset_vs_floor
-            return TargetRow(
-                section,
-                key,
-                f"{metric} to {floor.floor}",
-                ">=",
-                FLOOR_TARGET,
-                s.median,
-                s.low,
-                s.high,
-                reference=floor.floor,
-            )
-        return TargetRow(section, key, metric, ">=", threshold, ratio["median"], ratio["min"], ratio["max"])
-
-    train = {**results.get("train", {}).get("translation", {}), **results.get("train", {}).get("lm", {})}
-    for key, threshold in TRAIN_TARGETS:
-        r = train.get(key)
-        if r and r.get("ratio"):
-            rows.append(ratio_row("train", key, "tokens/s ratio", threshold, r["ratio"]))
-    generation = {**results.get("generate", {}).get("translation", {}), **results.get("generate", {}).get("lm", {})}
-    for key, r in generation.items():
-        if r["kind"] == "preset" and r.get("ratio"):
-            rows.append(ratio_row("generate", key, "beam-5 sentences/s ratio", GENERATION_TARGET, r["ratio"]))
-    memory = results.get("memory", {})
-    for key, r in memory.items():
-        if r["kind"] == "preset" and r.get("ratio"):
-            length = memory_target_length(r["peak_bytes"].keys())
-            value = r["ratio"][str(length)]
-            rows.append(
-                TargetRow(
-                    "memory",
-                    key,
-                    f"peak memory ratio at L={length}",
-                    "<=",
-                    MEMORY_TARGETS.get(key, MEMORY_TARGET),
-                    value,
-                    None,
-                    None,
-                )
-            )
-    for key, r in results.get("ops", {}).items():
-        if r["op"] == "sdpa":
-            continue
-        rows.append(TargetRow("ops", key, "cost exponent vs L", "<=", OP_EXPONENT_TARGET, r["exponent"], None, None))
-    return rows
-
 
 # --------------------------------------------------------------------------- markdown
 
@@ -552,7 +371,18 @@ def floors_section(comparisons: List[FloorComparison]) -> str:
 
 
 def render_markdown(results: dict, targets: List[TargetRow], plot_name: Optional[str]) -> str:
-    meta = results["meta"]
+    """``results.md``: the run's machine and targets, then one section per measurement it made."""
+    out = _opening_sections(results, targets)
+    for measured, title, note, body in _measurement_sections(results):
+        if measured:
+            out += [f"## {title}", "", note, "", body(), ""]
+    if plot_name:
+        out += ["## Plot", "", f"![benchmark plot]({plot_name})", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _opening_sections(results: dict, targets: List[TargetRow]) -> List[str]:
+    """How to read the ratios, the machine, the targets and (when a floor ran) the cost floors."""
     out = ["# fairseq-distattn benchmark", ""]
     out += [
         "Ratios are candidate / vanilla fairseq, measured in interleaved pairs (each candidate sample "
@@ -560,7 +390,7 @@ def render_markdown(results: dict, targets: List[TargetRow], plot_name: Optional
         "memory and op cost: lower is better. Targets are reported, never asserted.",
         "",
     ]
-    out += ["## Machine", "", machine_section(results["machine"], meta), ""]
+    out += ["## Machine", "", machine_section(results["machine"], results["meta"]), ""]
     out += ["## Targets", "", targets_section(targets) if targets else "(no target measured)", ""]
     if targets:
         passed = sum(1 for t in targets if t.status == PASS)
@@ -578,6 +408,13 @@ def render_markdown(results: dict, targets: List[TargetRow], plot_name: Optional
             floors_section(comparisons),
             "",
         ]
+    return out
+
+
+def _measurement_sections(results: dict) -> list:
+    """(measured, title, note, body) of each section ``results.md`` may hold, in its order:
+    a section appears when its measurements do, so ``body`` runs only then."""
+    meta = results["meta"]
     train, generate = results.get("train", {}), results.get("generate", {})
     memory_time_note = (
         f"The same forward + backward passes without the profiler (median of {TIMED_PASSES}): what the "
@@ -586,8 +423,7 @@ def render_markdown(results: dict, targets: List[TargetRow], plot_name: Optional
         "tensors."
     )
     profiles_note = "operators by self CPU time (full profiler tables in profiles.md)."
-    # (measured, title, note, body): a section appears when its measurements do
-    sections = [
+    return [
         (
             train.get("translation"),
             "Training throughput: translation",
@@ -646,12 +482,25 @@ def render_markdown(results: dict, targets: List[TargetRow], plot_name: Optional
             lambda: profiles_section(results["generation_profiles"], "one beam-5 search"),
         ),
     ]
-    for measured, title, note, body in sections:
-        if measured:
-            out += [f"## {title}", "", note, "", body(), ""]
-    if plot_name:
-        out += ["## Plot", "", f"![benchmark plot]({plot_name})", ""]
-    return "\n".join(out).rstrip() + "\n"
+
+
+def profiles_markdown(results: dict) -> str:
+    """``profiles.md``: the full torch.profiler tables (last profiled run) of every profiled model."""
+    out = [
+        "# torch.profiler tables of the targets missed",
+        "",
+        "Operators by self CPU time, last profiled run (results.md shows the per-operator minimum over runs).",
+        "",
+    ]
+    for section, title in (("profiles", "one training step"), ("generation_profiles", "one beam-5 search")):
+        shown = set()
+        for key, pair in (results.get(section) or {}).items():
+            for name, side in ((pair["baseline_key"], "baseline"), (key, "candidate")):
+                if name in shown:
+                    continue
+                shown.add(name)
+                out += [f"## {name}: {title}", "", "```", pair[side]["table"].rstrip(), "```", ""]
+    return "\n".join(out)
 
 
 # --------------------------------------------------------------------------- summary
@@ -741,29 +590,66 @@ def render_summary(results: dict, targets: List[TargetRow]) -> str:
 
 def write_summary(results_path, out_dir=None) -> str:
     """Rebuild ``summary.md`` beside ``results.json`` (and its copies in the documentation)."""
-    import json
-    from pathlib import Path
-
-    from fairseq_distattn.tools.generated_blocks import update_pages
-
     results_path = Path(results_path)
     results = json.loads(results_path.read_text(encoding="utf-8"))
     markdown = render_summary(results, evaluate_targets(results))
     summary = Path(out_dir or results_path.parent) / "summary.md"
     summary.write_text(markdown, encoding="utf-8")
-    from ..common import REPO_ROOT
-
     if summary.resolve().is_relative_to((REPO_ROOT / "benchmarks" / "results").resolve()):
         update_pages(summary)  # its copies in the README and docs/, if any (the CPU and the GPU results)
     return markdown
 
 
+# --------------------------------------------------------------------------- files
+
+
+def write_reports(results: dict, out: Path) -> str:
+    """Targets, floors, ``benchmark.png``, ``results.md``, ``profiles.md`` (when
+    profiled), ``results.json`` and ``summary.md`` into ``out``, from the
+    measurements in ``results``; returns the markdown report."""
+    meta = results["meta"]
+    targets = evaluate_targets(results)
+    results["targets"] = [t.as_dict() for t in targets]
+    results["floors"] = [c.as_dict() for c in floor_comparisons(results)]
+    out.mkdir(parents=True, exist_ok=True)
+    plot_name = "benchmark.png"
+    meta["plot_backend"] = write_plot(results, out / plot_name, _plotted_targets(targets))
+    markdown = render_markdown(results, targets, plot_name)
+    (out / "results.md").write_text(markdown, encoding="utf-8")
+    if results.get("profiles") or results.get("generation_profiles"):
+        (out / "profiles.md").write_text(profiles_markdown(results), encoding="utf-8")
+    (out / "results.json").write_text(
+        json.dumps(_jsonable(results), indent=1, sort_keys=False) + "\n", encoding="utf-8"
+    )
+    write_summary(out / "results.json")
+    return markdown
+
+
+def _plotted_targets(targets: List[TargetRow]) -> Dict[str, Dict[str, float]]:
+    """The threshold line of each panel that has one: {panel title: {candidate: threshold}}."""
+    # the plot shows ratios to vanilla: targets relative to a floor are not drawn
+    return {
+        title: {t.candidate: t.threshold for t in targets if t.section == section and t.reference == "vanilla"}
+        for title, section in (
+            ("Training throughput vs vanilla fairseq", "train"),
+            ("Beam-5 generation vs vanilla fairseq", "generate"),
+        )
+    }
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    import argparse
-    from pathlib import Path
-
-    from ..common import REPO_ROOT
-
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.speed.report",
         description="Rebuild summary.md (the README's benchmark table) beside a results.json.",
@@ -779,10 +665,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     args = p.parse_args(argv)
     if args.all:
-        import json
-
-        from .run import write_reports
-
         write_reports(json.loads(args.results.read_text(encoding="utf-8")), args.results.parent)
     print(write_summary(args.results), end="")
     return 0

@@ -10,23 +10,33 @@ Progress goes to stderr. See benchmarks/README.md.
 from __future__ import annotations
 
 import argparse
-import json
+import gc
 import logging
-import math
 import shlex
 import sys
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..common import REPO_ROOT, load_average, machine_description
 from . import configs as C
 from .timing import set_clock
 
+# The sections' modules, and .targets and .report below them, load torch and the plugin's
+# registry: they are imported where a run needs them, so --help and a bad flag answer at once.
+if TYPE_CHECKING:
+    import torch
+
+    from .data import LanguageModelData, TranslationData
+
 SECTIONS = ("train", "generate", "memory", "ops")
 TASKS = ("translation", "lm")
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "speed"
+
+
+# --------------------------------------------------------------------------- arguments
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -35,6 +45,18 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         description="Benchmark fairseq-distattn against vanilla fairseq: training tokens/s, beam-5 generation, "
         "peak memory and attention-op microbenchmarks. Reports targets (PASS/MISS); never asserts timing.",
     )
+    # --help lists the flags in the order these add them
+    _add_size_and_place_arguments(p)
+    _add_round_arguments(p)
+    _add_selection_arguments(p)
+    _add_clock_arguments(p)
+    _add_data_arguments(p)
+    _add_section_arguments(p)
+    return _resolve_defaults(p.parse_args(argv), p)
+
+
+def _add_size_and_place_arguments(p: argparse.ArgumentParser) -> None:
+    """How large a run, on which device, into which folder."""
     p.add_argument(
         "--quick",
         action="store_true",
@@ -49,6 +71,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"results folder (default: {DEFAULT_OUT})")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda when available; default)")
+
+
+def _add_round_arguments(p: argparse.ArgumentParser) -> None:
+    """How many interleaved rounds each comparison takes."""
     p.add_argument(
         "--repeats", type=int, default=None, help="interleaved rounds per comparison (default: 5; 2 with --quick)"
     )
@@ -61,6 +87,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "3%% target apart",
     )
     p.add_argument("--warmup", type=int, default=1, help="discarded warm-up measurements per model (default: 1)")
+
+
+def _add_selection_arguments(p: argparse.ArgumentParser) -> None:
+    """Which sections, tasks and candidates run."""
     p.add_argument(
         "--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)"
     )
@@ -78,6 +108,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument(
         "--no-mechanisms", action="store_true", help="training: only the presets, not one model per mechanism"
     )
+
+
+def _add_clock_arguments(p: argparse.ArgumentParser) -> None:
+    """What a measurement's time is: threads and clock."""
     p.add_argument(
         "--threads",
         type=int,
@@ -91,6 +125,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help="timing clock: wall (perf_counter) or cpu (process CPU time, immune to other processes "
         "taking the core); auto = cpu on CPU with one thread, else wall (default)",
     )
+
+
+def _add_data_arguments(p: argparse.ArgumentParser) -> None:
+    """The text the models see, and the seed of its sample and of their weights."""
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--data-root", type=Path, default=None, help="shared data folder (default: <repo>/../shared/data)")
     p.add_argument(
@@ -105,6 +143,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         choices=("auto", "lm1b", "wikitext", "multi30k"),
         help="LM text (default: auto = the One Billion Word style sample, else WikiText-2, else Multi30k)",
     )
+
+
+def _add_section_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of single sections, and the plugin models' flex path."""
     p.add_argument("--op-modes", default="fwd,fwd+bwd", help="ops section: fwd, fwd+bwd or both (default: both)")
     p.add_argument(
         "--no-profile", action="store_true", help="do not profile the training and generation targets that miss"
@@ -118,7 +160,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "from --attention-recompute-length on); always: at every length; never: without it, also in the ops "
         "section, to measure what it gains (default: auto)",
     )
-    args = p.parse_args(argv)
+
+
+def _resolve_defaults(args: argparse.Namespace, p: argparse.ArgumentParser) -> argparse.Namespace:
+    """The defaults that depend on --quick, the comma-separated lists split and checked, `flex` expanded."""
     args.scale = args.scale or ("tiny" if args.quick else "small")
     args.repeats = args.repeats or (2 if args.quick else 5)
     args.train_repeats = args.train_repeats or (2 if args.quick else 15)
@@ -175,8 +220,103 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _run(args, argv)
 
 
+# --------------------------------------------------------------------------- the run
+
+
+@dataclass
+class Candidates:
+    """The configurations of each comparison, after --configs. A comparison none of whose
+    candidates was asked for is left empty and skipped: vanilla alone compares nothing."""
+
+    mt_train: List[C.Config]
+    mt_presets: List[C.Config]  # the translation memory section
+    mt_generation: List[C.Config]
+    lm: List[C.Config]  # LM training and memory
+    lm_generation: List[C.Config]
+
+    @classmethod
+    def chosen(cls, args: argparse.Namespace) -> "Candidates":
+        def compared(configs: Sequence[C.Config]) -> List[C.Config]:
+            selected = C.select(configs, args.configs)
+            return selected if len(selected) > 1 else []
+
+        return cls(
+            mt_train=compared(C.translation_configs(include_mechanisms=not args.no_mechanisms)),
+            mt_presets=compared([C.MT_BASELINE, *C.MT_PRESETS]),
+            mt_generation=compared(C.translation_generation_configs()),
+            lm=compared(C.lm_configs()),
+            lm_generation=compared(C.lm_generation_configs()),
+        )
+
+    def need_translation_data(self, sections: Sequence[str]) -> bool:
+        return bool(
+            ("train" in sections and self.mt_train)
+            or ("generate" in sections and self.mt_generation)
+            or ("memory" in sections and self.mt_presets)
+        )
+
+    def need_lm_data(self, sections: Sequence[str]) -> bool:
+        return bool(
+            (("train" in sections or "memory" in sections) and self.lm)
+            or ("generate" in sections and self.lm_generation)
+        )
+
+
+def _candidate_keys() -> set:
+    """Every key --configs may name."""
+    return {c.key for c in [*C.translation_configs(), *C.lm_generation_configs()]}
+
+
+@dataclass
+class Session:
+    """What the sections of one run share: its flags, sizes and device, the candidates, the
+    data they run on, and the results they fill in."""
+
+    args: argparse.Namespace
+    scale: C.Scale
+    device: "torch.device"
+    candidates: Candidates
+    results: Dict[str, object]
+    mt: Optional["TranslationData"] = None
+    lm: Optional["LanguageModelData"] = None
+
+    @property
+    def meta(self) -> Dict[str, object]:
+        return self.results["meta"]
+
+
 def _run(args: argparse.Namespace, argv: Optional[Sequence[str]]) -> int:
     started = time.perf_counter()
+    device, threads, clock = _set_up_process(args)
+    scale = C.SCALES[args.scale]
+    machine = machine_description(device)
+    results: Dict[str, object] = {"meta": _run_meta(args, argv, scale, clock), "machine": machine}
+    log(
+        f"device {device}, {threads} thread(s), {clock} clock, scale {scale.name}, sections {','.join(args.sections)}, "
+        f"tasks {','.join(args.tasks)}, {args.repeats} rounds; {machine['cpu']}"
+    )
+    known = _candidate_keys()
+    unknown = [key for key in args.configs if key not in known]
+    if unknown:
+        log(f"error: unknown --configs {','.join(unknown)}; known: {','.join(sorted(known))}")
+        return 2
+    session = Session(args, scale, device, Candidates.chosen(args), results)
+    _load_data(session)
+    # in this order whatever the order of --sections
+    for section, measure in (
+        ("train", _measure_training),
+        ("generate", _measure_generation),
+        ("memory", _measure_memory),
+        ("ops", _measure_ops),
+    ):
+        if section in args.sections:
+            measure(session)
+    return finish(args, results, started)
+
+
+def _set_up_process(args: argparse.Namespace) -> Tuple["torch.device", int, str]:
+    """Logging, torch's threads, the timing clock and the seed; registers the plugin's models.
+    Returns the device, the thread count and the clock's name."""
     logging.basicConfig(level=logging.WARNING)
     _quiet()
     import torch
@@ -194,12 +334,14 @@ def _run(args: argparse.Namespace, argv: Optional[Sequence[str]]) -> int:
     import fairseq_distattn.models  # noqa: F401 (registers the plugin's models)
 
     _quiet()  # fairseq's import reconfigures logging
-    scale = C.SCALES[args.scale]
+    return device, threads, clock
+
+
+def _run_meta(args: argparse.Namespace, argv: Optional[Sequence[str]], scale: C.Scale, clock: str) -> dict:
     command = "python -m benchmarks.run " + " ".join(
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
     )
-    machine = machine_description(device)
-    meta: Dict[str, object] = {
+    return {
         "command": command.strip(),
         "scale": scale.name,
         "scale_description": scale.description,
@@ -213,45 +355,15 @@ def _run(args: argparse.Namespace, argv: Optional[Sequence[str]]) -> int:
         "clock": clock,
         "attention_flex": args.attention_flex,
     }
-    results: Dict[str, object] = {"meta": meta, "machine": machine}
-    log(
-        f"device {device}, {threads} thread(s), {clock} clock, scale {scale.name}, sections {','.join(args.sections)}, "
-        f"tasks {','.join(args.tasks)}, {args.repeats} rounds; {machine['cpu']}"
-    )
 
-    mt_train_configs = C.select(C.translation_configs(include_mechanisms=not args.no_mechanisms), args.configs)
-    mt_preset_configs = C.select([C.MT_BASELINE, *C.MT_PRESETS], args.configs)
-    mt_generation_configs = C.select(C.translation_generation_configs(), args.configs)
-    lm_configs = C.select(C.lm_configs(), args.configs)
-    lm_generation_configs = C.select(C.lm_generation_configs(), args.configs)
-    if args.configs:
-        known = {c.key for c in [*C.translation_configs(), *C.lm_generation_configs()]}
-        unknown = [c for c in args.configs if c not in known]
-        if unknown:
-            log(f"error: unknown --configs {','.join(unknown)}; known: {','.join(sorted(known))}")
-            return 2
-    # a comparison none of whose candidates was asked for is skipped
-    run_mt_train = len(mt_train_configs) > 1
-    run_mt_presets = len(mt_preset_configs) > 1
-    run_mt_generation = len(mt_generation_configs) > 1
-    run_lm = len(lm_configs) > 1
-    run_lm_generation = len(lm_generation_configs) > 1
 
-    model_sections = [s for s in args.sections if s != "ops"]
-    need_mt = "translation" in args.tasks and (
-        ("train" in model_sections and run_mt_train)
-        or ("generate" in model_sections and run_mt_generation)
-        or ("memory" in model_sections and run_mt_presets)
-    )
-    need_lm = "lm" in args.tasks and (
-        (("train" in model_sections or "memory" in model_sections) and run_lm)
-        or ("generate" in model_sections and run_lm_generation)
-    )
-    mt = lm = None
-    if need_mt:
+def _load_data(s: Session) -> None:
+    """The translation and LM text, each only when a comparison that will run needs it."""
+    args, scale = s.args, s.scale
+    if "translation" in args.tasks and s.candidates.need_translation_data(args.sections):
         from .data import translation_data
 
-        mt = translation_data(
+        s.mt = translation_data(
             scale.mt_lines,
             scale.mt_vocab,
             scale.max_tokens,
@@ -261,15 +373,15 @@ def _run(args: argparse.Namespace, argv: Optional[Sequence[str]]) -> int:
             data_root=args.data_root,
             seed=args.seed,
         )
-        meta["translation_data"] = (
-            f"{mt.description}: {len(mt.source_tokens)} sentence pairs, Moses-tokenised, "
-            f"joint dictionary of {len(mt.dictionary)} types"
+        s.meta["translation_data"] = (
+            f"{s.mt.description}: {len(s.mt.source_tokens)} sentence pairs, Moses-tokenised, "
+            f"joint dictionary of {len(s.mt.dictionary)} types"
         )
-        log(f"translation data: {meta['translation_data']}")
-    if need_lm:
+        log(f"translation data: {s.meta['translation_data']}")
+    if "lm" in args.tasks and s.candidates.need_lm_data(args.sections):
         from .data import language_model_data
 
-        lm = language_model_data(
+        s.lm = language_model_data(
             scale.lm_lines,
             scale.lm_vocab,
             scale.tokens_per_sample,
@@ -280,190 +392,222 @@ def _run(args: argparse.Namespace, argv: Optional[Sequence[str]]) -> int:
             source=args.lm_data,
             data_root=args.data_root,
         )
-        meta["lm_data"] = f"{lm.description}: {len(lm.stream)} tokens, dictionary of {len(lm.dictionary)} types"
-        log(f"LM data: {meta['lm_data']}")
+        s.meta["lm_data"] = f"{s.lm.description}: {len(s.lm.stream)} tokens, dictionary of {len(s.lm.dictionary)} types"
+        log(f"LM data: {s.meta['lm_data']}")
 
-    if "train" in args.sections:
-        import gc
 
-        from .train import profile_training, run_training
+# --------------------------------------------------------------------------- sections
 
-        train: Dict[str, object] = {}
-        results["train"] = train
-        tasks = []
-        if mt is not None and run_mt_train:
-            tasks.append(("translation", mt_train_configs, mt.dictionary, mt.train_batches))
-            meta["train_note"] = (
-                f"{len(mt.train_batches)} real batch(es) of at most {scale.max_tokens} tokens "
-                f"(fairseq --max-tokens), label-smoothed cross-entropy 0.1, fairseq's Adam."
-            )
-        if lm is not None and run_lm:
-            tasks.append(("lm", lm_configs, lm.dictionary, lm.train_batches))
-        for task, configs, dictionary, batches in tasks:
-            log(f"train/{task}: {len(configs)} models")
-            train[task] = run_training(
-                configs, scale, dictionary, batches, device, args.train_repeats, args.warmup, args.seed, log
-            )
-            kept = train[task].pop("_built")
-            if not args.no_profile:
 
-                def profile_train(task: str, key: str) -> dict:
-                    log(f"profiling one training step: {key}")
-                    return profile_training(kept["steps"][key], batches[0], device)
-
-                profiles = _profile_misses(results, "train", {task: (kept["models"],)}, profile_train)
-                results.setdefault("profiles", {}).update(profiles)
-            # Each task is timed without the other's models (and optimizer states)
-            # resident, as a user trains one model: with the translation models
-            # alive, lm-da measured 0.89-0.90 in two runs, 0.98 without them.
-            del kept
-            gc.collect()
-
-    if "generate" in args.sections:
-        from .generate import run_generation
-
-        generate: Dict[str, object] = {}
-        generation_built: Dict[str, tuple] = {}
-        if mt is not None and run_mt_generation:
-            log(f"generate/translation: {len(mt_generation_configs)} models")
-            generate["translation"] = run_generation(
-                mt_generation_configs,
-                scale,
-                mt.dictionary,
-                mt.generation_batch,
-                device,
-                args.repeats,
-                args.warmup,
-                args.seed,
-                log,
-                beam=args.beam,
-            )
-            generation_built["translation"] = (generate["translation"].pop("_built"), mt.dictionary)
-            meta["generate_note"] = (
-                f"fairseq SequenceGenerator, beam {args.beam}, {scale.gen_sentences} real source "
-                f"sentences of median length, exactly {scale.gen_max_len} target tokens each "
-                f"(min_len = max_len), untrained weights, incremental decoding."
-            )
-        if lm is not None and run_lm_generation:
-            log(f"generate/lm: {len(lm_generation_configs)} models")
-            prompts = lm.prompts
-            sample = {
-                "id": torch.arange(len(prompts)),
-                "net_input": {"src_tokens": prompts, "src_lengths": torch.full((len(prompts),), prompts.size(1))},
-            }
-            new_tokens = max(1, scale.gen_max_len - prompts.size(1))
-            generate["lm"] = run_generation(
-                lm_generation_configs,
-                scale,
-                lm.dictionary,
-                sample,
-                device,
-                args.repeats,
-                args.warmup,
-                args.seed,
-                log,
-                beam=args.beam,
-                prefix_tokens=prompts,
-                new_tokens=new_tokens,
-            )
-            generation_built["lm"] = (generate["lm"].pop("_built"), lm.dictionary)
-            meta["generate_lm_note"] = (
-                f"fairseq SequenceGenerator, beam {args.beam}, {len(prompts)} real sentence "
-                f"beginnings of {prompts.size(1)} tokens as prefix_tokens, {new_tokens} more "
-                f"tokens each (min_len = max_len)."
-            )
-        results["generate"] = generate
-        if not args.no_profile:
-            from .generate import profile_generation
-
-            def profile_search(task: str, key: str) -> dict:
-                info, dictionary = generation_built[task]
-                log(f"profiling one beam search: {key}")
-                return profile_generation(
-                    info["models"][key],
-                    dictionary,
-                    info["sample"],
-                    device,
-                    args.beam,
-                    info["length"],
-                    info["prefix_tokens"],
-                )
-
-            models = {task: (info["models"],) for task, (info, _) in generation_built.items()}
-            results["generation_profiles"] = _profile_misses(results, "generate", models, profile_search)
-        generation_built.clear()
-
-    if "memory" in args.sections:
-        from .memory import run_memory
-
-        def make_batch(task: str, length: int):
-            if task == C.MT:
-                return mt.long_batch(length, scale.memory_rows)
-            return lm.block_batch(length, scale.memory_rows)
-
-        mt_memory = mt is not None and run_mt_presets
-        lm_memory = lm is not None and run_lm
-        memory_configs = ([*mt_preset_configs] if mt_memory else []) + ([*lm_configs] if lm_memory else [])
-        log(f"memory: {len(memory_configs)} models at L={','.join(map(str, scale.memory_lengths))}")
-        memory: Dict[str, object] = {}
-        if mt_memory:
-            memory.update(run_memory(mt_preset_configs, scale, mt.dictionary, make_batch, device, args.seed, log))
-        if lm_memory:
-            memory.update(run_memory(lm_configs, scale, lm.dictionary, make_batch, device, args.seed, log))
-        results["memory"] = memory
-        how = (
-            "torch.cuda.max_memory_allocated"
-            if device.type == "cuda"
-            else "torch.profiler(profile_memory=True): peak of the running sum of torch CPU allocations and frees"
+def _measure_training(s: Session) -> None:
+    s.results["train"] = {}
+    tasks = []
+    if s.mt is not None and s.candidates.mt_train:
+        tasks.append(("translation", s.candidates.mt_train, s.mt.dictionary, s.mt.train_batches))
+        s.meta["train_note"] = (
+            f"{len(s.mt.train_batches)} real batch(es) of at most {s.scale.max_tokens} tokens "
+            f"(fairseq --max-tokens), label-smoothed cross-entropy 0.1, fairseq's Adam."
         )
-        meta["memory_note"] = (
-            f"One forward + backward pass in training mode on {scale.memory_rows} sequence(s) of "
-            f"L real tokens (translation: source and target both L). Peak above the memory held "
-            f"before the pass (parameters), gradients included; {how}."
+    if s.lm is not None and s.candidates.lm:
+        tasks.append(("lm", s.candidates.lm, s.lm.dictionary, s.lm.train_batches))
+    for task, configs, dictionary, batches in tasks:
+        _train_task(s, task, configs, dictionary, batches)
+        # Each task is timed without the other's models (and optimizer states)
+        # resident, as a user trains one model: with the translation models
+        # alive, lm-da measured 0.89-0.90 in two runs, 0.98 without them.
+        gc.collect()
+
+
+def _train_task(s: Session, task: str, configs: List[C.Config], dictionary, batches: list) -> None:
+    """One task's training comparison, then a profile of each target it missed. The models
+    built for it are dropped on return."""
+    from .train import profile_training, run_training
+
+    args = s.args
+    log(f"train/{task}: {len(configs)} models")
+    train = run_training(
+        configs, s.scale, dictionary, batches, s.device, args.train_repeats, args.warmup, args.seed, log
+    )
+    s.results["train"][task] = train
+    kept = train.pop("_built")
+    if args.no_profile:
+        return
+
+    def profile_step(task: str, key: str) -> dict:
+        log(f"profiling one training step: {key}")
+        return profile_training(kept["steps"][key], batches[0], s.device)
+
+    profiles = _profile_misses(s.results, "train", {task: kept["models"]}, profile_step)
+    s.results.setdefault("profiles", {}).update(profiles)
+
+
+def _measure_generation(s: Session) -> None:
+    # task -> (what run_generation built, its dictionary): the models to profile
+    built: Dict[str, tuple] = {}
+    generate: Dict[str, object] = {}
+    if s.mt is not None and s.candidates.mt_generation:
+        generate["translation"] = _generate_translation(s)
+        built["translation"] = (generate["translation"].pop("_built"), s.mt.dictionary)
+    if s.lm is not None and s.candidates.lm_generation:
+        generate["lm"] = _generate_lm(s)
+        built["lm"] = (generate["lm"].pop("_built"), s.lm.dictionary)
+    s.results["generate"] = generate
+    if not s.args.no_profile:
+        s.results["generation_profiles"] = _profile_generation_misses(s, built)
+
+
+def _generate_translation(s: Session) -> dict:
+    from .generate import run_generation
+
+    args, configs = s.args, s.candidates.mt_generation
+    log(f"generate/translation: {len(configs)} models")
+    measured = run_generation(
+        configs,
+        s.scale,
+        s.mt.dictionary,
+        s.mt.generation_batch,
+        s.device,
+        args.repeats,
+        args.warmup,
+        args.seed,
+        log,
+        beam=args.beam,
+    )
+    s.meta["generate_note"] = (
+        f"fairseq SequenceGenerator, beam {args.beam}, {s.scale.gen_sentences} real source "
+        f"sentences of median length, exactly {s.scale.gen_max_len} target tokens each "
+        f"(min_len = max_len), untrained weights, incremental decoding."
+    )
+    return measured
+
+
+def _generate_lm(s: Session) -> dict:
+    import torch
+
+    from .generate import run_generation
+
+    args, configs, prompts = s.args, s.candidates.lm_generation, s.lm.prompts
+    log(f"generate/lm: {len(configs)} models")
+    sample = {
+        "id": torch.arange(len(prompts)),
+        "net_input": {"src_tokens": prompts, "src_lengths": torch.full((len(prompts),), prompts.size(1))},
+    }
+    new_tokens = max(1, s.scale.gen_max_len - prompts.size(1))
+    measured = run_generation(
+        configs,
+        s.scale,
+        s.lm.dictionary,
+        sample,
+        s.device,
+        args.repeats,
+        args.warmup,
+        args.seed,
+        log,
+        beam=args.beam,
+        prefix_tokens=prompts,
+        new_tokens=new_tokens,
+    )
+    s.meta["generate_lm_note"] = (
+        f"fairseq SequenceGenerator, beam {args.beam}, {len(prompts)} real sentence "
+        f"beginnings of {prompts.size(1)} tokens as prefix_tokens, {new_tokens} more "
+        f"tokens each (min_len = max_len)."
+    )
+    return measured
+
+
+def _profile_generation_misses(s: Session, built: Dict[str, tuple]) -> Dict[str, dict]:
+    from .generate import profile_generation
+
+    def profile_search(task: str, key: str) -> dict:
+        info, dictionary = built[task]
+        log(f"profiling one beam search: {key}")
+        return profile_generation(
+            info["models"][key],
+            dictionary,
+            info["sample"],
+            s.device,
+            s.args.beam,
+            info["length"],
+            info["prefix_tokens"],
         )
 
-    if "ops" in args.sections:
-        from .ops import run_ops
-
-        log(
-            f"ops: B={scale.op_batch} H={scale.op_heads} D={scale.op_head_dim} L={','.join(map(str, scale.op_lengths))}"
-        )
-        results["ops"] = run_ops(
-            scale.op_batch,
-            scale.op_heads,
-            scale.op_head_dim,
-            scale.op_lengths,
-            device,
-            args.repeats,
-            args.warmup,
-            args.seed,
-            log,
-            modes=args.op_modes,
-            min_time=scale.op_min_time,
-            only=args.configs,
-        )
-        meta["ops_note"] = (
-            f"q, k, v [B={scale.op_batch}, H={scale.op_heads}, L, D={scale.op_head_dim}] float32, "
-            f"self-attention, no mask, no dropout; median ms per call over {args.repeats} interleaved "
-            f"rounds; 'x sdpa' = cost relative to F.scaled_dot_product_attention in the same round; "
-            f"exponent = log-log least-squares slope of cost vs L (target <= 2.05)."
-        )
-
-    return finish(args, results, started)
+    models = {task: info["models"] for task, (info, _) in built.items()}
+    return _profile_misses(s.results, "generate", models, profile_search)
 
 
-def _profile_misses(results: dict, section: str, models_by_task: Dict[str, tuple], profile) -> Dict[str, dict]:
+def _measure_memory(s: Session) -> None:
+    from .memory import run_memory
+
+    scale, mt, lm = s.scale, s.mt, s.lm
+
+    def make_batch(task: str, length: int):
+        if task == C.MT:
+            return mt.long_batch(length, scale.memory_rows)
+        return lm.block_batch(length, scale.memory_rows)
+
+    compared = []  # (configs, dictionary) of each task
+    if mt is not None and s.candidates.mt_presets:
+        compared.append((s.candidates.mt_presets, mt.dictionary))
+    if lm is not None and s.candidates.lm:
+        compared.append((s.candidates.lm, lm.dictionary))
+    models = sum(len(configs) for configs, _ in compared)
+    log(f"memory: {models} models at L={','.join(map(str, scale.memory_lengths))}")
+    memory: Dict[str, object] = {}
+    for configs, dictionary in compared:
+        memory.update(run_memory(configs, scale, dictionary, make_batch, s.device, s.args.seed, log))
+    s.results["memory"] = memory
+    how = (
+        "torch.cuda.max_memory_allocated"
+        if s.device.type == "cuda"
+        else "torch.profiler(profile_memory=True): peak of the running sum of torch CPU allocations and frees"
+    )
+    s.meta["memory_note"] = (
+        f"One forward + backward pass in training mode on {scale.memory_rows} sequence(s) of "
+        f"L real tokens (translation: source and target both L). Peak above the memory held "
+        f"before the pass (parameters), gradients included; {how}."
+    )
+
+
+def _measure_ops(s: Session) -> None:
+    from .ops import run_ops
+
+    args, scale = s.args, s.scale
+    log(f"ops: B={scale.op_batch} H={scale.op_heads} D={scale.op_head_dim} L={','.join(map(str, scale.op_lengths))}")
+    s.results["ops"] = run_ops(
+        scale.op_batch,
+        scale.op_heads,
+        scale.op_head_dim,
+        scale.op_lengths,
+        s.device,
+        args.repeats,
+        args.warmup,
+        args.seed,
+        log,
+        modes=args.op_modes,
+        min_time=scale.op_min_time,
+        only=args.configs,
+    )
+    s.meta["ops_note"] = (
+        f"q, k, v [B={scale.op_batch}, H={scale.op_heads}, L, D={scale.op_head_dim}] float32, "
+        f"self-attention, no mask, no dropout; median ms per call over {args.repeats} interleaved "
+        f"rounds; 'x sdpa' = cost relative to F.scaled_dot_product_attention in the same round; "
+        f"exponent = log-log least-squares slope of cost vs L (target <= 2.05)."
+    )
+
+
+def _profile_misses(
+    results: dict, section: str, models_by_task: Dict[str, dict], profile: Callable[[str, str], dict]
+) -> Dict[str, dict]:
     """Profile every candidate whose ``section`` target is missed, and its
     task's vanilla baseline once: {candidate: {"baseline_key", "baseline", "candidate"}}."""
-    from .report import evaluate_targets
+    from .targets import evaluate_targets
 
     baselines: Dict[str, dict] = {}
     profiles: Dict[str, dict] = {}
     for row in evaluate_targets(results):
         if row.section != section or row.status != "MISS":
             continue
-        for task, kept in models_by_task.items():
-            models = kept[0]
+        for task, models in models_by_task.items():
             if row.candidate not in models:
                 continue
             base_key = next(k for k, b in models.items() if b.config.is_baseline)
@@ -477,7 +621,12 @@ def _profile_misses(results: dict, section: str, models_by_task: Dict[str, tuple
     return profiles
 
 
+# --------------------------------------------------------------------------- outputs
+
+
 def finish(args, results: dict, started: float) -> int:
+    from .report import write_reports
+
     meta = results["meta"]
     results["machine"]["load_average_end"] = load_average()
     meta["wall_seconds"] = time.perf_counter() - started
@@ -490,70 +639,6 @@ def finish(args, results: dict, started: float) -> int:
         f"in {meta['wall_seconds']:.1f} s"
     )
     return 0
-
-
-def write_reports(results: dict, out: Path) -> str:
-    """Targets, floors, ``benchmark.png``, ``results.md``, ``profiles.md`` (when
-    profiled), ``results.json`` and ``summary.md`` into ``out``, from the
-    measurements in ``results``; returns the markdown report."""
-    from .plot import write_plot
-    from .report import evaluate_targets, floor_comparisons, render_markdown, write_summary
-
-    meta = results["meta"]
-    targets = evaluate_targets(results)
-    results["targets"] = [t.as_dict() for t in targets]
-    results["floors"] = [c.as_dict() for c in floor_comparisons(results)]
-    out.mkdir(parents=True, exist_ok=True)
-    plot_name = "benchmark.png"
-    # the plot shows ratios to vanilla: targets relative to a floor are not drawn
-    plot_targets = {
-        title: {t.candidate: t.threshold for t in targets if t.section == section and t.reference == "vanilla"}
-        for title, section in (
-            ("Training throughput vs vanilla fairseq", "train"),
-            ("Beam-5 generation vs vanilla fairseq", "generate"),
-        )
-    }
-    meta["plot_backend"] = write_plot(results, out / plot_name, plot_targets)
-    markdown = render_markdown(results, targets, plot_name)
-    (out / "results.md").write_text(markdown, encoding="utf-8")
-    if results.get("profiles") or results.get("generation_profiles"):
-        (out / "profiles.md").write_text(_profiles_markdown(results), encoding="utf-8")
-    (out / "results.json").write_text(
-        json.dumps(_jsonable(results), indent=1, sort_keys=False) + "\n", encoding="utf-8"
-    )
-    write_summary(out / "results.json")
-    return markdown
-
-
-def _profiles_markdown(results: dict) -> str:
-    """Full torch.profiler tables (last profiled run) of every profiled model."""
-    out = [
-        "# torch.profiler tables of the targets missed",
-        "",
-        "Operators by self CPU time, last profiled run (results.md shows the per-operator minimum over runs).",
-        "",
-    ]
-    for section, title in (("profiles", "one training step"), ("generation_profiles", "one beam-5 search")):
-        shown = set()
-        for key, pair in (results.get(section) or {}).items():
-            for name, side in ((pair["baseline_key"], "baseline"), (key, "candidate")):
-                if name in shown:
-                    continue
-                shown.add(name)
-                out += [f"## {name}: {title}", "", "```", pair[side]["table"].rstrip(), "```", ""]
-    return "\n".join(out)
-
-
-def _jsonable(value):
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
-        return None
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return str(value)
 
 
 if __name__ == "__main__":

@@ -1,3 +1,5 @@
+# What made benchmarks/results/speed/gpu-nvidia-h200/ (see its README); it was that
+# folder's gpu_session.sh, and .devdata/gpu_session.sh on the lent machine.
 # The two device calls of 2026-11-26 (a record, run as .devdata/gpu_session.sh with .whl and .devdata
 # carried): bash .devdata/gpu_session.sh 1 575, then bash .devdata/gpu_session.sh 2 405.
 # usage: bash .devdata/gpu_session.sh PART SECONDS

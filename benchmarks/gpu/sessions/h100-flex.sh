@@ -1,3 +1,5 @@
+# What made benchmarks/results/speed/gpu-nvidia-h100-flex/ (see its README); it was that
+# folder's gpu_session.sh, and .devdata/gpu_session.sh on the lent machine.
 # Call 1 of 2026-11-26 (evening), as run (then with the step helper inline, since moved to
 # benchmarks/gpu/device_setup.sh as gpu_step): GPU_BUDGET=570 bash .devdata/gpu_session.sh,
 # with .whl and .devdata carried (.devdata/data: ../shared/data's WMT and LM samples).

@@ -1,4 +1,9 @@
-"""Peak memory (the memory section's CPU measure) and time of one training pass at one length."""
+"""Peak memory (the memory section's CPU measure) and time of one training pass at one length.
+
+Part of how benchmarks/results/speed/gpu-nvidia-h100-recompute/ was made (see its README),
+once that folder's peak_cpu.py. From the repository root:
+``PYTHONPATH=. python benchmarks/gpu/sessions/h100-recompute-peak-cpu.py L CONFIGS [SCALE]``.
+"""
 
 import sys
 import time

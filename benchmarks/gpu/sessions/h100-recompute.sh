@@ -1,3 +1,5 @@
+# What made benchmarks/results/speed/gpu-nvidia-h100-recompute/ (see its README); it was that
+# folder's gpu_session.sh, and .devdata/gpu_session.sh on the lent machine.
 # The device call of 2026-11-27, run as GPU_BUDGET=S bash .devdata/gpu_session.sh
 # with .whl and .devdata carried (the data under .devdata/data is ../shared/data's).
 set -uo pipefail

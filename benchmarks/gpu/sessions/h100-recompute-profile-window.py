@@ -1,6 +1,11 @@
 """Why is window-preset's training pass 60-137x vanilla's on an H100 (memory section,
 L >= 512) when it is 2.5x on one CPU thread? Times vanilla, the window's cost floor and
-the preset at one length, then profiles the preset's pass: top ops by device and host time."""
+the preset at one length, then profiles the preset's pass: top ops by device and host time.
+
+Part of how benchmarks/results/speed/gpu-nvidia-h100-recompute/ was made (see its README),
+once that folder's profile_window.py. From the repository root:
+``PYTHONPATH=. python benchmarks/gpu/sessions/h100-recompute-profile-window.py [DEVICE] [L]``.
+"""
 
 import sys
 import time
