@@ -2,6 +2,7 @@
 ``benchmarks/tiny_models.py`` (the benchmarks measure the same ones), and the
 fixtures made by earlier revisions of the plugin."""
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -31,3 +32,20 @@ def old_checkpoint_log_probabilities(name, overrides=None):
     finally:
         sys.path.remove(str(OLD_CHECKPOINTS))
     return log_probabilities(OLD_CHECKPOINTS, name, overrides)
+
+
+@contextlib.contextmanager
+def flex_setting(model, setting: str = None, on_cpu: bool = False):
+    """Every attention module of ``model`` with ``--attention-flex setting`` (None: as built)
+    and, with ``on_cpu``, handing its ops ``flex="always"`` where it takes the flex path, so
+    that flex's eager form runs on the CPU too (the flag alone leaves the CPU alone)."""
+    modules = [m for m in model.modules() if hasattr(m, "flex_when_taken")]
+    saved = [(m.attention_flex, m.flex_when_taken) for m in modules]
+    for m in modules:
+        m.attention_flex = m.attention_flex if setting is None else setting
+        m.flex_when_taken = "always" if on_cpu else m.flex_when_taken
+    try:
+        yield
+    finally:
+        for m, (attention_flex, flex_when_taken) in zip(modules, saved):
+            m.attention_flex, m.flex_when_taken = attention_flex, flex_when_taken

@@ -802,21 +802,20 @@ def test_attention_flex_reaches_every_plugin_model_and_never_the_ops_too(monkeyp
     models have none); never also keeps the functional ops of the ops section off flex."""
     from benchmarks.speed import configs as C
     from benchmarks.speed import run
-    from fairseq_distattn.functional import flex
 
     mechanism = next(c for c in C.translation_configs() if c.kind == "mechanism")
     seen = []
 
     def record(args, argv):
         flags = {c.kind: C.common_flags(c, C.SCALES["tiny"], 64) for c in (C.MT_BASELINE, C.MT_PRESETS[0], mechanism)}
-        seen.append((flex._mode, flags))
+        seen.append((run.ops_flex(args.attention_flex), flags))
         return 0
 
     monkeypatch.setattr(run, "_run", record)
     for setting in ("never", "always", "auto"):
         assert run.main(["--attention-flex", setting]) == 0
     assert run.main([]) == 0
-    assert [mode for mode, _ in seen] == ["never", "auto", "auto", "auto"] and flex._mode == "auto"
+    assert [mode for mode, _ in seen] == ["never", "auto", "auto", "auto"]
     for (_, flags), setting in zip(seen, ("never", "always", "auto", "auto")):
         assert "--attention-flex" not in flags["baseline"]
         for kind in ("preset", "mechanism"):

@@ -140,10 +140,8 @@ def test_flex_forward_equals_the_eager_path_on_cpu(name, causal, padded):
     shared = dict(causal=causal, key_padding_mask=_padding(3, 11) if padded else None, need_weights=False)
     op = _ops("cpu", torch.float64)[name]
     with torch.no_grad():
-        with flex.flex_mode("never"):
-            eager, _ = op(q, k, v, **shared)
-        with flex.flex_mode("always"):
-            fused, _ = op(q, k, v, **shared)
+        eager, _ = op(q, k, v, **shared, flex="never")
+        fused, _ = op(q, k, v, **shared, flex="always")
     torch.testing.assert_close(fused, eager, rtol=1e-10, atol=1e-10)
 
 
@@ -157,8 +155,8 @@ def test_a_block_mask_is_built_once_per_mask_tensor_and_again_after_it_changes(b
             return flex.flex_attend(q, k, v, None, **masks)
 
     def eager(padding):
-        with torch.no_grad(), flex.flex_mode("never"):
-            return DF.attend(q, k, v, key_padding_mask=padding, need_weights=False)[0]
+        with torch.no_grad():
+            return DF.attend(q, k, v, key_padding_mask=padding, need_weights=False, flex="never")[0]
 
     first = attend(key_padding_mask=padding)
     again = attend(key_padding_mask=padding)
@@ -206,10 +204,10 @@ def _dense_flex(q, k, v, score_mod=None, block_mask=None, return_lse=False, retu
 @pytest.fixture
 def dense_flex_kernel(monkeypatch):
     """The flex path with :func:`_dense_flex` as its kernel, taken under
-    ``flex_mode("always")`` with gradients on CPU too."""
+    ``flex="always"`` (or ``"auto"``) with gradients on CPU too."""
     monkeypatch.setattr(flex, "_flex", lambda q, variant: _dense_flex)
     for module in (CORE, DF.differentiable_window):
-        monkeypatch.setattr(module, "flex_applies", lambda *a, **kw: flex._mode != "never")
+        monkeypatch.setattr(module, "flex_applies", lambda *a, **kw: kw["flex"] != "never")
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -226,8 +224,7 @@ def test_flex_path_gradients_equal_the_eager_path(name, causal, dense_flex_kerne
     results = {}
     for mode in ("never", "always"):
         q, k, v = (t.clone().requires_grad_() for t in inputs)
-        with flex.flex_mode(mode):
-            out, _ = op(q, k, v, **shared)
+        out, _ = op(q, k, v, **shared, flex=mode)
         results[mode] = (out, *torch.autograd.grad(out.square().sum(), (q, k, v)))
     assert calls, "the flex path did not run"
     for fused, eager in zip(results["always"], results["never"]):
@@ -245,16 +242,16 @@ def test_relative_values_from_the_log_sum_exp_take_every_parameter_gradient(dens
         results = {}
         for mode in ("never", "always"):
             relative_keys, relative_values = (t.clone().requires_grad_() for t in tables)
-            with flex.flex_mode(mode):
-                out, _ = DF.relative_position_attention(
-                    *inputs,
-                    relative_keys,
-                    relative_values,
-                    3,
-                    causal=causal,
-                    key_padding_mask=_padding(3, 11),
-                    need_weights=False,
-                )
+            out, _ = DF.relative_position_attention(
+                *inputs,
+                relative_keys,
+                relative_values,
+                3,
+                causal=causal,
+                key_padding_mask=_padding(3, 11),
+                need_weights=False,
+                flex=mode,
+            )
             results[mode] = torch.autograd.grad(out.square().sum(), (relative_keys, relative_values))
         for fused, eager in zip(results["always"], results["never"]):
             assert float(eager.abs().max()) > 0
@@ -275,8 +272,7 @@ def test_relative_values_for_each_clipping_case(lengths, dense_flex_kernel, flex
     results = {}
     for mode in ("never", "always"):
         inputs = [t.clone().requires_grad_() for t in (q, k, v)]
-        with flex.flex_mode(mode):
-            out, _ = op(*inputs, key_padding_mask=padding, need_weights=False)
+        out, _ = op(*inputs, key_padding_mask=padding, need_weights=False, flex=mode)
         results[mode] = (out, *torch.autograd.grad(out.square().sum(), inputs))
     assert offsets == ([None, 3] if lengths == (11, 11) else [None])
     for fused, eager in zip(results["always"], results["never"]):
@@ -296,8 +292,7 @@ def test_a_window_that_underflows_to_zero_keeps_its_gradient(dtype, dense_flex_k
     results = {}
     for mode in ("never", "always"):
         q, k, v, mask = (t.clone().requires_grad_() for t in (*inputs, window))
-        with flex.flex_mode(mode):
-            out, _ = DF.multiplicative_window_attention(q, k, v, mask, need_weights=False)
+        out, _ = DF.multiplicative_window_attention(q, k, v, mask, need_weights=False, flex=mode)
         results[mode] = (out, *torch.autograd.grad(out.square().sum(), (q, k, v, mask)))
     assert float(results["never"][-1][0, 0, 2, :4].abs().min()) > 1e-3
     tolerance = 1e-12 if dtype == torch.float64 else 1e-5
@@ -330,10 +325,8 @@ def test_cross_attention_lengths_and_a_hidden_row():
     with torch.no_grad():
         for causal in (False, True):
             shared = dict(causal=causal, key_padding_mask=padding, need_weights=False)
-            with flex.flex_mode("never"):
-                eager, _ = op(q, k, v, **shared)
-            with flex.flex_mode("always"):
-                fused, _ = op(q, k, v, **shared)
+            eager, _ = op(q, k, v, **shared, flex="never")
+            fused, _ = op(q, k, v, **shared, flex="always")
             torch.testing.assert_close(fused, eager, rtol=1e-10, atol=1e-10)
     assert float(fused[0, :, 0].abs().max()) == 0.0
 
@@ -345,19 +338,17 @@ def test_routing(flex_calls):
     with torch.no_grad():
         op(q, k, v, need_weights=False)  # auto: CUDA only
         assert calls == []
-        with flex.flex_mode("always"):
-            op(q, k, v, need_weights=False)
-            assert len(calls) == 1
-            op(q, k, v, need_weights=True)  # the weights need the eager path
-            op(q, k, v, need_weights=False, dropout_p=0.1)  # flex has no attention dropout
-            op(q[:, :, -1:], k, v, need_weights=False, query_offset=5)  # a decoding step
-            assert len(calls) == 1
-    with flex.flex_mode("always"):
-        op(q, k, v, need_weights=False)  # gradients on CPU: flex has no CPU backward
+        op(q, k, v, need_weights=False, flex="always")
+        assert len(calls) == 1
+        op(q, k, v, need_weights=True, flex="always")  # the weights need the eager path
+        op(q, k, v, need_weights=False, dropout_p=0.1, flex="always")  # flex has no attention dropout
+        op(q[:, :, -1:], k, v, need_weights=False, query_offset=5, flex="always")  # a decoding step
+        assert len(calls) == 1
+    op(q, k, v, need_weights=False, flex="always")  # gradients on CPU: flex has no CPU backward
     assert len(calls) == 1
-    with pytest.raises(ValueError, match="mode must be one of"):
-        with flex.flex_mode("sometimes"):
-            pass
+    for bad_call in (op, DF.softmax_attention):  # an op that builds no table refuses it too
+        with pytest.raises(ValueError, match="flex must be one of auto, always, never, got 'sometimes'"):
+            bad_call(q, k, v, need_weights=False, flex="sometimes")
 
 
 def test_a_kernel_that_cannot_be_compiled_names_the_way_off_the_flex_path(monkeypatch):
@@ -378,7 +369,7 @@ def test_a_kernel_that_cannot_be_compiled_names_the_way_off_the_flex_path(monkey
     assert message.startswith("flex_attention could not be compiled for cpu (BackendCompilerFailed: ")
     assert "train with --attention-flex never" in message
     # the flag fairseq-generate would refuse is not what generation is told to use
-    assert "--model-overrides \"{'attention_flex': 'never'}\"" in message and "flex_mode('never')" in message
+    assert "--model-overrides \"{'attention_flex': 'never'}\"" in message and "flex='never'" in message
 
     def runtime_error(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory")
@@ -438,8 +429,8 @@ def test_score_mods_capture_tensors_not_python_numbers(name, monkeypatch):
     for module in (CORE, DF.differentiable_window):
         monkeypatch.setattr(module, "flex_attend", spy)
     q, k, v = _inputs(3, 11, 8, torch.float64)
-    with torch.no_grad(), flex.flex_mode("always"):
-        _ops("cpu", torch.float64)[name](q, k, v, key_padding_mask=_padding(3, 11), need_weights=False)
+    with torch.no_grad():
+        _ops("cpu", torch.float64)[name](q, k, v, key_padding_mask=_padding(3, 11), need_weights=False, flex="always")
     assert score_mods
     for score_mod in score_mods:
         assert _captured_numbers(score_mod) == []
@@ -454,8 +445,7 @@ def test_compiled_flex_matches_the_eager_path_on_cuda(name):
         shared = dict(causal=causal, key_padding_mask=_padding(4, 100, "cuda"), need_weights=False)
         results = {}
         for mode in ("never", "auto"):
-            with flex.flex_mode(mode):
-                out, _ = op(q, k, v, **shared)
+            out, _ = op(q, k, v, **shared, flex=mode)
             grads = torch.autograd.grad(out.square().sum(), (q, k, v))
             results[mode] = (out, *grads)
         for fused, eager in zip(results["auto"], results["never"]):
@@ -466,7 +456,7 @@ def test_a_translation_model_gives_the_same_logits_through_flex(flex_calls, bloc
     """Every layer's self-attention through flex (forced, inference) against the
     eager path, in a model that puts a different mechanism in each layer; the
     layers of one stack share one block mask."""
-    from .model_helpers import TINY, left_pad, random_tokens, translation_model
+    from .model_helpers import TINY, flex_setting, left_pad, random_tokens, translation_model
 
     calls = flex_calls
     model, d = translation_model(
@@ -484,10 +474,10 @@ def test_a_translation_model_gives_the_same_logits_through_flex(flex_calls, bloc
     src_lengths = torch.tensor([len(s) for s in sentences])
     prev_output_tokens = random_tokens(d, 3, 5, seed=9)
     with torch.no_grad():
-        with flex.flex_mode("never"):
+        with flex_setting(model, "never"):
             eager, _ = model(src_tokens, src_lengths, prev_output_tokens)
         assert calls == []
-        with flex.flex_mode("always"):
+        with flex_setting(model, on_cpu=True):
             fused, _ = model(src_tokens, src_lengths, prev_output_tokens)
     assert len(calls) == 4  # the four self-attention layers; cross-attention is vanilla
     assert block_mask_builds == [(7, 7), (5, 5)]  # the encoder's padding; the decoder's causal mask
@@ -512,7 +502,7 @@ def test_a_training_step_through_flex_gives_every_parameter_the_eager_paths_grad
     history would train nothing and still give the right forward). On CPU,
     flex's kernel is its dense definition (no CPU backward) in float64; on
     CUDA, the compiled kernel in float32, heads of 32 (a size flex compiles for)."""
-    from .model_helpers import TINY, left_pad, random_tokens, translation_model
+    from .model_helpers import TINY, flex_setting, left_pad, random_tokens, translation_model
 
     calls = flex_calls
     if device == "cpu":
@@ -538,7 +528,7 @@ def test_a_training_step_through_flex_gives_every_parameter_the_eager_paths_grad
     gradients = {}
     for run_mode in ("never", mode):
         model.zero_grad()
-        with flex.flex_mode(run_mode):
+        with flex_setting(model, "never" if run_mode == "never" else None):
             logits, _ = model(src_tokens, src_lengths, prev_output_tokens)
         torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten()).backward()
         gradients[run_mode] = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
@@ -573,7 +563,7 @@ def test_the_compiled_kernel_is_not_recompiled_per_batch_and_never_falls_back(mo
 
     import torch._dynamo
 
-    from .model_helpers import TINY, left_pad, random_tokens, translation_model
+    from .model_helpers import TINY, flex_setting, left_pad, random_tokens, translation_model
 
     compiles, compiled_runs, kernel_calls = [], [], []
 
@@ -617,7 +607,7 @@ def test_the_compiled_kernel_is_not_recompiled_per_batch_and_never_falls_back(mo
     # more of them, or training and validation (grad mode is a guard), would not
     limit_of_two = torch._dynamo.config.patch(recompile_limit=2)
     try:
-        with limit_of_two, torch.no_grad(), flex.flex_mode("always"):
+        with limit_of_two, torch.no_grad(), flex_setting(model, on_cpu=True):
             for batch in range(5):
                 batch_size = lengths.randint(2, 5)
                 source_lengths = [lengths.randint(3, 20) for _ in range(batch_size)]
@@ -626,7 +616,7 @@ def test_the_compiled_kernel_is_not_recompiled_per_batch_and_never_falls_back(mo
                 batch_inputs = (left_pad(sentences, d.pad()), torch.tensor(source_lengths), prev_output_tokens)
                 compiled_logits, _ = model(*batch_inputs)
                 compiles_after.append(len(compiles))
-            with flex.flex_mode("never"):
+            with flex_setting(model, "never"):
                 eager_logits, _ = model(*batch_inputs)
     finally:
         torch._dynamo.reset()
@@ -656,7 +646,7 @@ def _registered_self_attention():
 def test_the_registry_declares_which_mechanisms_take_the_flex_path(mechanism, flex_calls):
     """A mechanism runs through flex exactly when it declares ``flex`` (forced
     flex, inference), with the same logits as the eager path either way."""
-    from .model_helpers import TINY, left_pad, random_tokens, translation_model
+    from .model_helpers import TINY, flex_setting, left_pad, random_tokens, translation_model
 
     name, *options = mechanism.split()
     model, d = translation_model(
@@ -666,9 +656,9 @@ def test_the_registry_declares_which_mechanisms_take_the_flex_path(mechanism, fl
     src_tokens, src_lengths = left_pad(sentences, d.pad()), torch.tensor([6, 3])
     prev_output_tokens = random_tokens(d, 2, 4, seed=5)
     with torch.no_grad():
-        with flex.flex_mode("never"):
+        with flex_setting(model, "never"):
             eager, _ = model(src_tokens, src_lengths, prev_output_tokens)
-        with flex.flex_mode("always"):
+        with flex_setting(model, on_cpu=True):
             fused, _ = model(src_tokens, src_lengths, prev_output_tokens)
     takes_flex = model.encoder.layers[0].self_attn.mechanism.may_take_flex_path()
     assert not takes_flex or _flex_declared(name)
@@ -714,7 +704,7 @@ def test_attention_flex_takes_flex_from_the_recompute_length_on_in_auto(flex_cal
     auto only where the keys reach --attention-recompute-length (on shorter keys the
     eager path trained faster on an H100), so a recompute length of 0 keeps auto off it.
     Encoder keys are 5 long, decoder keys 4: four self-attention layers in all."""
-    from .model_helpers import TINY, random_tokens, translation_model
+    from .model_helpers import TINY, flex_setting, random_tokens, translation_model
 
     calls = flex_calls
     for setting, recompute_length, expected in (
@@ -735,6 +725,22 @@ def test_attention_flex_takes_flex_from_the_recompute_length_on_in_auto(flex_cal
         assert model.encoder.layers[0].self_attn.attention_flex == setting
         src_tokens, prev_output_tokens = random_tokens(d, 2, 5, seed=1), random_tokens(d, 2, 4, seed=2)
         calls.clear()
-        with torch.no_grad(), flex.flex_mode("always"):
+        with torch.no_grad(), flex_setting(model, on_cpu=True):
             model(src_tokens, torch.tensor([5, 5]), prev_output_tokens)
         assert len(calls) == expected, (setting, recompute_length)
+
+
+def test_the_functional_ops_keep_no_mode_of_their_own():
+    """The flex choice is each call's argument: no module of functional/ rebinds a
+    global (the flex_mode context manager did, so one caller's choice leaked into others')."""
+    import ast
+    from pathlib import Path
+
+    folder = Path(DF.__file__).parent
+    rebinding = [
+        f"{path.name}:{node.lineno}"
+        for path in sorted(folder.glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Global)
+    ]
+    assert not rebinding, rebinding

@@ -24,10 +24,10 @@ BASELINE = "sdpa"
 MODES = ("fwd", "fwd+bwd")
 
 
-def _op_table() -> Dict[str, Callable]:
+def _op_table(flex: str = "auto") -> Dict[str, Callable]:
     """name -> make(B, H, L, D, device, seed) returning (leaves, fn); fn() -> output tensor: the
     baseline, the plugin's softmax attention (vanilla), and every registered mechanism's op on
-    its registration's example arguments at their default options."""
+    its registration's example arguments at their default options; ``flex``: the ops' own argument."""
     import fairseq_distattn.functional as DF
     from fairseq_distattn.mechanisms.examples import ExampleDraw, example_call
     from fairseq_distattn.registry import registered
@@ -43,13 +43,13 @@ def _op_table() -> Dict[str, Callable]:
     def softmax(B, H, L, D, device, seed):
         draw = draw_of(B, H, L, D, device, seed)
         q, k, v = draw.query(), draw.key(), draw.key()
-        return draw.leaves, lambda: DF.softmax_attention(q, k, v)[0]
+        return draw.leaves, lambda: DF.softmax_attention(q, k, v, flex=flex)[0]
 
     def mechanism(info):
         def make(B, H, L, D, device, seed):
             draw = draw_of(B, H, L, D, device, seed)
             call = example_call(info, draw)
-            return draw.leaves, lambda: call()[0]
+            return draw.leaves, lambda: call(flex=flex)[0]
 
         return make
 
@@ -79,8 +79,9 @@ def run_ops(
     modes: Sequence[str] = MODES,
     min_time: float = 0.05,
     only: Sequence[str] = (),
+    flex: str = "auto",
 ) -> Dict[str, dict]:
-    table = _op_table()
+    table = _op_table(flex)
     names = [n for n in table if n == BASELINE or not only or any(o in n for o in only)]
     per_call: Dict[Tuple[str, str], Dict[int, dict]] = {(n, m): {} for n in names for m in modes}
     ratios: Dict[Tuple[str, str], Dict[int, dict]] = {(n, m): {} for n in names for m in modes}

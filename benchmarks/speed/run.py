@@ -212,12 +212,15 @@ def _device(name: str):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    from fairseq_distattn.functional.flex import flex_mode
-
-    # the models' own option decides where flex runs; "never" keeps the functional ops
-    # of the ops section off it too (on CUDA; CPU never takes it)
-    with flex_mode("never" if args.attention_flex == "never" else "auto"), C.attention_flex(args.attention_flex):
+    # the models' own option decides where flex runs
+    with C.attention_flex(args.attention_flex):
         return _run(args, argv)
+
+
+def ops_flex(attention_flex: str) -> str:
+    """The functional ops' ``flex`` in the ops section: never keeps them off it too (on CUDA;
+    CPU never takes it); the others leave them their default."""
+    return "never" if attention_flex == "never" else "auto"
 
 
 # --------------------------------------------------------------------------- the run
@@ -586,6 +589,7 @@ def _measure_ops(s: Session) -> None:
         modes=args.op_modes,
         min_time=scale.op_min_time,
         only=args.configs,
+        flex=ops_flex(args.attention_flex),
     )
     s.meta["ops_note"] = (
         f"q, k, v [B={scale.op_batch}, H={scale.op_heads}, L, D={scale.op_head_dim}] float32, "

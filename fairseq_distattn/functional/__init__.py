@@ -5,8 +5,8 @@ Shapes: ``q`` ``[B,H,Tq,D]``, ``k``/``v`` ``[B,H,Tk,D]``, unscaled (each op
 applies 1/sqrt(D)); ``key_padding_mask`` ``[B,Tk]`` bool, True = padding;
 ``causal`` hides keys after the query; query row i sits at position
 ``query_offset + i`` and key j at position j. Every attention op takes
-``key_padding_mask``, ``causal``, ``query_offset``, ``dropout_p`` and
-``need_weights`` as keyword-only arguments after its tensors and returns
+``key_padding_mask``, ``causal``, ``query_offset``, ``dropout_p``,
+``need_weights`` and ``flex`` as keyword-only arguments after its tensors and returns
 ``(out [B,H,Tq,D], probs [B,H,Tq,Tk] or None when need_weights=False)``.
 """
 

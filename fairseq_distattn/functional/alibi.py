@@ -83,6 +83,7 @@ def alibi_attention(
     query_offset: int = 0,
     dropout_p: float = 0.0,
     need_weights: bool = True,
+    flex: str = "auto",
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """``softmax(q k^T / sqrt(D) - m_h |i - j|) v`` (sec. 3): the causal form with
     ``causal=True``, the symmetric one without. ``slopes`` ``[H]`` default to the
@@ -105,6 +106,7 @@ def alibi_attention(
         query_offset=query_offset,
         dropout_p=dropout_p,
         need_weights=need_weights,
+        flex=flex,
     )
 
 

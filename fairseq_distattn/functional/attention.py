@@ -16,8 +16,10 @@ flex_attention for a table (:func:`_flex_attend` on the backend in
 Every attention op takes the same keyword-only arguments after its tensors:
 ``key_padding_mask``, ``causal``, ``query_offset``, ``dropout_p`` (attention
 dropout on the probabilities that multiply the values; returned probabilities
-are undropped) and ``need_weights`` (False: the op returns ``(out, None)``,
-and a mechanism that is an additive bias on the logits runs fused).
+are undropped), ``need_weights`` (False: the op returns ``(out, None)``,
+and a mechanism that is an additive bias on the logits runs fused) and ``flex``
+(``"auto"``, ``"always"`` or ``"never"``: whether a table read by ``j - i`` may
+run in flex_attention, :func:`flex.flex_applies`).
 """
 
 import functools
@@ -26,7 +28,7 @@ from typing import Callable, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .flex import flex_applies, flex_attend
+from .flex import check_flex, flex_applies, flex_attend
 from .masking import check_attention_arguments, logit_mask, masked_softmax
 from .position_tables import ScoreTable
 
@@ -76,6 +78,7 @@ def softmax_attention(
     query_offset: int = 0,
     dropout_p: float = 0.0,
     need_weights: bool = True,
+    flex: str = "auto",
 ):
     """Plain ``softmax(q k^T / sqrt(D)) v`` under the same conventions; returns
     ``(out, probs)`` (``probs`` is None when ``need_weights=False``).
@@ -96,6 +99,7 @@ def softmax_attention(
         query_offset=query_offset,
         dropout_p=dropout_p,
         need_weights=need_weights,
+        flex=flex,
     )
 
 
@@ -158,6 +162,7 @@ def attend(
     query_offset: int = 0,
     dropout_p: float = 0.0,
     need_weights: bool = True,
+    flex: str = "auto",
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """The core path of every mechanism: ``(out, probs)`` with
     ``probs = weight_mod(softmax(score_mod(q k^T / sqrt(D)) + bias))`` over the
@@ -180,6 +185,7 @@ def attend(
     Tk]`` weights; no keys (``Tk = 0``) leave every query row without a visible
     key, which gives 0 (as a row hidden by the masks does) and ``[B, H, Tq, 0]``
     weights."""
+    check_flex(flex)
     tgt_len, src_len = q.size(2), k.size(2)
     if offset_table is not None:
         if (
@@ -187,7 +193,7 @@ def attend(
             and (value_term is None or hasattr(value_term, "from_log_normaliser"))
             and tgt_len
             and src_len  # an empty matrix has nothing to fuse: its dense bias is empty too
-            and flex_applies(q, need_weights=need_weights, dropout_p=dropout_p, query_offset=query_offset)
+            and flex_applies(q, flex=flex, need_weights=need_weights, dropout_p=dropout_p, query_offset=query_offset)
         ):
             return _flex_attend(q, k, v, offset_table, value_term, allowed, key_padding_mask, causal), None
         dense = offset_table.dense()

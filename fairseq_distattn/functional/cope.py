@@ -117,6 +117,7 @@ def cope_attention(
     query_offset: int = 0,
     dropout_p: float = 0.0,
     need_weights: bool = True,
+    flex: str = "auto",
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """``softmax((q_i . k_j + q_i . e[p_ij]) / sqrt(D)) v`` with the learned
     ``position_embeddings`` ``e`` ``[D, npos]`` shared by the heads. Returns
@@ -141,6 +142,7 @@ def cope_attention(
         query_offset=query_offset,
         dropout_p=dropout_p,
         need_weights=need_weights,
+        flex=flex,
     )
 
 

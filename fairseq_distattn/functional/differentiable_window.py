@@ -207,13 +207,14 @@ def multiplicative_window_attention(
     query_offset: int = 0,
     dropout_p: float = 0.0,
     need_weights: bool = True,
+    flex: str = "auto",
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """MW, eqs. 12-13. Returns ``(out, weights)``; weights = softmax * M (rows need
     not sum to 1). Where :func:`flex.flex_applies` (CUDA, no weights, no
     dropout, full sequences) it runs as :func:`_flex_multiplicative_window`."""
     check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
     _check_window(mask, q, k)
-    if flex_applies(q, need_weights=need_weights, dropout_p=dropout_p, query_offset=query_offset):
+    if flex_applies(q, flex=flex, need_weights=need_weights, dropout_p=dropout_p, query_offset=query_offset):
         return _flex_multiplicative_window(q, k, v, mask, key_padding_mask, causal), None
     return attend(
         q,
@@ -225,6 +226,7 @@ def multiplicative_window_attention(
         query_offset=query_offset,
         dropout_p=dropout_p,
         need_weights=need_weights,
+        flex=flex,
     )
 
 
@@ -298,6 +300,7 @@ def additive_window_attention(
     query_offset: int = 0,
     dropout_p: float = 0.0,
     need_weights: bool = True,
+    flex: str = "auto",
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """AW, eqs. 14-17. Returns ``(out, probs)``; the masked local scores are an
     additive bias, so ``need_weights=False`` runs fused and returns ``(out, None)``."""
@@ -323,6 +326,7 @@ def additive_window_attention(
         query_offset=query_offset,
         dropout_p=dropout_p,
         need_weights=need_weights,
+        flex=flex,
     )
 
 
@@ -344,6 +348,7 @@ def differentiable_window_attention(
     query_offset: int = 0,
     dropout_p: float = 0.0,
     need_weights: bool = True,
+    flex: str = "auto",
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """The whole mechanism in one call: the soft mask of eq. 9 (or eq. 11 with
     ``segment_size`` > 0; ``expected`` as in :func:`window_mask`) from the
@@ -369,6 +374,7 @@ def differentiable_window_attention(
         query_offset=query_offset,
         dropout_p=dropout_p,
         need_weights=need_weights,
+        flex=flex,
     )
     if q_local is None:
         return multiplicative_window_attention(q, k, v, mask, **shared)

@@ -176,6 +176,7 @@ def distance_aware_attention(
     query_offset: int = 0,
     dropout_p: float = 0.0,
     need_weights: bool = True,
+    flex: str = "auto",
     mapping: str = "learnable-sigmoid",
     adjusting: str = "early-multiply",
     linear_slope: Optional[Tensor] = None,
@@ -228,6 +229,7 @@ def distance_aware_attention(
         query_offset=query_offset,
         dropout_p=dropout_p,
         need_weights=need_weights,
+        flex=flex,
     )
     if adjusting in ("early-multiply", "early-add"):  # early-add: softmax(S + R^)
         return attend(q, k, v, offset_table=table, **shared)

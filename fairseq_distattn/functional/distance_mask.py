@@ -54,6 +54,7 @@ def distance_mask_attention(
     query_offset: int = 0,
     dropout_p: float = 0.0,
     need_weights: bool = True,
+    flex: str = "auto",
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``; with
     ``need_weights=False`` it runs fused and returns ``(out, None)``."""
@@ -77,6 +78,7 @@ def distance_mask_attention(
         query_offset=query_offset,
         dropout_p=dropout_p,
         need_weights=need_weights,
+        flex=flex,
     )
 
 

@@ -182,6 +182,7 @@ def fire_attention(
     query_offset: int = 0,
     dropout_p: float = 0.0,
     need_weights: bool = True,
+    flex: str = "auto",
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """``softmax(q k^T / sqrt(D) + f_theta(psi(i - j) / psi(max(L, i)))) v``
     (self-attention: query row i sits at ``query_offset + i`` of the keys).
@@ -214,6 +215,7 @@ def fire_attention(
         query_offset=query_offset,
         dropout_p=dropout_p,
         need_weights=need_weights,
+        flex=flex,
     )
 
 

@@ -1,7 +1,7 @@
 """The flex_attention backend: ``torch.nn.attention.flex_attention`` as the
 fused path for mechanisms that are a function of the score and of the key's
 offset from the query. Here: when it runs (:data:`FLEX_MODES`,
-:func:`flex_mode`, :func:`flex_applies`), its compilation (one compiled
+:func:`check_flex`, :func:`flex_applies`), its compilation (one compiled
 function per kind of call), its block masks and :func:`flex_attend`. The
 position tables it reads (:class:`position_tables.OffsetTable`,
 :class:`position_tables.LseValueTerm`) are shared with the eager and SDPA
@@ -36,7 +36,7 @@ training, scoring, the encoder; one-token decoding steps gain nothing and would
 recompile per step) without attention weights and without attention dropout
 (FlexAttention has none), on CUDA with a head size flex compiles for. Elsewhere
 the mechanisms take the eager path of :func:`attention.attend`, to which this one
-is equal to float32 rounding. :func:`flex_mode` forces it on or off. On CPU,
+is equal to float32 rounding. Every op's ``flex`` argument forces it on or off. On CPU,
 "always" runs flex's eager (uncompiled) form without gradients (flex has no
 CPU backward), which checks the score and mask functions but is not fast; the
 compiled CPU kernel is never used, because it is wrong for lengths that are
@@ -44,11 +44,10 @@ not a multiple of its block size in the torch this plugin pins.
 """
 
 import collections
-import contextlib
 import functools
 import importlib.util
 import types
-from typing import Callable, Iterator, Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
@@ -56,7 +55,6 @@ from torch import Tensor
 from .position_tables import ScoreTable, index_scalar
 
 FLEX_MODES = ("auto", "always", "never")
-_mode = "auto"
 
 
 @functools.lru_cache(maxsize=None)
@@ -68,27 +66,23 @@ def _flex_module():
     return importlib.import_module("torch.nn.attention.flex_attention")
 
 
-@contextlib.contextmanager
-def flex_mode(mode: str) -> Iterator[None]:
-    """Within the block, ``"auto"`` (CUDA only, the default), ``"always"``
-    (wherever the call qualifies, CPU included) or ``"never"``."""
-    global _mode
-    if mode not in FLEX_MODES:
-        raise ValueError(f"mode must be one of {', '.join(FLEX_MODES)}, got {mode!r}")
-    previous, _mode = _mode, mode
-    try:
-        yield
-    finally:
-        _mode = previous
+def check_flex(flex) -> None:
+    """ValueError unless ``flex`` is one of :data:`FLEX_MODES`: ``"auto"`` (CUDA only, the
+    default), ``"always"`` (wherever the call qualifies, CPU included) or ``"never"``."""
+    if flex not in FLEX_MODES:
+        raise ValueError(f"flex must be one of {', '.join(FLEX_MODES)}, got {flex!r}")
 
 
-def flex_applies(q: Tensor, *, need_weights: bool, dropout_p: float, query_offset: int) -> bool:
-    """Whether a call with these arguments takes the flex path."""
-    if _mode == "never" or _flex_module() is None or need_weights or dropout_p > 0.0 or query_offset != 0:
+def flex_applies(q: Tensor, *, flex: str, need_weights: bool, dropout_p: float, query_offset: int) -> bool:
+    """Whether a call with these arguments takes the flex path; ``flex`` is the caller's
+    setting (:func:`check_flex`), an argument of every op rather than a global, so that
+    one call's choice cannot leak into another's."""
+    check_flex(flex)
+    if flex == "never" or _flex_module() is None or need_weights or dropout_p > 0.0 or query_offset != 0:
         return False
     if not q.is_cuda:
         # flex has no backward on CPU: there it serves inference, and only when forced
-        return _mode == "always" and not torch.is_grad_enabled()
+        return flex == "always" and not torch.is_grad_enabled()
     head_size = q.size(-1)
     # flex's CUDA kernels tile the head dimension: powers of two from 16
     return head_size >= 16 and head_size & (head_size - 1) == 0
@@ -138,7 +132,7 @@ def _compiled_kernel(variant: tuple, q: Tensor, *args, **kwargs):
             f"{str(error).splitlines()[0] if str(error) else 'no message'}); take the eager path: train with "
             "--attention-flex never, generate from a trained model with --model-overrides "
             "\"{'attention_flex': 'never'}\" (fairseq-generate has no model flags), or in the functional API "
-            "use fairseq_distattn.functional.flex.flex_mode('never')"
+            "pass flex='never' to the op"
         ) from error
 
 
@@ -250,5 +244,5 @@ def flex_attend(
 __all__ = [
     "flex_applies",
     "flex_attend",
-    "flex_mode",
+    "check_flex",
 ]

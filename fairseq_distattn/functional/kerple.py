@@ -99,6 +99,7 @@ def kerple_attention(
     query_offset: int = 0,
     dropout_p: float = 0.0,
     need_weights: bool = True,
+    flex: str = "auto",
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """``softmax(q k^T / sqrt(D) + b_h(i, j)) v`` with KERPLE's ``kernel``
     (``"log"`` or ``"power"``) of per-head ``r1``, ``r2`` ``[H]`` (clamped to the
@@ -120,6 +121,7 @@ def kerple_attention(
         query_offset=query_offset,
         dropout_p=dropout_p,
         need_weights=need_weights,
+        flex=flex,
     )
 
 

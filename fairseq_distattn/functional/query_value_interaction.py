@@ -170,6 +170,7 @@ def query_value_interaction_attention(
     query_offset: int = 0,
     dropout_p: float = 0.0,
     need_weights: bool = True,
+    flex: str = "auto",
     interaction: str = "gated",
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """QVI self-attention, eqs. 7-10. ``q`` holds the queries at positions
@@ -202,6 +203,7 @@ def query_value_interaction_attention(
                 query_offset=query_offset,
                 dropout_p=dropout_p,
                 need_weights=need_weights,
+                flex=flex,
                 interaction=interaction,
             )
         return out.to(q.dtype), None if probs is None else probs.to(q.dtype)
@@ -225,6 +227,7 @@ def query_value_interaction_attention(
         query_offset=query_offset,
         dropout_p=dropout_p,
         need_weights=need_weights,
+        flex=flex,
     )  # eq. 10
 
 

@@ -362,6 +362,7 @@ def relative_position_attention(
     query_offset: int = 0,
     dropout_p: float = 0.0,
     need_weights: bool = True,
+    flex: str = "auto",
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """Shaw et al. eqs. (3)-(4). ``rel_keys``/``rel_values`` are ``[2k+1, D]``
     (``rel_values=None``: keys only), in ``q``'s dtype unless autocast is on.
@@ -390,6 +391,7 @@ def relative_position_attention(
         query_offset=query_offset,
         dropout_p=dropout_p,
         need_weights=need_weights,
+        flex=flex,
     )
     if tgt_len == 1:
         # One query (an incremental decoding step): eq. 4's second term is the query's

@@ -557,6 +557,7 @@ def rotary_attention(
     query_offset: int = 0,
     dropout_p: float = 0.0,
     need_weights: bool = True,
+    flex: str = "auto",
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """Self-attention ``softmax((R_m q)^T (R_n k) / sqrt(D)) v`` (RoFormer eq. 16;
     xPos with ``xpos_scale_base``; scaled by ``scaling``): q and k rotated by
@@ -590,6 +591,7 @@ def rotary_attention(
         query_offset=query_offset,
         dropout_p=dropout_p,
         need_weights=need_weights,
+        flex=flex,
     )
 
 

@@ -74,6 +74,7 @@ def sandwich_attention(
     query_offset: int = 0,
     dropout_p: float = 0.0,
     need_weights: bool = True,
+    flex: str = "auto",
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """``softmax(q k^T / sqrt(D) + b_h(|i - j|)) v`` with Sandwich's bias of
     ``dim``-dimensional sinusoids (None: the head size ``D``). Returns
@@ -92,6 +93,7 @@ def sandwich_attention(
         query_offset=query_offset,
         dropout_p=dropout_p,
         need_weights=need_weights,
+        flex=flex,
     )
 
 

@@ -152,6 +152,7 @@ def t5_bias_attention(
     query_offset: int = 0,
     dropout_p: float = 0.0,
     need_weights: bool = True,
+    flex: str = "auto",
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """``softmax(q k^T / sqrt(D) + b_h(bucket(j - i))) v`` with the learned
     ``[buckets, H]`` ``table``; ``bidirectional`` defaults to ``not causal``
@@ -181,6 +182,7 @@ def t5_bias_attention(
         query_offset=query_offset,
         dropout_p=dropout_p,
         need_weights=need_weights,
+        flex=flex,
     )
 
 

@@ -98,6 +98,7 @@ def transformer_xl_attention(
     query_offset: int = 0,
     dropout_p: float = 0.0,
     need_weights: bool = True,
+    flex: str = "auto",
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """``softmax(((q + u) k^T + (q + v) W_R R_{i-j}) / sqrt(D)) v`` (self-attention:
     query row i sits at ``query_offset + i`` of the keys) with ``relative_weight``
@@ -120,6 +121,7 @@ def transformer_xl_attention(
         query_offset=query_offset,
         dropout_p=dropout_p,
         need_weights=need_weights,
+        flex=flex,
     )
 
 

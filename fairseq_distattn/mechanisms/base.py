@@ -153,7 +153,7 @@ class Mechanism(nn.Module):
         (declared ``flex``; a mechanism whose options decide overrides this)."""
         return bool(self.info.flex)
 
-    def recompute_saves_memory(self, query: Tensor, need_weights: bool, dropout_p: float) -> bool:
+    def recompute_saves_memory(self, query: Tensor, need_weights: bool, dropout_p: float, flex: str = "auto") -> bool:
         """Whether backward would keep [B, H, Tq, Tk] tensors that the attention
         module may instead recompute in blocks of query rows; only for
         mechanisms whose every query row depends on that row's queries alone
@@ -163,7 +163,7 @@ class Mechanism(nn.Module):
         if (
             self.may_take_flex_path()
             and not self.flex_keeps_attention_tensors
-            and flex_applies(query, need_weights=need_weights, dropout_p=dropout_p, query_offset=0)
+            and flex_applies(query, flex=flex, need_weights=need_weights, dropout_p=dropout_p, query_offset=0)
         ):
             return False
         return self.info.row_wise and (need_weights or not self.info.fused_keeps_nothing_per_batch)
@@ -240,17 +240,18 @@ class Mechanism(nn.Module):
         dropout_p: float,
         need_weights: bool,
         cache: Optional[Dict[str, Optional[Tensor]]],
+        flex: str = "auto",
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """``(out [B,H,Tq,D], probs [B,H,Tq,Tk] or None when not need_weights)``: the
         registered op on the call's tensors and :meth:`op_arguments`. ``cache`` is the
         layer's incremental state (batch-first tensors), or None. A mechanism overrides
         this only where it must, and says why in ``overrides_forward_because``."""
         positional, own = self.op_arguments(queries, keys, causal)
-        shared = shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights)
+        shared = shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights, flex)
         return self.info.op(queries["query"], keys["key"], keys["value"], *positional, **own, **shared)
 
 
-def shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights) -> Dict[str, Any]:
+def shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights, flex="auto") -> Dict[str, Any]:
     """The keyword arguments every functional attention op takes after its tensors."""
     return dict(
         key_padding_mask=key_padding_mask,
@@ -258,4 +259,5 @@ def shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_wei
         query_offset=query_offset,
         dropout_p=dropout_p,
         need_weights=need_weights,
+        flex=flex,
     )

@@ -146,7 +146,11 @@ class Kerple(Mechanism):
 
     overrides_forward_because = "r1, r2 go back into their constraints before each training call (the authors' step)"
 
-    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
+    def forward(
+        self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache, flex="auto"
+    ):
         if self.training:
             self.project_onto_constraints()
-        return super().forward(queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache)
+        return super().forward(
+            queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache, flex
+        )

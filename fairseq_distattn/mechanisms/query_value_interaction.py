@@ -79,12 +79,14 @@ class QueryValueInteraction(Mechanism):
         "the layer caches the queries and the query-aware values it made"
     )
 
-    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
-        arguments = (queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache)
+    def forward(
+        self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache, flex="auto"
+    ):
+        arguments = (queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache, flex)
         if cache is None or self.interaction == "values-only":  # g_1 = V depends on no query: nothing to cache
             return super().forward(*arguments)
         query = queries["query"]
-        shared = shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights)
+        shared = shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights, flex)
         seen_queries = cache.get("prev_qvi_query")
         all_queries = query if seen_queries is None else torch.cat([seen_queries, query], dim=2)
         new_values = DF.query_aware_values(

@@ -304,10 +304,12 @@ class Rotary(Mechanism):
     def op_arguments(self, queries, keys, causal):
         return (), dict(self.arguments)
 
-    def forward(self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache):
+    def forward(
+        self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache, flex="auto"
+    ):
         return DF.attend(
             queries["query"],
             keys["key"],
             keys["value"],
-            **shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights),
+            **shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights, flex),
         )

@@ -6,7 +6,6 @@ overrides ``forward`` completely: fairseq's fast path
 (``F.multi_head_attention_forward``) would bypass any hook.
 """
 
-import contextlib
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -15,7 +14,6 @@ from fairseq.modules.quant_noise import quant_noise
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..functional.flex import flex_mode
 from ..mechanisms import Stack, build_mechanism
 from ..spec import MechanismOptions
 
@@ -63,6 +61,9 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
         self.mechanism = build_mechanism(mechanism, num_heads, self.head_dim, options, stack)
         # the attention module's own options (the mechanism gets only its own options dataclass)
         self.attention_flex = options.attention_flex
+        # the ops' flex argument where --attention-flex takes the flex path: "auto" runs it on
+        # CUDA only (the flag leaves the CPU alone); tests set "always" to run flex's CPU form
+        self.flex_when_taken = "auto"
         self.recompute_length = options.attention_recompute_length
 
         def projection(input_dim):
@@ -153,14 +154,15 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
         dropout_p = self.dropout_module.p if self.training else 0.0
         # off flex_attention, the recompute decision included: --attention-flex never, or
         # auto below the recompute length (see _takes_flex_at)
-        off_flex = not self._takes_flex_at(keys["key"].size(2))
-        with flex_mode("never") if off_flex else contextlib.nullcontext():
-            if saved_state is None and self._recomputes(queries["query"], keys["key"], need_weights, dropout_p):
-                out, probs = self._attend_in_recomputed_chunks(queries, keys, key_padding_mask, dropout_p, need_weights)
-            else:
-                out, probs = self.mechanism(
-                    queries, keys, key_padding_mask, self.causal, query_offset, dropout_p, need_weights, saved_state
-                )
+        flex = self.flex_when_taken if self._takes_flex_at(keys["key"].size(2)) else "never"
+        if saved_state is None and self._recomputes(queries["query"], keys["key"], need_weights, dropout_p, flex):
+            out, probs = self._attend_in_recomputed_chunks(
+                queries, keys, key_padding_mask, dropout_p, need_weights, flex
+            )
+        else:
+            out, probs = self.mechanism(
+                queries, keys, key_padding_mask, self.causal, query_offset, dropout_p, need_weights, saved_state, flex
+            )
         if saved_state is not None:
             self._set_input_buffer(incremental_state, saved_state)
 
@@ -188,12 +190,12 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
         """--attention-recompute-length's test (0: never), which also bounds auto's flex path."""
         return 0 < self.recompute_length <= key_length
 
-    def _recomputes(self, query: Tensor, key: Tensor, need_weights: bool, dropout_p: float) -> bool:
+    def _recomputes(self, query: Tensor, key: Tensor, need_weights: bool, dropout_p: float, flex: str) -> bool:
         return (
             self._keys_reach_recompute_length(key.size(2))
             and torch.is_grad_enabled()
             and query.requires_grad
-            and self.mechanism.recompute_saves_memory(query, need_weights, dropout_p)
+            and self.mechanism.recompute_saves_memory(query, need_weights, dropout_p, flex)
         )
 
     def _attend_in_recomputed_chunks(
@@ -203,6 +205,7 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
         key_padding_mask: Optional[Tensor],
         dropout_p: float,
         need_weights: bool,
+        flex: str,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """The mechanism over blocks of query rows, each under activation
         checkpointing: backward recomputes one block at a time, so no
@@ -229,6 +232,7 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
                 dropout_p,
                 need_weights,
                 None,
+                flex,
                 use_reentrant=False,
             )
             outputs.append(out)
