@@ -9,6 +9,8 @@
   moved, what the trained window attends to, and the error of each op in half precision;
 - ``benchmarks/gpu/``: the shell scripts that run the above on a lent GPU machine.
 
-:mod:`benchmarks.common` holds what they share: paths, command-line checks and the
-machine description.
+:mod:`benchmarks.common` holds what they all share: paths, command-line checks and the
+machine description; :mod:`benchmarks.harness` what the harnesses that train and
+evaluate models share: running the fairseq tools, run files and fingerprints, claims,
+the statistics over seeds and the pieces of their reports.
 """
