@@ -1,21 +1,19 @@
-"""What every harness shares: the repository's paths, command-line checks and the
-description of the machine a result was measured on.
+"""What every harness shares, the speed harness included: the repository's paths (and
+how results name them), command-line checks and the description of the machine a
+result was measured on. What only the harnesses that train and evaluate models share
+is in :mod:`benchmarks.harness`.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
-import hashlib
 import json
 import os
 import platform
 import re
 import subprocess
-from collections import Counter
 from pathlib import Path
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -94,137 +92,6 @@ def comma_separated_names(parser, flag: str, text: str, known: Iterable[str]) ->
     if unknown:
         parser.error(f"argument {flag}: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
     return names
-
-
-# --------------------------------------------------------------------------- one process per run
-
-
-@contextlib.contextmanager
-def claimed(directory: Path, wait: bool = False) -> Iterator[Optional[str]]:
-    """Claims ``directory`` for this process while the block runs: an exclusive
-    ``flock`` on its ``.lock`` file, so two harnesses started on the same work
-    directory (two shells, two sessions) never train one run at once. The kernel
-    drops the lock when its holder exits, killed or not, so a claim is never stale.
-    Yields None once claimed; without ``wait``, yields instead who holds it (the
-    holder's ``pid N on HOST``) when another process does, and runs the block
-    without the claim."""
-    directory.mkdir(parents=True, exist_ok=True)
-    with (directory / ".lock").open("a+", encoding="utf-8") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            handle.seek(0)
-            yield handle.read().strip() or "another process"
-            return
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()} on {platform.node()}")
-        handle.flush()
-        try:
-            yield None
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def file_version(path: Path) -> Optional[int]:
-    """The modification time of ``path`` in ns, None when there is no such file."""
-    try:
-        return path.stat().st_mtime_ns
-    except FileNotFoundError:
-        return None
-
-
-def train_unless_taken(
-    run: str,
-    run_dir: Path,
-    run_file: Path,
-    listed: Optional[int],
-    train: Callable[[], None],
-    log: Callable[[str], None],
-) -> None:
-    """Calls ``train`` holding the claim on ``run_dir``, unless another process holds
-    it or wrote ``run_file`` since this one listed its runs (``listed``: the file's
-    ``file_version`` then); logs why it skips ``run`` (e.g. ``da seed 2``)."""
-    with claimed(run_dir) as holder:
-        if holder is not None:
-            log(f"skip {run}: {holder} is training it in {run_dir}")
-        elif file_version(run_file) not in (None, listed):
-            log(f"skip {run}: another process finished it")
-        else:
-            train()
-
-
-# --------------------------------------------------------------------------- which model a result is from
-
-
-def checkpoint_fingerprint(path: Path) -> str:
-    """sha256 of a checkpoint file: which model a result was evaluated from."""
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def recorded_fingerprint(quality_file: Optional[Path]) -> Optional[str]:
-    """The ``checkpoint_sha256`` a quality run file records (None: no such file, or
-    one written before fingerprints were recorded)."""
-    if quality_file is None or not quality_file.is_file():
-        return None
-    return json.loads(quality_file.read_text(encoding="utf-8")).get("checkpoint_sha256")
-
-
-def evaluated_from(record: dict, fingerprint: str, quality_fingerprint: Optional[str]) -> bool:
-    """Whether a run's result ``record`` may come from its model with ``fingerprint``,
-    given the fingerprint its quality run file records. A record naming a checkpoint:
-    when it names that one. A record naming none (written before fingerprints were
-    recorded): unless the quality run names one, for a quality run that records
-    a fingerprint was trained after fingerprints came, and every evaluation of its
-    model since names it: such a record is from a model trained before (the run was
-    trained again, e.g. ``--retrain``)."""
-    if "checkpoint_sha256" in record:
-        return record["checkpoint_sha256"] == fingerprint
-    return quality_fingerprint is None
-
-
-def models_per_run(
-    records: Iterable[dict],
-    run_of: Callable[[dict], Tuple[str, int]],
-    quality_file: Callable[[str, int], Optional[Path]],
-) -> List[str]:
-    """What keeps result records from coming from one model per run: per run
-    (``run_of(record)``: its configuration and seed), the ``checkpoint_sha256``
-    its records name must be one, and the one its quality run file
-    (``quality_file(config, seed)``; None or absent: not compared) records where
-    that file records one; there, every record must name it (see
-    ``evaluated_from``). Records from before fingerprints were recorded, of a run
-    whose quality run file records none, cannot be checked. Returns the problems,
-    one line each."""
-    fingerprints: Dict[Tuple[str, int], set] = {}
-    unnamed: Counter = Counter()
-    for record in records:
-        if "checkpoint_sha256" in record:
-            fingerprints.setdefault(run_of(record), set()).add(record["checkpoint_sha256"])
-        else:
-            unnamed[run_of(record)] += 1
-    problems = []
-    for config, seed in sorted({*fingerprints, *unnamed}):
-        found = fingerprints.get((config, seed), set())
-        if len(found) > 1:
-            problems.append(f"{config} seed {seed}: {len(found)} checkpoints")
-            continue
-        quality = quality_file(config, seed)
-        recorded = recorded_fingerprint(quality)
-        if recorded is None:
-            continue
-        if found and recorded not in found:
-            problems.append(f"{config} seed {seed}: another model than the one {quality} records")
-        elif unnamed[config, seed]:
-            problems.append(
-                f"{config} seed {seed}: {unnamed[config, seed]} result(s) naming no checkpoint, from a model "
-                f"trained before the one {quality} records"
-            )
-    return problems
 
 
 # --------------------------------------------------------------------------- paths in results

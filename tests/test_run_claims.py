@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.common import REPO_ROOT, claimed
+from benchmarks.common import REPO_ROOT
+from benchmarks.harness.claims import claimed
 from benchmarks.quality import lm as lm_quality
 from benchmarks.quality import mt as quality
 
@@ -25,7 +26,7 @@ HOLDER = textwrap.dedent(
     import sys
     import time
     from pathlib import Path
-    from benchmarks.common import claimed
+    from benchmarks.harness.claims import claimed
 
     with claimed(Path(sys.argv[1])) as holder:
         print(holder, flush=True)

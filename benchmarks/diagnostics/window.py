@@ -48,6 +48,7 @@ import torch
 from torch import Tensor
 
 from ..common import REPO_ROOT, at_least, shown
+from ..harness.seeds import mean_std_text, seeds_cell
 
 DEFAULT_WORK = REPO_ROOT / "work" / "quality"
 DEFAULT_CHECKPOINT = DEFAULT_WORK / "small" / "window-seed1" / "averaged.pt"
@@ -545,13 +546,6 @@ def quality_context(runs: Path) -> Optional[Dict[str, object]]:
     }
 
 
-def _mean_std(values: Sequence[float], digits: int = 2) -> str:
-    """``mean +- sample std`` (a single value alone)."""
-    if len(values) == 1:
-        return _f(values[0], digits)
-    return f"{statistics.fmean(values):.{digits}f} +- {statistics.stdev(values):.{digits}f}"
-
-
 def quality_table(quality: Dict[str, List[Dict]]) -> List[str]:
     """The quality runs of the window configurations: BLEU over seeds for vanilla, the paper's window
     configuration, the named departure and each single-kind ablation."""
@@ -564,12 +558,12 @@ def quality_table(quality: Dict[str, List[Dict]]) -> List[str]:
         rows.append(
             [
                 name,
-                f"{len(records)} ({','.join(str(r['seed']) for r in records)})",
-                _mean_std(bleu),
+                seeds_cell(records),
+                mean_std_text(bleu),
                 "-" if name == "vanilla" else f"{statistics.fmean(bleu) - vanilla:+.2f}",
-                _mean_std(sacre) if sacre else "-",
+                mean_std_text(sacre) if sacre else "-",
                 "-" if name == "vanilla" or not sacre else f"{statistics.fmean(sacre) - vanilla_sacre:+.2f}",
-                _mean_std([r["valid_ppl"] for r in records]),
+                mean_std_text([r["valid_ppl"] for r in records]),
                 records[0].get("note", "").replace("|", "\\|"),
             ]
         )
@@ -625,34 +619,32 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> List[str
     ]
 
 
-def findings(results: Dict) -> List[str]:
-    """The findings paragraph, every number in it read from ``results``."""
-    trained, initial = _sites(results, "window", "trained"), _sites(results, "window", "init")
-    vanilla_trained = _sites(results, "vanilla", "trained")
-    lines = []
-    quality = results.get("quality")
-    if quality:
-        vanilla_bleu = [r["bleu"] for r in quality["vanilla"]]
-        window_bleu = [r["bleu"] for r in quality["window"]]
-        spread = statistics.stdev(vanilla_bleu) if len(vanilla_bleu) > 1 else 0.0
-        gap = statistics.fmean(window_bleu) - statistics.fmean(vanilla_bleu)
-        lines.append(
-            f"**Is window worse?** Window scores BLEU {_mean_std(window_bleu)} over {len(window_bleu)} "
-            f"seed(s) ({', '.join(_f(b, 2) for b in window_bleu)}) against vanilla {_mean_std(vanilla_bleu)} "
-            f"over {len(vanilla_bleu)} seeds ({', '.join(_f(b, 2) for b in vanilla_bleu)}): a difference of "
-            f"{gap:+.2f}, "
-            + (
-                "within one vanilla seed std, so on these numbers it does not train worse; one seed of each could "
-                "show a gap of this size either way."
-                if abs(gap) <= spread
-                else "larger than one vanilla seed std."
-            )
-            + f" Valid perplexity: window {', '.join(_f(r['valid_ppl'], 2) for r in quality['window'])}, vanilla "
-            f"{', '.join(_f(r['valid_ppl'], 2) for r in quality['vanilla'])}."
+def quality_finding(quality: Dict[str, List[Dict]]) -> str:
+    """Whether window trains worse than vanilla, read against vanilla's seed spread."""
+    vanilla_bleu = [r["bleu"] for r in quality["vanilla"]]
+    window_bleu = [r["bleu"] for r in quality["window"]]
+    spread = statistics.stdev(vanilla_bleu) if len(vanilla_bleu) > 1 else 0.0
+    gap = statistics.fmean(window_bleu) - statistics.fmean(vanilla_bleu)
+    return (
+        f"**Is window worse?** Window scores BLEU {mean_std_text(window_bleu)} over {len(window_bleu)} "
+        f"seed(s) ({', '.join(_f(b, 2) for b in window_bleu)}) against vanilla {mean_std_text(vanilla_bleu)} "
+        f"over {len(vanilla_bleu)} seeds ({', '.join(_f(b, 2) for b in vanilla_bleu)}): a difference of "
+        f"{gap:+.2f}, "
+        + (
+            "within one vanilla seed std, so on these numbers it does not train worse; one seed of each could "
+            "show a gap of this size either way."
+            if abs(gap) <= spread
+            else "larger than one vanilla seed std."
         )
-    share = results["window_layers"]
+        + f" Valid perplexity: window {', '.join(_f(r['valid_ppl'], 2) for r in quality['window'])}, vanilla "
+        f"{', '.join(_f(r['valid_ppl'], 2) for r in quality['vanilla'])}."
+    )
+
+
+def placement_finding(share: Dict[str, Tuple[int, int]]) -> str:
+    """How many layers of each kind are windowed, against the paper's lower half."""
     all_windowed = [kind for kind in KINDS if kind in share and share[kind][0] == share[kind][1]]
-    lines.append(
+    return (
         "**Layer placement.** Window layers per kind: "
         + ", ".join(f"{kind} {share[kind][0]}/{share[kind][1]}" for kind in KINDS if kind in share)
         + (
@@ -663,108 +655,137 @@ def findings(results: Dict) -> List[str]:
         )
     )
 
-    for kind in KINDS:
-        init_sites = [s for s in initial if s["kind"] == kind and "width" in s]
-        if not init_sites:
-            continue
-        pointer = statistics.fmean(
-            (s["left_entropy"] + s["right_entropy"]) / 2 / s["uniform_entropy"]
-            for s in init_sites
-            if s["uniform_entropy"] > 0
+
+def boundary_entropy(window_sites: Sequence[Dict]) -> float:
+    """The mean entropy of the left and right boundaries as a share of the uniform one (log n)."""
+    return statistics.fmean(
+        (s["left_entropy"] + s["right_entropy"]) / 2 / s["uniform_entropy"]
+        for s in window_sites
+        if s["uniform_entropy"] > 0
+    )
+
+
+def initial_window_finding(initial: Sequence[Dict], kind: str) -> Optional[str]:
+    """What the windows of ``kind`` are at step 0: uniform boundaries or not, how much they
+    cover, and whether they favour the query's own key (None: no window of that kind)."""
+    init_sites = [s for s in initial if s["kind"] == kind and "width" in s]
+    if not init_sites:
+        return None
+    pointer = boundary_entropy(init_sites)
+    width_ratio = statistics.fmean(s["width"] / s["uniform_width"] for s in init_sites)
+    fraction = _kind_mean(initial, kind, "width_fraction")
+    at_query, mean_m = _kind_mean(initial, kind, "m_at_query"), _kind_mean(initial, kind, "mean_m")
+    uniform = pointer >= UNIFORM_POINTERS and abs(width_ratio - 1) <= 0.05
+    shape = (
+        "neither everything visible (100%) nor a narrow window"
+        if 0.2 <= fraction <= 0.8
+        else "nearly everything visible"
+        if fraction > 0.8
+        else "a narrow window"
+    )
+    key = "own" if kind != "cross" else "diagonal"
+    if abs(at_query - mean_m) <= NEAR * mean_m:
+        centre = (
+            f"M at the query's {key} key ({at_query:.3f}) is about the mean M ({mean_m:.3f}): the window "
+            "does not favour the query's neighbourhood"
         )
-        width_ratio = statistics.fmean(s["width"] / s["uniform_width"] for s in init_sites)
-        fraction = _kind_mean(initial, kind, "width_fraction")
-        at_query, mean_m = _kind_mean(initial, kind, "m_at_query"), _kind_mean(initial, kind, "mean_m")
-        uniform = pointer >= UNIFORM_POINTERS and abs(width_ratio - 1) <= 0.05
-        shape = (
-            "neither everything visible (100%) nor a narrow window"
-            if 0.2 <= fraction <= 0.8
-            else "nearly everything visible"
-            if fraction > 0.8
-            else "a narrow window"
+    elif at_query < mean_m:
+        centre = (
+            f"Its peak is not at the query: M at the query's {key} key is {at_query:.3f} against a mean M "
+            f"of {mean_m:.3f}"
         )
-        key = "own" if kind != "cross" else "diagonal"
-        if abs(at_query - mean_m) <= NEAR * mean_m:
-            centre = (
-                f"M at the query's {key} key ({at_query:.3f}) is about the mean M ({mean_m:.3f}): the window "
-                "does not favour the query's neighbourhood"
-            )
-        elif at_query < mean_m:
-            centre = (
-                f"Its peak is not at the query: M at the query's {key} key is {at_query:.3f} against a mean M "
-                f"of {mean_m:.3f}"
-            )
-        else:
-            centre = f"M at the query's {key} key is {at_query:.3f}, above the mean M of {mean_m:.3f}"
-        lines.append(
-            f"**{kind.capitalize()}, step 0.** Boundary entropy is {pointer:.1%} of log n and the width "
-            f"{width_ratio:.3f} times what uniform boundaries give"
-            + (
-                ", so M is the uniform-boundary window, a tent peaked at the middle of the visible keys whatever the "
-                "query: "
-                if uniform
-                else ": "
-            )
-            + f"it covers {fraction:.1%} of the visible keys on average, {shape}. {centre}"
-            + (
-                " (with uniform causal boundaries the newest key, the query's own, gets M = 2/n: the longer the "
-                "prefix, the less the current token is seen)."
-                if kind == "decoder self" and uniform
-                else "."
-            )
+    else:
+        centre = f"M at the query's {key} key is {at_query:.3f}, above the mean M of {mean_m:.3f}"
+    return (
+        f"**{kind.capitalize()}, step 0.** Boundary entropy is {pointer:.1%} of log n and the width "
+        f"{width_ratio:.3f} times what uniform boundaries give"
+        + (
+            ", so M is the uniform-boundary window, a tent peaked at the middle of the visible keys whatever the "
+            "query: "
+            if uniform
+            else ": "
         )
+        + f"it covers {fraction:.1%} of the visible keys on average, {shape}. {centre}"
+        + (
+            " (with uniform causal boundaries the newest key, the query's own, gets M = 2/n: the longer the "
+            "prefix, the less the current token is seen)."
+            if kind == "decoder self" and uniform
+            else "."
+        )
+    )
+
+
+def mw_scale_finding(initial: Sequence[Dict], trained: Sequence[Dict]) -> Optional[str]:
+    """How much attention mass MW's product with M leaves (None: no MW layer)."""
     mw_init = [s for s in initial if s["mechanism"].startswith("window-mw")]
-    if mw_init:
-        mass = statistics.fmean(s["mass"] for s in mw_init)
-        mass_trained = statistics.fmean(s["mass"] for s in trained if s["mechanism"].startswith("window-mw"))
-        lines.append(
-            f"**MW scale.** The product S(score) * M keeps {mass:.1%} of the attention mass at step 0 (vanilla: "
-            f"100%): the MW layers' outputs start at about {mass:.2f} of a vanilla layer's size; after training "
-            f"the mass is {mass_trained:.1%}."
-        )
+    if not mw_init:
+        return None
+    mass = statistics.fmean(s["mass"] for s in mw_init)
+    mass_trained = statistics.fmean(s["mass"] for s in trained if s["mechanism"].startswith("window-mw"))
+    return (
+        f"**MW scale.** The product S(score) * M keeps {mass:.1%} of the attention mass at step 0 (vanilla: "
+        f"100%): the MW layers' outputs start at about {mass:.2f} of a vanilla layer's size; after training "
+        f"the mass is {mass_trained:.1%}."
+    )
+
+
+def aw_scale_finding(initial: Sequence[Dict], trained: Sequence[Dict]) -> Optional[str]:
+    """How large AW's additive window term is beside the plain logits (None: no AW layer)."""
     aw_init = [s for s in initial if "window_term_std" in s]
-    if aw_init:
-        ratio = statistics.fmean(s["window_term_std"] / s["global_std"] for s in aw_init)
-        local = statistics.fmean(s["local_std"] / s["global_std"] for s in aw_init)
-        aw_trained = [s for s in trained if "window_term_std" in s]
-        ratio_trained = statistics.fmean(s["window_term_std"] / s["global_std"] for s in aw_trained)
-        lines.append(
-            f"**AW scale.** At step 0 the additive window term local * M has {ratio:.2f} times the within-row std "
-            f"of the plain logits Q K^T / sqrt d (the local scores alone {local:.2f} times): "
-            + (
-                "a small perturbation of vanilla attention, on a sane scale"
-                if ratio < 1
-                else "larger than the logits themselves"
-            )
-            + f"; after training the ratio is {ratio_trained:.2f}."
+    if not aw_init:
+        return None
+    ratio = statistics.fmean(s["window_term_std"] / s["global_std"] for s in aw_init)
+    local = statistics.fmean(s["local_std"] / s["global_std"] for s in aw_init)
+    aw_trained = [s for s in trained if "window_term_std" in s]
+    ratio_trained = statistics.fmean(s["window_term_std"] / s["global_std"] for s in aw_trained)
+    return (
+        f"**AW scale.** At step 0 the additive window term local * M has {ratio:.2f} times the within-row std "
+        f"of the plain logits Q K^T / sqrt d (the local scores alone {local:.2f} times): "
+        + (
+            "a small perturbation of vanilla attention, on a sane scale"
+            if ratio < 1
+            else "larger than the logits themselves"
         )
-    for kind in KINDS:
-        window_sites = [s for s in trained if s["kind"] == kind and "width" in s]
-        if not window_sites:
-            continue
-        pointer = statistics.fmean(
-            (s["left_entropy"] + s["right_entropy"]) / 2 / s["uniform_entropy"]
-            for s in window_sites
-            if s["uniform_entropy"] > 0
+        + f"; after training the ratio is {ratio_trained:.2f}."
+    )
+
+
+def trained_window_finding(trained: Sequence[Dict], vanilla_trained: Sequence[Dict], kind: str) -> Optional[str]:
+    """Where the trained windows of ``kind`` sit and how peaked their attention is beside
+    vanilla's (None: no window of that kind)."""
+    window_sites = [s for s in trained if s["kind"] == kind and "width" in s]
+    if not window_sites:
+        return None
+    pointer = boundary_entropy(window_sites)
+    at_query, mean_m = _kind_mean(trained, kind, "m_at_query"), _kind_mean(trained, kind, "mean_m")
+    return (
+        f"**{kind.capitalize()}, trained.** Boundary entropy {pointer:.1%} of log n, window width "
+        f"{_kind_mean(trained, kind, 'width_fraction'):.1%} of the visible keys "
+        f"({_kind_mean(trained, kind, 'width'):.2f} keys), M at the query's key {at_query:.3f} vs mean M "
+        f"{mean_m:.3f} ("
+        + (
+            "the windows moved onto the query's neighbourhood"
+            if at_query > (1 + NEAR) * mean_m
+            else "the windows are not centred on the query"
         )
-        at_query, mean_m = _kind_mean(trained, kind, "m_at_query"), _kind_mean(trained, kind, "mean_m")
-        lines.append(
-            f"**{kind.capitalize()}, trained.** Boundary entropy {pointer:.1%} of log n, window width "
-            f"{_kind_mean(trained, kind, 'width_fraction'):.1%} of the visible keys "
-            f"({_kind_mean(trained, kind, 'width'):.2f} keys), M at the query's key {at_query:.3f} vs mean M "
-            f"{mean_m:.3f} ("
-            + (
-                "the windows moved onto the query's neighbourhood"
-                if at_query > (1 + NEAR) * mean_m
-                else "the windows are not centred on the query"
-            )
-            + f"), M above 1 on {_kind_mean(trained, kind, 'm_above_one'):.1%} of the visible keys (eq. 9's double "
-            f"count where l = r); attention entropy {_kind_mean(trained, kind, 'entropy'):.3f} nats vs vanilla "
-            f"{_kind_mean(vanilla_trained, kind, 'entropy'):.3f}."
-        )
-    checks = results["checks"]
-    worst = max(checks[name] for name in ("batched_vs_single", "fused_vs_recorded", "incremental_vs_forced"))
-    lines.append(
+        + f"), M above 1 on {_kind_mean(trained, kind, 'm_above_one'):.1%} of the visible keys (eq. 9's double "
+        f"count where l = r); attention entropy {_kind_mean(trained, kind, 'entropy'):.3f} nats vs vanilla "
+        f"{_kind_mean(vanilla_trained, kind, 'entropy'):.3f}."
+    )
+
+
+MASKING_CHECKS = ("batched_vs_single", "fused_vs_recorded", "incremental_vs_forced")
+
+
+def worst_masking_difference(checks: Dict[str, float]) -> float:
+    return max(checks[name] for name in MASKING_CHECKS)
+
+
+def masking_finding(checks: Dict[str, float]) -> str:
+    """Whether every path of the window model masks alike (the worst check against
+    CONSISTENT_LOGITS)."""
+    worst = worst_masking_difference(checks)
+    return (
         f"**Masking.** Over {checks['sentences']} sentences the window model's logits agree batched with padding vs "
         f"alone ({checks['batched_vs_single']:.1e}), fused vs recorded path ({checks['fused_vs_recorded']:.1e}) "
         f"and incremental vs teacher-forced ({checks['incremental_vs_forced']:.1e}); "
@@ -776,8 +797,24 @@ def findings(results: Dict) -> List[str]:
         )
         + " Every recorded attention row puts zero weight on keys its query may not see (checked per row)."
     )
-    lines.append(conclusion(results, worst))
-    return lines
+
+
+def findings(results: Dict) -> List[str]:
+    """The findings paragraph, every number in it read from ``results``."""
+    trained, initial = _sites(results, "window", "trained"), _sites(results, "window", "init")
+    vanilla_trained = _sites(results, "vanilla", "trained")
+    quality = results.get("quality")
+    paragraphs = [
+        quality_finding(quality) if quality else None,
+        placement_finding(results["window_layers"]),
+        *(initial_window_finding(initial, kind) for kind in KINDS),
+        mw_scale_finding(initial, trained),
+        aw_scale_finding(initial, trained),
+        *(trained_window_finding(trained, vanilla_trained, kind) for kind in KINDS),
+        masking_finding(results["checks"]),
+        conclusion(results, worst_masking_difference(results["checks"])),
+    ]
+    return [paragraph for paragraph in paragraphs if paragraph is not None]
 
 
 def conclusion(results: Dict, worst_check: float) -> str:
@@ -839,8 +876,162 @@ def conclusion(results: Dict, worst_check: float) -> str:
     return "**Conclusion.** " + " ".join(parts)
 
 
+SiteTables = Dict[Tuple[str, str], Dict[Tuple[str, int], Dict]]
+
+
+def entropy_section(results: Dict, tables: SiteTables) -> List[str]:
+    """Section 1: attention entropy per site, the window and vanilla models trained and at step 0."""
+    keys = [(s["kind"], s["layer"]) for s in _sites(results, "window", "trained")]
+    return [
+        "## 1. Attention entropy (nats)",
+        "",
+        "MW rows (softmax * M) are renormalised for the entropy; log n is the uniform row's entropy.",
+        "",
+        *_table(
+            ["kind", "layer", "window mechanism", "log n", *(f"{m} {s}" for m, s in STATES)],
+            [
+                [
+                    kind,
+                    layer,
+                    tables[STATES[0]][(kind, layer)]["mechanism"],
+                    _f(tables[STATES[0]][(kind, layer)]["uniform_entropy"]),
+                    *(_f(tables[state].get((kind, layer), {}).get("entropy")) for state in STATES),
+                ]
+                for kind, layer in keys
+            ],
+        ),
+    ]
+
+
+def boundary_row(state: str, kind: str, layer: int, s: Dict) -> List[object]:
+    return [
+        state,
+        kind,
+        layer,
+        s["mechanism"],
+        _f(s["uniform_entropy"]),
+        _f(s["left_entropy"]),
+        _f(s["right_entropy"]),
+        _f(s["width"], 2),
+        _f(s["uniform_width"], 2),
+        _f(s["width_fraction"]),
+        _f(s["mean_m"]),
+        _f(s["m_at_query"]),
+        _f(s["max_m"]),
+        _f(s["m_above_one"]),
+        _f(s["left_offset"], 2),
+        _f(s["right_offset"], 2),
+    ]
+
+
+def boundary_section(tables: SiteTables) -> List[str]:
+    """Section 2: the window boundaries and the soft window's width, at step 0 and trained."""
+    rows = [
+        boundary_row(state[1], kind, layer, s)
+        for state in (("window", "init"), ("window", "trained"))
+        for (kind, layer), s in tables[state].items()
+        if "width" in s
+    ]
+    return [
+        "## 2. Window boundaries and soft-window width",
+        "",
+        "Boundary entropies of eqs. 7-8 (log n: uniform); width = sum_j M_ij in keys and as a fraction of n; "
+        "uniform width: what uniform boundaries give (eq. 9: (n+1)(n+2)/(3n) keys); E[l], E[r]: expected "
+        "boundaries minus the query's key (cross: its proportional source position).",
+        "",
+        *_table(
+            [
+                "state",
+                "kind",
+                "layer",
+                "mechanism",
+                "log n",
+                "H(left)",
+                "H(right)",
+                "width (keys)",
+                "uniform width",
+                "width / n",
+                "mean M",
+                "M at query",
+                "row max M",
+                "share M > 1",
+                "E[l] - q",
+                "E[r] - q",
+            ],
+            rows,
+        ),
+    ]
+
+
+def scale_row(state: str, kind: str, layer: int, s: Dict, vanilla: Dict) -> List[object]:
+    return [
+        state,
+        kind,
+        layer,
+        s["mechanism"],
+        _f(s["global_std"]),
+        _f(s.get("local_std")),
+        _f(s.get("window_term_std")),
+        _f(s.get("logit_std")),
+        _f(s["window_term_std"] / s["global_std"]) if "window_term_std" in s else "-",
+        _f(s["mean_m"]),
+        _f(s["mass"]),
+        _f(vanilla.get("logit_std")),
+    ]
+
+
+def scale_section(tables: SiteTables) -> List[str]:
+    """Section 3: the size of the window terms beside the plain logits (AW) and the
+    attention mass M leaves (MW), at step 0 and trained, with vanilla's logits."""
+    rows = [
+        scale_row(state, kind, layer, s, tables[("vanilla", state)].get((kind, layer), {}))
+        for state in ("init", "trained")
+        for (kind, layer), s in tables[("window", state)].items()
+        if "global_std" in s
+    ]
+    return [
+        "## 3. Scale of the window terms",
+        "",
+        "Within-row std over the visible keys (softmax ignores a per-row shift). AW: plain logits "
+        "Q K^T / sqrt d, local scores, the additive term local * M, and the total logits; MW: mean M and the "
+        "attention mass sum_j S(score)_ij M_ij left per row (vanilla: 1). Vanilla's logit std for comparison.",
+        "",
+        *_table(
+            [
+                "state",
+                "kind",
+                "layer",
+                "mechanism",
+                "std QK^T/sqrt d",
+                "std local",
+                "std local*M",
+                "std total logits",
+                "local*M / QK^T",
+                "mean M",
+                "attention mass",
+                "vanilla logit std",
+            ],
+            rows,
+        ),
+    ]
+
+
+def masking_section(checks: Dict[str, float]) -> List[str]:
+    return [
+        "## Masking consistency of the window model (trained)",
+        "",
+        f"Largest |difference| of decoder logits over {checks['sentences']} sentences; float32.",
+        "",
+        *_table(
+            ["check", "max abs difference"],
+            [[name.replace("_", " "), f"{checks[name]:.2e}"] for name in MASKING_CHECKS],
+        ),
+    ]
+
+
 def markdown(results: Dict) -> str:
     meta = results["meta"]
+    tables = {state: _by_site(results, *state) for state in STATES}
     lines = [
         f"# Window diagnostics (generated by `{PROG}`)",
         "",
@@ -853,144 +1044,13 @@ def markdown(results: Dict) -> str:
         "",
         *[line + "\n" for line in findings(results)],
         *(quality_table(results["quality"]) if results.get("quality") else []),
-        "## 1. Attention entropy (nats)",
+        *entropy_section(results, tables),
         "",
-        "MW rows (softmax * M) are renormalised for the entropy; log n is the uniform row's entropy.",
+        *boundary_section(tables),
         "",
-    ]
-    keys = [(s["kind"], s["layer"]) for s in _sites(results, "window", "trained")]
-    tables = {state: _by_site(results, *state) for state in STATES}
-    lines += _table(
-        ["kind", "layer", "window mechanism", "log n", *(f"{m} {s}" for m, s in STATES)],
-        [
-            [
-                kind,
-                layer,
-                tables[STATES[0]][(kind, layer)]["mechanism"],
-                _f(tables[STATES[0]][(kind, layer)]["uniform_entropy"]),
-                *(_f(tables[state].get((kind, layer), {}).get("entropy")) for state in STATES),
-            ]
-            for kind, layer in keys
-        ],
-    )
-    lines += [
+        *scale_section(tables),
         "",
-        "## 2. Window boundaries and soft-window width",
-        "",
-        "Boundary entropies of eqs. 7-8 (log n: uniform); width = sum_j M_ij in keys and as a fraction of n; "
-        "uniform width: what uniform boundaries give (eq. 9: (n+1)(n+2)/(3n) keys); E[l], E[r]: expected "
-        "boundaries minus the query's key (cross: its proportional source position).",
-        "",
-    ]
-    rows = []
-    for state in (("window", "init"), ("window", "trained")):
-        for (kind, layer), s in tables[state].items():
-            if "width" in s:
-                rows.append(
-                    [
-                        state[1],
-                        kind,
-                        layer,
-                        s["mechanism"],
-                        _f(s["uniform_entropy"]),
-                        _f(s["left_entropy"]),
-                        _f(s["right_entropy"]),
-                        _f(s["width"], 2),
-                        _f(s["uniform_width"], 2),
-                        _f(s["width_fraction"]),
-                        _f(s["mean_m"]),
-                        _f(s["m_at_query"]),
-                        _f(s["max_m"]),
-                        _f(s["m_above_one"]),
-                        _f(s["left_offset"], 2),
-                        _f(s["right_offset"], 2),
-                    ]
-                )
-    lines += _table(
-        [
-            "state",
-            "kind",
-            "layer",
-            "mechanism",
-            "log n",
-            "H(left)",
-            "H(right)",
-            "width (keys)",
-            "uniform width",
-            "width / n",
-            "mean M",
-            "M at query",
-            "row max M",
-            "share M > 1",
-            "E[l] - q",
-            "E[r] - q",
-        ],
-        rows,
-    )
-    lines += [
-        "",
-        "## 3. Scale of the window terms",
-        "",
-        "Within-row std over the visible keys (softmax ignores a per-row shift). AW: plain logits "
-        "Q K^T / sqrt d, local scores, the additive term local * M, and the total logits; MW: mean M and the "
-        "attention mass sum_j S(score)_ij M_ij left per row (vanilla: 1). Vanilla's logit std for comparison.",
-        "",
-    ]
-    rows = []
-    for state in ("init", "trained"):
-        window_sites, vanilla_sites = tables[("window", state)], tables[("vanilla", state)]
-        for (kind, layer), s in window_sites.items():
-            if "global_std" not in s:
-                continue
-            rows.append(
-                [
-                    state,
-                    kind,
-                    layer,
-                    s["mechanism"],
-                    _f(s["global_std"]),
-                    _f(s.get("local_std")),
-                    _f(s.get("window_term_std")),
-                    _f(s.get("logit_std")),
-                    _f(s["window_term_std"] / s["global_std"]) if "window_term_std" in s else "-",
-                    _f(s["mean_m"]),
-                    _f(s["mass"]),
-                    _f(vanilla_sites.get((kind, layer), {}).get("logit_std")),
-                ]
-            )
-    lines += _table(
-        [
-            "state",
-            "kind",
-            "layer",
-            "mechanism",
-            "std QK^T/sqrt d",
-            "std local",
-            "std local*M",
-            "std total logits",
-            "local*M / QK^T",
-            "mean M",
-            "attention mass",
-            "vanilla logit std",
-        ],
-        rows,
-    )
-    checks = results["checks"]
-    lines += [
-        "",
-        "## Masking consistency of the window model (trained)",
-        "",
-        f"Largest |difference| of decoder logits over {checks['sentences']} sentences; float32.",
-        "",
-    ]
-    lines += _table(
-        ["check", "max abs difference"],
-        [
-            [name.replace("_", " "), f"{checks[name]:.2e}"]
-            for name in ("batched_vs_single", "fused_vs_recorded", "incremental_vs_forced")
-        ],
-    )
-    lines += [
+        *masking_section(results["checks"]),
         "",
         "Figures: `attention_entropy.png` (section 1), `window_mask_profile.png` (mean M by key offset from "
         "the query's key, step 0 dashed, trained solid).",

@@ -52,30 +52,23 @@ from ..common import (
     add_out_argument,
     at_least,
     check_same_budget,
-    checkpoint_fingerprint,
-    claimed,
     comma_separated_ints,
     comma_separated_names,
     device_model,
-    file_version,
     git_revision,
     scale_results,
-    train_unless_taken,
     without_machine_paths,
 )
-from .mt import (
+from ..harness.claims import claimed, file_version, train_unless_taken
+from ..harness.fingerprints import checkpoint_fingerprint
+from ..harness.process import log, run, tool, tool_env
+from ..harness.report import movement_table, pending_lines, plot_curves, table_row
+from ..harness.runs import load_runs, runs_by_config
+from ..harness.seeds import mean_std, mean_std_text, seeds_cell
+from ..harness.training import (
     backfill_mechanism_parameters,
-    load_runs,
-    log,
-    mean_std,
     mechanism_parameters,
-    movement_table,
     optimizer_args,
-    pending_lines,
-    plot_curves,
-    run,
-    runs_by_config,
-    tool,
     training_wall_seconds,
 )
 
@@ -456,19 +449,16 @@ def report(out: Path) -> str:
     for name in order:
         records = sorted(by_config[name], key=lambda r: r["seed"])
         baseline_name = records[0]["baseline"]
-        cells = [name, f"{len(records)} ({','.join(str(r['seed']) for r in records)})"]
-        mean, std = mean_std([r["test_ppl"] for r in records])
-        # one seed has no spread to show: "+- 0.00" would claim one
-        cells.append(f"{mean:.2f} +- {std:.2f}" if len(records) > 1 else f"{mean:.2f}")
+        cells = [name, seeds_cell(records), mean_std_text([r["test_ppl"] for r in records])]
         baseline = by_config.get(baseline_name)
         if baseline and name != baseline_name:
+            mean = mean_std([r["test_ppl"] for r in records])[0]
             base_mean = mean_std([r["test_ppl"] for r in baseline])[0]
             cells.append(f"{mean - base_mean:+.2f} ({100 * (mean / base_mean - 1):+.1f}%)")
         else:
             cells.append("-")
         cells.append(baseline_name)
-        loss_mean, loss_std = mean_std([r["test_loss_base2"] for r in records])
-        cells.append(f"{loss_mean:.3f} +- {loss_std:.3f}" if len(records) > 1 else f"{loss_mean:.3f}")
+        cells.append(mean_std_text([r["test_loss_base2"] for r in records], digits=3))
         cells.append(
             ", ".join(
                 f"{r['best_valid_loss']:.3f} ({r['best_valid_updates']})"
@@ -479,7 +469,7 @@ def report(out: Path) -> str:
         )
         cells.append(", ".join(f"{r['train_wall_s']:.0f}" for r in records))
         cells.append(records[0]["note"])
-        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+        lines.append(table_row(cells))
     budgets = sorted({(r["updates"], r.get("scale", "?"), r.get("model", "?"), r["tokens_per_sample"]) for r in runs})
     machines = sorted({r.get("machine", "?") for r in runs})
     splits = sorted({json.dumps(r["data_splits"], sort_keys=True) for r in runs if "data_splits" in r})
@@ -535,12 +525,6 @@ def report(out: Path) -> str:
 def default_data() -> Path:
     """../shared/data/wikitext-2 when present, else the sample the repository ships."""
     return SHARED_DATA if (SHARED_DATA / "valid.txt").is_file() else SHIPPED_DATA
-
-
-def run_env(threads: int) -> Dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
-    env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
-    return env
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -605,7 +589,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         scale = dict(SCALES[args.scale])
         scale["updates"] = args.updates or scale["updates"]
         scale["tokens_per_sample"] = args.tokens_per_sample or scale["tokens_per_sample"]
-        env = run_env(args.threads)
+        env = tool_env(args.threads)
         with claimed(args.work, wait=True):  # one process prepares, the others wait
             data_bin, splits = prepare(args.data, args.work, env)
         configs = lm_configs()

@@ -44,18 +44,17 @@ from ..common import (
     add_out_argument,
     at_least,
     check_same_budget,
-    checkpoint_fingerprint,
     comma_separated_ints,
     comma_separated_names,
-    evaluated_from,
-    models_per_run,
-    recorded_fingerprint,
     scale_results,
     without_machine_paths,
 )
+from ..harness.fingerprints import checkpoint_fingerprint, evaluated_from, models_per_run, recorded_fingerprint
+from ..harness.process import log, tool_env
+from ..harness.runs import load_runs
+from ..harness.seeds import mean_std_text
 from .lm import DEFAULT_OUT as LM_QUALITY_OUT
-from .lm import DEFAULT_WORK, eval_lm, lm_configs, run_env
-from .mt import log, mean_std
+from .lm import DEFAULT_WORK, eval_lm, lm_configs
 
 PROG = "python -m benchmarks.quality.lm_extrapolation"
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "lm_extrapolation"
@@ -214,10 +213,7 @@ def ppl_table(records: Sequence[Dict]) -> Dict[str, Dict[str, Dict[int, List[flo
 
 
 def cell(values: Optional[Sequence[float]]) -> str:
-    if not values:
-        return "-"
-    mean, std = mean_std(values)
-    return f"{mean:.2f} +- {std:.2f}" if len(values) > 1 else f"{mean:.2f}"
+    return mean_std_text(values) if values else "-"
 
 
 def check_one_model_per_seed(records: Sequence[Dict], quality_runs: Optional[Path]) -> None:
@@ -259,7 +255,7 @@ def check_one_model_per_seed(records: Sequence[Dict], quality_runs: Optional[Pat
 def report(out: Path, quality_runs: Optional[Path] = None) -> str:
     """The tables and plot from the run files; ``quality_runs``: the LM quality run
     files the training-length results must agree with."""
-    records = [json.loads(p.read_text(encoding="utf-8")) for p in sorted((out / "runs").glob("*.json"))]
+    records = load_runs(out)
     check_one_model_per_seed(records, quality_runs)
     table = ppl_table(records)
     baselines = {r["config"]: r["baseline"] for r in records}
@@ -404,7 +400,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     if not args.report:
-        env = run_env(args.threads)
+        env = tool_env(args.threads)
         runs = trained_runs(args.quality_work / args.scale, args.configs)
         log(f"{len(runs)} trained models under {args.quality_work / args.scale}")
         for run_dir in runs:

@@ -23,14 +23,10 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from ..common import (
-    at_least,
-    checkpoint_fingerprint,
-    comma_separated_names,
-    scale_results,
-    without_machine_paths,
-)
-from .lm import DEFAULT_WORK, SCALES, eval_lm, lm_configs, run_env, train_args
+from ..common import at_least, comma_separated_names, scale_results, without_machine_paths
+from ..harness.fingerprints import checkpoint_fingerprint
+from ..harness.process import log, run, tool_env
+from .lm import DEFAULT_WORK, SCALES, eval_lm, lm_configs, train_args
 from .lm_extrapolation import (
     DEFAULT_OUT,
     MODES,
@@ -40,7 +36,6 @@ from .lm_extrapolation import (
     trained_runs,
     training_setup,
 )
-from .mt import log, run
 
 PROG = "python -m benchmarks.quality.lm_finetune"
 SCALINGS = ("linear", "yarn")
@@ -141,7 +136,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    env = run_env(args.threads)
+    env = tool_env(args.threads)
     runs = trained_runs(args.quality_work / args.scale, args.configs)
     log(f"{len(runs)} trained rope models under {args.quality_work / args.scale}")
     for run_dir in runs:

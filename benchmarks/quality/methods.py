@@ -19,7 +19,6 @@ the README.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -27,6 +26,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from fairseq_distattn.tools.generated_blocks import update_pages
 
 from ..common import REPO_ROOT
+from ..harness.runs import load_runs
 
 RESULTS = REPO_ROOT / "benchmarks" / "results"
 DEFAULT_OUT = RESULTS / "methods"
@@ -35,10 +35,6 @@ MT_BASELINE = "vanilla"
 LM_BASELINE = "transformer_lm_gbw"
 FACTORS = (8, 32)  # extrapolation lengths, as multiples of the training length
 NOPE_PRESET = "distattn_lm_nope_gbw"
-
-
-def load(directory: Path) -> List[Dict]:
-    return [json.loads(path.read_text(encoding="utf-8")) for path in sorted(directory.glob("*.json"))]
 
 
 def by_config(records: Sequence[Dict], value) -> Dict[str, List[float]]:
@@ -96,9 +92,9 @@ def report(out: Path, results: Path = RESULTS) -> str:
     from .lm import lm_configs
     from .mt import CONFIGS
 
-    mt_runs = load(results / "quality" / "runs")
-    lm_runs = load(results / "lm_quality" / "runs")
-    extrapolation = load(results / "lm_extrapolation" / "runs")
+    mt_runs = load_runs(results / "quality")
+    lm_runs = load_runs(results / "lm_quality")
+    extrapolation = load_runs(results / "lm_extrapolation")
     bleu = by_config(mt_runs, lambda record: record[MT_METRIC])
     ppl = by_config(lm_runs, lambda record: record["test_ppl"])
     trained = {record["train_tokens_per_sample"] for record in extrapolation} or {64}

@@ -18,21 +18,18 @@ sessions. ``--report`` (and the end of every invocation) rebuilds
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import json
 import os
 import re
-import shlex
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from fairseq_distattn.tools.generated_blocks import update_pages
 
@@ -41,21 +38,28 @@ from ..common import (
     add_out_argument,
     at_least,
     check_same_budget,
-    checkpoint_fingerprint,
-    claimed,
     comma_separated_ints,
     comma_separated_names,
     device_model,
-    file_version,
     git_revision,
     scale_results,
-    train_unless_taken,
+)
+from ..harness.claims import claimed, file_version, train_unless_taken
+from ..harness.fingerprints import checkpoint_fingerprint
+from ..harness.process import BIN_DIR, log, run, tool, tool_env
+from ..harness.report import movement_table, pending_lines, plot_curves, table_row
+from ..harness.runs import load_runs, runs_by_config
+from ..harness.seeds import mean_std, mean_std_text, seeds_cell
+from ..harness.training import (
+    backfill_mechanism_parameters,
+    mechanism_parameters,
+    optimizer_args,
+    training_wall_seconds,
 )
 from .paper_tables import paper_table_lines, read_difference
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "quality"
 DEFAULT_WORK = REPO_ROOT / "work" / "quality"
-BIN_DIR = Path(sys.executable).parent
 
 
 @dataclass(frozen=True)
@@ -204,32 +208,6 @@ CHECKPOINTS_AVERAGED = 5
 CHECKPOINT_FRACTION = 20
 
 
-def log(message: str) -> None:
-    print(f"[benchmarks {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def tool(name: str) -> str:
-    path = BIN_DIR / name
-    return str(path) if path.exists() else name
-
-
-def run(cmd: Sequence, log_path: Path, env: Dict[str, str], stdout_path: Optional[Path] = None) -> None:
-    """Run a command with its stderr, and its stdout unless ``stdout_path``,
-    appended to ``log_path`` as it runs (fairseq logs progress to stdout); a
-    failure raises with the end of the log."""
-    cmd = [str(c) for c in cmd]
-    with open(log_path, "a", encoding="utf-8") as log_file:
-        log_file.write("$ " + shlex.join(cmd) + "\n")
-        log_file.flush()
-        with open(stdout_path or os.devnull, "w", encoding="utf-8") as stdout_file:
-            proc = subprocess.run(
-                cmd, cwd=REPO_ROOT, env=env, text=True, stdout=stdout_file if stdout_path else log_file, stderr=log_file
-            )
-    if proc.returncode != 0:
-        tail = "".join(log_path.read_text(encoding="utf-8").splitlines(keepends=True)[-20:])
-        raise RuntimeError(f"{cmd[0]} failed (exit {proc.returncode}); end of {log_path}:\n{tail}")
-
-
 def translation_args(data_bin: Path, model: Optional[Path] = None) -> List[object]:
     """The data, plugin and language-pair arguments every fairseq tool of the
     En-De recipe takes (and ``--path`` for the tools that load a model)."""
@@ -245,27 +223,6 @@ def translation_args(data_bin: Path, model: Optional[Path] = None) -> List[objec
         "de",
     ]
     return args + (["--path", model] if model is not None else [])
-
-
-def optimizer_args(updates: int) -> List[object]:
-    """The optimiser and schedule of every quality recipe (translation and LM):
-    Adam, inverse square root with a warm-up of a quarter of the run, at most 400."""
-    return [
-        "--optimizer",
-        "adam",
-        "--adam-betas",
-        "(0.9, 0.98)",
-        "--clip-norm",
-        "1.0",
-        "--lr",
-        "1e-3",
-        "--lr-scheduler",
-        "inverse_sqrt",
-        "--warmup-updates",
-        max(1, min(updates // 4, 400)),
-        "--warmup-init-lr",
-        "1e-7",
-    ]
 
 
 def score_translation(generated: Path, test_prefix: Path, out_dir: Path, log_path: Path, env: Dict[str, str]) -> Dict:
@@ -333,28 +290,140 @@ def validation_curve(train_log: str) -> List[Dict[str, float]]:
     return [points[u] for u in sorted(points)]
 
 
-TRAIN_WALL = re.compile(r"\bwall[= ](\d+(?:\.\d+)?)")
-LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \| ", re.M)
+def train_args(
+    config: QualityConfig, scale: Dict, seed: int, data_bin: Path, save_dir: Path, precision: str = "fp32"
+) -> List[object]:
+    """The fairseq-train command of one run: the same recipe for every config, trained
+    in ``precision`` (a key of PRECISION; its environment is the caller's to set)."""
+    updates = scale["updates"]
+    save_every = max(1, updates // CHECKPOINT_FRACTION)
+    return [
+        tool("fairseq-train"),
+        *translation_args(data_bin),
+        *config.arch_args(),
+        "--encoder-layers",
+        scale["layers"],
+        "--decoder-layers",
+        scale["layers"],
+        "--encoder-embed-dim",
+        scale["dim"],
+        "--decoder-embed-dim",
+        scale["dim"],
+        "--encoder-ffn-embed-dim",
+        scale["ffn"],
+        "--decoder-ffn-embed-dim",
+        scale["ffn"],
+        "--encoder-attention-heads",
+        scale["heads"],
+        "--decoder-attention-heads",
+        scale["heads"],
+        "--share-all-embeddings",
+        "--dropout",
+        "0.1",
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--label-smoothing",
+        "0.1",
+        *optimizer_args(updates),
+        "--max-tokens",
+        scale["max_tokens"],
+        "--max-update",
+        updates,
+        "--save-dir",
+        save_dir,
+        "--no-epoch-checkpoints",
+        "--save-interval-updates",
+        save_every,
+        "--keep-interval-updates",
+        CHECKPOINTS_AVERAGED,
+        "--validate-interval-updates",
+        save_every,
+        "--required-batch-size-multiple",
+        "1",
+        "--seed",
+        seed,
+        "--num-workers",
+        "0",
+        "--log-format",
+        "simple",
+        "--log-interval",
+        "50",
+        *PRECISION[precision][0],
+    ]
 
 
-def training_wall_seconds(train_log: str) -> Optional[float]:
-    """Wall seconds of training, summed over the ``$ fairseq-train`` segments the log
-    holds (a run cut off by the end of a session resumes in a new segment). A segment
-    counts its meter's last ``wall`` value; fairseq 0.12 restores that meter from the
-    checkpoint stopped, so a resumed segment reads ``wall=0`` throughout, and then
-    counts the span between its first and last log timestamps instead."""
-    # re.split with a group alternates [before, command, output, command, output, ...]
-    parts = re.split(r"^(\$ .*)$", train_log, flags=re.M)
-    segments = [output for command, output in zip(parts[1::2], parts[2::2]) if "fairseq-train" in command]
-    walls = []
-    for segment in segments:
-        values = [float(value) for value in TRAIN_WALL.findall(segment)]
-        stamps = [datetime.datetime.fromisoformat(stamp) for stamp in LOG_TIME.findall(segment)]
-        if values and values[-1] > 0:
-            walls.append(values[-1])
-        elif values and len(stamps) > 1:
-            walls.append((stamps[-1] - stamps[0]).total_seconds())
-    return sum(walls) if walls else None
+def average_last_checkpoints(checkpoints: Path, averaged: Path, log_path: Path, env: Dict[str, str]) -> None:
+    """Write to ``averaged`` the mean of the last CHECKPOINTS_AVERAGED update checkpoints
+    in ``checkpoints``: the model every evaluation of the run is of."""
+    run(
+        [
+            sys.executable,
+            REPO_ROOT / "scripts" / "average_checkpoints.py",
+            "--inputs",
+            checkpoints,
+            "--num-update-checkpoints",
+            CHECKPOINTS_AVERAGED,
+            "--output",
+            averaged,
+        ],
+        log_path,
+        env,
+    )
+
+
+def translate_test_set(data_bin: Path, model: Path, generated: Path, log_path: Path, env: Dict[str, str]) -> None:
+    """fairseq-generate's beam-5 translation of the test split into ``generated``."""
+    run(
+        [
+            tool("fairseq-generate"),
+            *translation_args(data_bin, model),
+            "--gen-subset",
+            "test",
+            "--beam",
+            "5",
+            "--remove-bpe",
+            "--batch-size",
+            "64",
+            "--required-batch-size-multiple",
+            "1",
+            "--num-workers",
+            "0",
+        ],
+        log_path,
+        env,
+        stdout_path=generated,
+    )
+
+
+VALIDATION = re.compile(r"valid on 'valid' subset \| loss ([\d.]+) \| nll_loss ([\d.]+) \| ppl ([\d.]+)")
+
+
+def validation_loss_ppl(
+    data_bin: Path, model: Path, max_tokens: int, log_path: Path, env: Dict[str, str]
+) -> Tuple[float, float]:
+    """The loss and perplexity of ``model`` on the valid split, by fairseq-validate."""
+    run(
+        [
+            tool("fairseq-validate"),
+            *translation_args(data_bin, model),
+            "--valid-subset",
+            "valid",
+            "--max-tokens",
+            max_tokens,
+            "--required-batch-size-multiple",
+            "1",
+            "--num-workers",
+            "0",
+        ],
+        log_path,
+        env,
+    )
+    # the last validation in the log is this run's, not an interrupted earlier attempt's
+    valid = VALIDATION.findall(log_path.read_text(encoding="utf-8"))
+    if not valid:
+        raise RuntimeError(f"fairseq-validate printed no loss; see {log_path}")
+    valid_loss, _, valid_ppl = valid[-1]
+    return float(valid_loss), float(valid_ppl)
 
 
 def train_run(
@@ -370,135 +439,22 @@ def train_run(
     """Train, average, translate, score and validate one run; returns its record.
     ``precision`` (a key of PRECISION) is training's; the averaged model is evaluated
     in fp32 either way."""
-    updates = scale["updates"]
-    precision_args, precision_env = PRECISION[precision]
-    save_every = max(1, updates // CHECKPOINT_FRACTION)
     checkpoints = run_dir / "checkpoints"
     train_log = run_dir / "train.log"
     started = time.time()
-    run(
-        [
-            tool("fairseq-train"),
-            *translation_args(data_bin),
-            *config.arch_args(),
-            "--encoder-layers",
-            scale["layers"],
-            "--decoder-layers",
-            scale["layers"],
-            "--encoder-embed-dim",
-            scale["dim"],
-            "--decoder-embed-dim",
-            scale["dim"],
-            "--encoder-ffn-embed-dim",
-            scale["ffn"],
-            "--decoder-ffn-embed-dim",
-            scale["ffn"],
-            "--encoder-attention-heads",
-            scale["heads"],
-            "--decoder-attention-heads",
-            scale["heads"],
-            "--share-all-embeddings",
-            "--dropout",
-            "0.1",
-            "--criterion",
-            "label_smoothed_cross_entropy",
-            "--label-smoothing",
-            "0.1",
-            *optimizer_args(updates),
-            "--max-tokens",
-            scale["max_tokens"],
-            "--max-update",
-            updates,
-            "--save-dir",
-            checkpoints,
-            "--no-epoch-checkpoints",
-            "--save-interval-updates",
-            save_every,
-            "--keep-interval-updates",
-            CHECKPOINTS_AVERAGED,
-            "--validate-interval-updates",
-            save_every,
-            "--required-batch-size-multiple",
-            "1",
-            "--seed",
-            seed,
-            "--num-workers",
-            "0",
-            "--log-format",
-            "simple",
-            "--log-interval",
-            "50",
-            *precision_args,
-        ],
-        train_log,
-        {**env, **precision_env},
-    )
+    precision_env = PRECISION[precision][1]
+    run(train_args(config, scale, seed, data_bin, checkpoints, precision), train_log, {**env, **precision_env})
     log_text = train_log.read_text(encoding="utf-8")
     train_wall = training_wall_seconds(log_text) or time.time() - started
     curve = validation_curve(log_text)
 
     averaged = run_dir / "averaged.pt"
     eval_log = run_dir / "eval.log"
-    run(
-        [
-            sys.executable,
-            REPO_ROOT / "scripts" / "average_checkpoints.py",
-            "--inputs",
-            checkpoints,
-            "--num-update-checkpoints",
-            CHECKPOINTS_AVERAGED,
-            "--output",
-            averaged,
-        ],
-        eval_log,
-        env,
-    )
+    average_last_checkpoints(checkpoints, averaged, eval_log, env)
     generated = run_dir / "generate-test.txt"
-    run(
-        [
-            tool("fairseq-generate"),
-            *translation_args(data_bin, averaged),
-            "--gen-subset",
-            "test",
-            "--beam",
-            "5",
-            "--remove-bpe",
-            "--batch-size",
-            "64",
-            "--required-batch-size-multiple",
-            "1",
-            "--num-workers",
-            "0",
-        ],
-        eval_log,
-        env,
-        stdout_path=generated,
-    )
+    translate_test_set(data_bin, averaged, generated, eval_log, env)
     bleu = score_translation(generated, prep / "test", run_dir / "eval", eval_log, env)
-    run(
-        [
-            tool("fairseq-validate"),
-            *translation_args(data_bin, averaged),
-            "--valid-subset",
-            "valid",
-            "--max-tokens",
-            scale["max_tokens"],
-            "--required-batch-size-multiple",
-            "1",
-            "--num-workers",
-            "0",
-        ],
-        eval_log,
-        env,
-    )
-    # the last validation in the log is this run's, not an interrupted earlier attempt's
-    valid = re.findall(
-        r"valid on 'valid' subset \| loss ([\d.]+) \| nll_loss ([\d.]+) \| ppl ([\d.]+)",
-        eval_log.read_text(encoding="utf-8"),
-    )
-    if not valid:
-        raise RuntimeError(f"fairseq-validate printed no loss; see {eval_log}")
-    valid_loss, _, valid_ppl = valid[-1]
+    valid_loss, valid_ppl = validation_loss_ppl(data_bin, averaged, scale["max_tokens"], eval_log, env)
     moved = mechanism_parameters(averaged, data_bin, eval_log, env)
     # the averaged model is kept (for the extrapolation and inspection tools); the
     # training checkpoints with their optimizer state are several times its size
@@ -508,7 +464,7 @@ def train_run(
         "note": config.note,
         "train_args": config.arch_args(),
         "seed": seed,
-        "updates": updates,
+        "updates": scale["updates"],
         "train_wall_s": round(train_wall, 1),
         "wall_s": round(time.time() - started, 1),
         "valid_curve": curve,
@@ -521,61 +477,16 @@ def train_run(
         "averaged_checkpoints": CHECKPOINTS_AVERAGED,
         # which model every later evaluation of this run must be from (benchmarks.quality.mt_extrapolation)
         "checkpoint_sha256": checkpoint_fingerprint(averaged),
-        "valid_loss_averaged": float(valid_loss),
-        "valid_ppl_averaged": float(valid_ppl),
+        "valid_loss_averaged": valid_loss,
+        "valid_ppl_averaged": valid_ppl,
         "mechanism_parameters": moved,
     }
 
 
-def mechanism_parameters(checkpoint: Path, data_bin: Path, log_path: Path, env: Dict[str, str]) -> Dict[str, Dict]:
-    """How far each mechanism parameter group of ``checkpoint`` moved from
-    fairseq-train's initial model (``benchmarks.diagnostics.parameter_movement``; {} for vanilla)."""
-    output = log_path.with_name("mechanism_parameters.json")
-    run(
-        [sys.executable, "-m", "benchmarks.diagnostics.parameter_movement", checkpoint, "--data", data_bin, "--json"],
-        log_path,
-        env,
-        stdout_path=output,
-    )
-    return json.loads(output.read_text(encoding="utf-8"))
-
-
-def backfill_mechanism_parameters(
-    out: Path, model_of: Callable[[Dict[str, object], Path], Tuple[Path, Path, Path]]
-) -> None:
-    """Add ``mechanism_parameters`` to run files written before it was measured.
-    ``model_of(record, run_file)``: where the run kept ``(checkpoint, data-bin, log)``;
-    a run whose checkpoint or data is gone is left as it is."""
-    for path in sorted((out / "runs").glob("*.json")):
-        record = json.loads(path.read_text(encoding="utf-8"))
-        if "mechanism_parameters" in record:
-            continue
-        found = model_of(record, path)
-        if not found[0].is_file() or not found[1].is_dir():
-            continue
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        record["mechanism_parameters"] = mechanism_parameters(*found, env)
-        path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-        log(f"measured the mechanism parameters of {path.stem}")
-
-
 # ------------------------------------------------------------------ report
 
-
-def load_runs(out: Path) -> List[Dict[str, object]]:
-    return [json.loads(path.read_text(encoding="utf-8")) for path in sorted((out / "runs").glob("*.json"))]
-
-
-def runs_by_config(runs: Sequence[Dict]) -> Dict[str, List[Dict]]:
-    """``{configuration: its run records}``, in the order the runs come."""
-    by_config: Dict[str, List[Dict]] = {}
-    for record in runs:
-        by_config.setdefault(record["config"], []).append(record)
-    return by_config
-
-
-def mean_std(values: Sequence[float]) -> Tuple[float, float]:
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+VALID_LOSS_LABEL = "validation loss (label-smoothed, base 2)"
+VALID_LOSS_TITLE = "Multi30k En-De validation loss, one line per seed"
 
 
 def ablation_references() -> Dict[str, str]:
@@ -585,24 +496,14 @@ def ablation_references() -> Dict[str, str]:
     return {ablation.name: ablation.reference for ablation in ablations(6)}  # neither depends on the depth
 
 
-def seeds_cell(records: Sequence[Dict]) -> str:
-    return f"{len(records)} ({','.join(str(r['seed']) for r in sorted(records, key=lambda r: r['seed']))})"
-
-
 def mean_cell(records: Sequence[Dict], metric: str) -> str:
-    mean, std = mean_std([r[metric] for r in records])
-    # one seed has no spread to show: "+- 0.00" would claim one
-    return f"{mean:.2f} +- {std:.2f}" if len(records) > 1 else f"{mean:.2f}"
+    return mean_std_text([r[metric] for r in records])
 
 
 def delta_cell(records: Sequence[Dict], against: Optional[Sequence[Dict]], metric: str) -> str:
     if not against:
         return "-"
     return f"{mean_std([r[metric] for r in records])[0] - mean_std([r[metric] for r in against])[0]:+.2f}"
-
-
-def table_row(cells: Sequence[str]) -> str:
-    return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"  # notes say |i-j|
 
 
 def report(out: Path) -> str:
@@ -659,7 +560,7 @@ def report(out: Path) -> str:
     out.mkdir(parents=True, exist_ok=True)
     (out / "quality.md").write_text(markdown, encoding="utf-8")
     if order:
-        plot_curves(by_config, order, out / "valid_loss.png")
+        plot_curves(by_config, order, out / "valid_loss.png", ylabel=VALID_LOSS_LABEL, title=VALID_LOSS_TITLE)
     if ablation_order:
         # each ablation beside the configuration it is read against, dashed
         compared = [name for name in dict.fromkeys(references[n] for n in ablation_order) if name in by_config]
@@ -667,6 +568,7 @@ def report(out: Path) -> str:
             by_config,
             compared + ablation_order,
             out / "valid_loss_ablations.png",
+            ylabel=VALID_LOSS_LABEL,
             title="Multi30k En-De validation loss: the papers' ablations (dashed: the papers' own choices)",
             dashed=lambda name, record: name in compared,
         )
@@ -795,105 +697,6 @@ def undecided_ablations(by_config: Dict[str, Sequence[Dict]], references: Dict[s
     return undecided
 
 
-def pending_lines(by_config: Dict[str, Sequence[Dict]], grid: Dict[str, str]) -> List[str]:
-    """What the table does not show yet: the configurations of ``grid`` (name: note)
-    without a run, and those short of the two seeds each needs for a spread."""
-    missing = [name for name in grid if name not in by_config]
-    single = [name for name in grid if len(by_config.get(name, ())) == 1]
-    lines = []
-    if missing:
-        lines.append("Not run yet: " + "; ".join(f"{name} ({grid[name]})" for name in missing) + ".")
-    if single:
-        lines.append(f"One seed so far (no spread yet): {', '.join(single)}.")
-    # each its own paragraph below the table
-    return [text for line in lines for text in ("", line)]
-
-
-def movement_table(by_config: Dict[str, List[Dict]], order: Sequence[str]) -> List[str]:
-    """Did the mechanism parameters move? Per config, over its seeds: the least and most
-    moved parameter group (change relative to the initial value; absolute for DA's
-    w and v, which start at 0) and the range of DA's learned per-head w and v."""
-    lines = []
-    for name in order:
-        measured = [r["mechanism_parameters"] for r in by_config[name] if r.get("mechanism_parameters")]
-        if not measured:
-            continue
-        groups: Dict[str, List[float]] = {}
-        for result in measured:
-            for group, entry in result.items():
-                groups.setdefault(group, []).append(entry["relative_change"])
-        means = {group: statistics.fmean(changes) for group, changes in groups.items()}
-        least, most = min(means, key=means.get), max(means, key=means.get)
-        da = []
-        for parameter, label in (("distance_weight", "w"), ("sharpness", "v")):
-            entries = [entry for result in measured for group, entry in result.items() if group.endswith(parameter)]
-            if entries:
-                da.append(
-                    f"{label} in [{min(e['value_min'] for e in entries):.2f}, "
-                    f"{max(e['value_max'] for e in entries):.2f}]"
-                )
-        lines.append(
-            f"| {name} | {len(measured)} | {len(groups)} | {means[least]:.3g} ({least}) | "
-            f"{means[most]:.3g} ({most}) | {'; '.join(da) or '-'} |"
-        )
-    if not lines:
-        return []
-    return [
-        "",
-        "## Did the mechanisms' parameters move?",
-        "",
-        "Distance of each mechanism parameter group from fairseq-train's initial model, relative to its",
-        "initial norm (absolute for DA's w and v, which start at 0), mean over layers and seeds",
-        "(`python -m benchmarks.diagnostics.parameter_movement CHECKPOINT` for every group).",
-        "",
-        "| config | runs | parameter groups | least moved | most moved | DA's learned per-head values |",
-        "|---|---|---|---|---|---|",
-        *lines,
-    ]
-
-
-def plot_curves(
-    by_config: Dict[str, List[Dict]],
-    order: Sequence[str],
-    path: Path,
-    *,
-    ylabel: str = "validation loss (label-smoothed, base 2)",
-    title: str = "Multi30k En-De validation loss, one line per seed",
-    dashed: Callable[[str, Dict], bool] = lambda name, record: False,
-) -> None:
-    """One line per run's validation curve, one colour per config (shared by the
-    translation and LM harnesses; ``dashed`` marks baselines)."""
-    import logging
-
-    # importing fairseq sets the root logger to DEBUG, and matplotlib logs at import
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(8, 5))
-    for index, name in enumerate(order):
-        for number, record in enumerate(by_config[name]):
-            curve = record["valid_curve"]
-            axes.plot(
-                [p["updates"] for p in curve],
-                [p["loss"] for p in curve],
-                color=f"C{index % 10}",
-                linestyle="--" if dashed(name, record) else "-",
-                label=name if number == 0 else None,
-                alpha=0.8,
-                linewidth=1,
-            )
-    axes.set_xlabel("updates")
-    axes.set_ylabel(ylabel)
-    axes.set_title(title)
-    axes.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-
-
 # -------------------------------------------------------------------- main
 
 
@@ -988,8 +791,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.updates is not None:
             scale["updates"] = args.updates
         merges = args.merges or scale["merges"] or 500
-        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1"}
-        env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+        env = tool_env(args.threads)
         with claimed(args.work / f"data-{merges}", wait=True):  # one process prepares, the others wait
             prep, data_bin = prepare(args.data, args.work / f"data-{merges}", merges, env)
 

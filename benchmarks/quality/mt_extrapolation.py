@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
 from pathlib import Path
@@ -30,24 +29,15 @@ from ..common import (
     add_out_argument,
     at_least,
     check_same_budget,
-    checkpoint_fingerprint,
     comma_separated_ints,
     comma_separated_names,
-    evaluated_from,
-    models_per_run,
-    recorded_fingerprint,
     scale_results,
 )
-from .mt import (
-    CONFIGS,
-    DEFAULT_WORK,
-    log,
-    mean_std,
-    run,
-    score_translation,
-    tool,
-    translation_args,
-)
+from ..harness.fingerprints import checkpoint_fingerprint, evaluated_from, models_per_run, recorded_fingerprint
+from ..harness.process import log, run, tool, tool_env
+from ..harness.runs import load_runs
+from ..harness.seeds import mean_std, mean_std_text
+from .mt import CONFIGS, DEFAULT_WORK, score_translation, translation_args
 from .mt import DEFAULT_OUT as QUALITY_OUT
 
 PROG = "python -m benchmarks.quality.mt_extrapolation"
@@ -191,7 +181,7 @@ def check_one_model_per_run(records: Sequence[Dict], quality_runs: Optional[Path
 
 
 def report(out: Path, quality_runs: Optional[Path] = None) -> str:
-    records = [json.loads(p.read_text(encoding="utf-8")) for p in sorted((out / "runs").glob("*.json"))]
+    records = load_runs(out)
     check_one_model_per_run(records, quality_runs)
     table: Dict[str, Dict[int, List[float]]] = {}
     for record in records:
@@ -218,16 +208,7 @@ def report(out: Path, quality_runs: Optional[Path] = None) -> str:
     ]
     for name in order:
         means = {f: mean_std(table[name][f]) for f in factors if f in table[name]}
-        cells = [
-            (
-                "-"
-                if f not in means
-                else f"{means[f][0]:.2f} +- {means[f][1]:.2f}"
-                if len(table[name][f]) > 1
-                else f"{means[f][0]:.2f}"
-            )
-            for f in factors
-        ]
+        cells = [mean_std_text(table[name][f]) if f in means else "-" for f in factors]
         ratios = [
             f"{means[f][0] / means[1][0]:.2f}" if f in means and 1 in means and means[1][0] > 0 else "-"
             for f in factors
@@ -375,8 +356,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     if not args.report:
-        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1"}
-        env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+        env = tool_env(args.threads)
         models = [
             model
             for model in sorted((args.quality_work / args.scale).glob("*-seed*/averaged.pt"))
