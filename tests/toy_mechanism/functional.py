@@ -27,6 +27,7 @@ def log_distance_attention(
     query_offset: int = 0,
     dropout_p: float = 0.0,
     need_weights: bool = True,
+    flex: str = "auto",
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk] or None)``; ``slopes`` is ``[H]``."""
     bias = log_distance_bias(slopes.to(q.dtype), q.size(2), k.size(2), query_offset)
@@ -40,4 +41,5 @@ def log_distance_attention(
         query_offset=query_offset,
         dropout_p=dropout_p,
         need_weights=need_weights,
+        flex=flex,
     )
