@@ -13,7 +13,8 @@ from fairseq.tasks.translation import TranslationTask
 import fairseq_distattn.models  # noqa: F401 (registers the models)
 from fairseq_distattn.registry import KINDS
 
-TINY = [
+# a 2+2-layer translation model 16 wide with 2 heads, without dropout
+TINY_WIDTHS = [
     "--encoder-layers",
     "2",
     "--decoder-layers",
@@ -30,15 +31,10 @@ TINY = [
     "2",
     "--decoder-attention-heads",
     "2",
-    "--max-relative-position",
-    "3",
-    "--window-segment-size",
-    "2",
-    "--dropout",
-    "0",
-    "--attention-dropout",
-    "0",
 ]
+NO_DROPOUT = ["--dropout", "0", "--attention-dropout", "0"]
+# the same, with rpr's and the segment window's options at sizes such short sentences reach
+TINY = [*TINY_WIDTHS, "--max-relative-position", "3", "--window-segment-size", "2", *NO_DROPOUT]
 
 
 def everywhere(mechanism: str) -> list:

@@ -49,6 +49,7 @@ from torch import Tensor
 
 from ..common import REPO_ROOT, at_least, shown
 from ..harness.seeds import mean_std_text, seeds_cell
+from ..tiny_models import NO_DROPOUT, TINY_WIDTHS
 
 DEFAULT_WORK = REPO_ROOT / "work" / "quality"
 DEFAULT_CHECKPOINT = DEFAULT_WORK / "small" / "window-seed1" / "averaged.pt"
@@ -423,28 +424,7 @@ def split_examples(model, task, split: str, count: int) -> List[Example]:
     return [Example(e.source, e.decoder_input, e.target) for e in tool.subset_examples(loaded, split, count)]
 
 
-TINY_DIMENSIONS = [
-    "--encoder-layers",
-    "2",
-    "--decoder-layers",
-    "2",
-    "--encoder-embed-dim",
-    "16",
-    "--decoder-embed-dim",
-    "16",
-    "--encoder-ffn-embed-dim",
-    "32",
-    "--decoder-ffn-embed-dim",
-    "32",
-    "--encoder-attention-heads",
-    "2",
-    "--decoder-attention-heads",
-    "2",
-    "--dropout",
-    "0",
-    "--attention-dropout",
-    "0",
-]
+TINY_DIMENSIONS = [*TINY_WIDTHS, *NO_DROPOUT]
 TINY_WINDOW = [
     "--encoder-self-attention",
     "window-aw",
