@@ -261,6 +261,9 @@ class MechanismInfo:
     extra_keys: Tuple[str, ...]  # extra per-head key projections (cached like fairseq's prev_key)
     description: str  # the mechanism table's "mechanism" column
     paper: str  # "Authors YEAR, *Title*"
+    # its papers' models keep the sinusoidal position embeddings beside it (the LM preset and the
+    # translation benchmark derived from it keep them too); else it replaces them
+    keeps_position_embeddings: bool = False
     # what it has computed, oldest first (empty: one revision since it was registered)
     revisions: Tuple[ArithmeticRevision, ...] = ()
 
@@ -323,6 +326,7 @@ def register_attention(
     flex: str = "",
     extra_queries: Tuple[str, ...] = (),
     extra_keys: Tuple[str, ...] = (),
+    keeps_position_embeddings: bool = False,
     revisions: Tuple[ArithmeticRevision, ...] = (),
 ):
     """Class decorator registering a mechanism module under the SPEC ``name``
@@ -379,11 +383,27 @@ def register_attention(
             extra_keys=tuple(extra_keys),
             description=description,
             paper=paper,
+            keeps_position_embeddings=keeps_position_embeddings,
             revisions=tuple(revisions),
         )
+        for callback in _REGISTRATION_CALLBACKS:
+            callback(REGISTRY[name])
         return cls
 
     return decorate
+
+
+_REGISTRATION_CALLBACKS: List[Callable[[MechanismInfo], None]] = []
+
+
+def on_register(callback: Callable[[MechanismInfo], None]) -> None:
+    """Call ``callback`` with every registered mechanism, in listing order, and with each
+    one registered from now on: what derives from the registry on a floor above it (the
+    LM presets, fairseq architectures registered once per process) sees a mechanism
+    registered after that floor was imported too."""
+    for info in registered():
+        callback(info)
+    _REGISTRATION_CALLBACKS.append(callback)
 
 
 def registered() -> Tuple[MechanismInfo, ...]:

@@ -414,7 +414,7 @@ def score_generate_output(generate_file: Path, setup: Setup, args, out_dir: Path
 def load_checkpoint_state(path: Path):
     """A checkpoint's contents, loaded as fairseq_distattn.check loads them (weights-only,
     with the plugin's allow-list of fairseq's config classes; tensors memory-mapped)."""
-    from fairseq_distattn.patches.checkpoint_guards import read_checkpoint
+    from fairseq_distattn.patches.checkpoint_loading import read_checkpoint
     from fairseq_distattn.tools.check import failure_reason
 
     if not path.is_file():

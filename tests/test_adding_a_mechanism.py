@@ -3,7 +3,8 @@ math and its registration, two files (here tests/toy_mechanism/, registered
 from outside the package). With nothing else, the toy shows up in the SPEC
 grammar, the flags and --help, the generated docs, the op contract tests, the
 fused-path tests, the half-precision op table, the op cost benchmark, the
-model summary and the inspection plots."""
+model summary, the inspection plots, its LM preset, the translation grid and
+the methods table's rows."""
 
 import subprocess
 import sys
@@ -96,6 +97,23 @@ inspection.plot_model(model, {}, "", 8, out, written)
 names = {path.name for path in written}
 plots = {"log-distance-bias-decoder-self-layer1.png", "learned-log-distance.png", "log-distance-bias-curves.png"}
 assert plots <= names, names
+
+# the benchmarks: its LM preset, its translation grid configuration and its methods-table row
+from fairseq.models import ARCH_MODEL_INV_REGISTRY
+from fairseq_distattn.models.arguments import ARCHITECTURES
+from benchmarks.quality.lm import lm_configs
+from benchmarks.quality.mt import default_configs
+from benchmarks.quality.methods import method_rows
+PRESET = "distattn_lm_log_distance_gbw"
+assert PRESET in ARCH_MODEL_INV_REGISTRY["distattn_lm"]
+assert ARCHITECTURES[PRESET][1] == {"decoder_self_attention": NAME}
+assert PRESET in lm_configs() and "no position embeddings" in lm_configs()[PRESET].note
+grid = default_configs()
+assert list(grid)[-1] == NAME and grid[NAME].attention == (
+    "--encoder-self-attention", NAME, "--decoder-self-attention", NAME
+) and not grid[NAME].absolute_positions
+rows = method_rows(list(grid), list(lm_configs()))
+assert (NAME, info.paper.split(", *")[0], NAME, PRESET) in rows and rows[-1][0] == "nope", rows
 print("ok")
 """
 

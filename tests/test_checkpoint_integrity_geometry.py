@@ -25,7 +25,7 @@ from argparse import Namespace
 
 import pytest
 
-from fairseq_distattn.patches.checkpoint_guards import architecture_defaults, settings_of
+from fairseq_distattn.checkpoint_configuration import architecture_defaults, settings_of
 from fairseq_distattn.registry import SpecError
 from fairseq_distattn.trained_configuration import check_overrides, differences, trained_settings
 

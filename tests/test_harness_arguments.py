@@ -164,7 +164,14 @@ def test_the_training_precision_reaches_fairseq_train_and_only_it(precision, fla
     base_env = {"OMP_NUM_THREADS": "1"}
     with pytest.raises(_Stop):
         quality.train_run(
-            quality.CONFIGS["da"], 1, quality.SCALES["tiny"], tmp_path, tmp_path, tmp_path, base_env, precision
+            quality.default_configs()["da"],
+            1,
+            quality.SCALES["tiny"],
+            tmp_path,
+            tmp_path,
+            tmp_path,
+            base_env,
+            precision,
         )
     ((cmd, run_env),) = calls
     assert "fairseq-train" in cmd[0]

@@ -5,12 +5,12 @@ import json
 
 from benchmarks.quality import methods
 from benchmarks.quality.lm import lm_configs
-from benchmarks.quality.mt import CONFIGS
+from benchmarks.quality.mt import default_configs
 from fairseq_distattn.registry import registered
 
 
 def test_every_registered_mechanism_has_a_row_with_a_configuration():
-    rows = methods.method_rows(list(CONFIGS), list(lm_configs()))
+    rows = methods.method_rows(list(default_configs()), list(lm_configs()))
     names = [name for name, _, mt, lm in rows]
     for info in registered():
         family = [name for name in names if info.name == name or info.name.startswith(name + "-")]

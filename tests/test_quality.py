@@ -195,10 +195,13 @@ def test_extrapolation_report_refuses_a_run_evaluated_from_two_models(tmp_path):
     assert "| window | 30.00 | 21.00 | 0.70 |" in extrapolation.report(out, quality / "runs")
 
 
-def write_run_records(out, runs):
+def write_run_records(out, runs, notes=None):
     """Run files as the harness writes them, for (config, seed, BLEU) triples."""
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    notes = {name: config.note for name, config in {**quality.CONFIGS, **quality.ablation_configs(3)}.items()}
+    notes = {
+        **{name: config.note for name, config in {**quality.default_configs(), **quality.ablation_configs(3)}.items()},
+        **(notes or {}),
+    }
     for config, seed, bleu in runs:
         record = {
             "config": config,
@@ -217,26 +220,27 @@ def write_run_records(out, runs):
 
 
 def test_a_note_with_a_pipe_stays_in_its_table_cell(tmp_path):
-    """The distance-mask notes say -|i-j|: unescaped, the row gains two columns."""
-    write_run_records(tmp_path, (("vanilla", 1, 30.0), ("distance-mask", 1, 31.0), ("distance-mask", 2, 32.0)))
-    assert "|i-j|" in quality.CONFIGS["distance-mask"].note
+    """Notes that say -|i-j| (the distance-mask runs' do): unescaped, the row gains two columns."""
+    note = "Im & Cho: -|i-j| on the logits, positions kept"
+    runs = (("vanilla", 1, 30.0), ("distance-mask", 1, 31.0), ("distance-mask", 2, 32.0))
+    write_run_records(tmp_path, runs, {"distance-mask": note})
     rows = [line for line in quality.report(tmp_path).splitlines() if line.startswith("| distance-mask ")]
     assert len(rows) == 1
     cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", rows[0])[1:-1]]
     assert cells[:2] == ["distance-mask", "2 (1,2)"] and cells[2] == "31.50 +- 0.71" and cells[3] == "+1.50"
-    assert len(cells) == 8 and cells[-1] == quality.CONFIGS["distance-mask"].note.replace("|", "\\|")
+    assert len(cells) == 8 and cells[-1] == note.replace("|", "\\|")
 
 
 def test_the_report_names_the_grid_configurations_without_a_run_or_with_one_seed(tmp_path):
     """A reader must be able to tell a configuration not run yet from one left out of the grid."""
-    names = list(quality.CONFIGS)
+    names = list(quality.default_configs())
     write_run_records(tmp_path, [("vanilla", 1, 30.0), ("vanilla", 2, 31.0), ("rpr", 1, 32.0)])
     lines = quality.report(tmp_path).splitlines()
     not_run = [line for line in lines if line.startswith("Not run yet: ")]
     assert len(not_run) == 1
     listed = [item.split(" (", 1)[0] for item in not_run[0].split(": ", 1)[1].split("; ")]
     assert listed == [name for name in names if name not in ("vanilla", "rpr")]
-    assert f"t5-bias ({quality.CONFIGS['t5-bias'].note})" in not_run[0]
+    assert f"t5-bias ({quality.default_configs()['t5-bias'].note})" in not_run[0]
     assert "One seed so far (no spread yet): rpr." in lines
 
     write_run_records(tmp_path, [(name, seed, 30.0) for name in names for seed in (1, 2)])
@@ -427,7 +431,7 @@ def test_the_paper_tables_name_every_window_ablation_and_only_harness_configurat
     named = paper_tables.configs()
     window = [name for name in quality.ablation_configs(3) if name.startswith("window-")]
     assert sorted(set(named) - {"vanilla"}) == sorted(window)
-    assert set(named) <= {*quality.CONFIGS, *quality.ablation_configs(3)}
+    assert set(named) <= {*quality.default_configs(), *quality.ablation_configs(3)}
     assert paper_tables.METRIC == quality.ABLATION_METRIC
 
 

@@ -139,12 +139,23 @@ def pages():
 def test_the_generated_docs_are_the_registrys_and_shown_where_a_user_looks(path, generate):
     """(tests/test_readme.py checks that each copy equals its file.)"""
     assert (REPO_ROOT / path).read_text(encoding="utf-8") == generate(), (
-        f"{path} is stale: run python -m fairseq_distattn.mechanisms --write"
+        f"{path} is stale: run python -m fairseq_distattn.docs --write"
     )
     showing = [page for page, text in pages().items() if f"<!-- generated from {path} by " in text]
     assert showing, f"no page shows {path}"
     if path == MECHANISM_TABLE:
         assert "README.md" in showing, "the README shows the mechanism table"
+
+
+def test_the_docs_command_and_its_older_name_print_the_same():
+    outputs = [
+        subprocess.run(
+            [sys.executable, "-m", module, "--accepted-by", "cross"], capture_output=True, text=True, cwd=REPO_ROOT
+        )
+        for module in ("fairseq_distattn.docs", "fairseq_distattn.mechanisms")
+    ]
+    assert all(out.returncode == 0 for out in outputs), [out.stderr for out in outputs]
+    assert outputs[0].stdout == outputs[1].stdout and "window-aw\n" in outputs[0].stdout
 
 
 def test_the_generated_docs_say_what_each_flag_accepts_and_why_it_refuses():

@@ -90,7 +90,7 @@ def method_rows(
 
 def report(out: Path, results: Path = RESULTS) -> str:
     from .lm import lm_configs
-    from .mt import CONFIGS
+    from .mt import default_configs
 
     mt_runs = load_runs(results / "quality")
     lm_runs = load_runs(results / "lm_quality")
@@ -142,11 +142,12 @@ def report(out: Path, results: Path = RESULTS) -> str:
         *(cell(at_length[factor].get(LM_BASELINE)) for factor in FACTORS),
     ]
     lines.append("| " + " | ".join(baseline_row) + " |")
-    for method, paper, mt, lm in method_rows(list(CONFIGS), list(lm_configs())):
+    configs = default_configs()
+    for method, paper, mt, lm in method_rows(list(configs), list(lm_configs())):
         row = [
             f"`{method}`",
             paper,
-            (mt + ("+abs" if CONFIGS[mt].absolute_positions else "")) if mt else "-",
+            (mt + ("+abs" if configs[mt].absolute_positions else "")) if mt else "-",
             cell(bleu.get(mt)) if mt else "-",
             delta(bleu.get(mt), bleu.get(MT_BASELINE)) if mt else "-",
             cell(ppl.get(lm)) if lm else "-",

@@ -91,14 +91,13 @@ WINDOW_PAPER = (
     "--cross-attention",
     "window-aw-seg@0-2",
 )
-CONFIGS = {
-    c.name: c
-    for c in [
-        QualityConfig("vanilla", (), True, "fairseq transformer_iwslt_de_en, sinusoidal positions"),
-        QualityConfig("rpr", both_self("rpr"), False, "Shaw et al.: relative positions replace absolute ones (k = 16)"),
-        QualityConfig("rpr+abs", both_self("rpr"), True, "rpr with sinusoidal positions kept"),
-        QualityConfig("da", both_self("da"), False, "Wu et al. 2021: real distances replace position embeddings"),
-        QualityConfig("da+abs", both_self("da"), True, "da with sinusoidal positions kept"),
+BASELINE = QualityConfig("vanilla", (), True, "fairseq transformer_iwslt_de_en, sinusoidal positions")
+# The papers' special configurations, each listed after the mechanism (or the family of
+# SPECIAL_FAMILIES, the name before its first "-") it belongs to.
+PAPER_CONFIGS = {
+    "rpr": (QualityConfig("rpr+abs", both_self("rpr"), True, "rpr with sinusoidal positions kept"),),
+    "da": (QualityConfig("da+abs", both_self("da"), True, "da with sinusoidal positions kept"),),
+    "window": (
         QualityConfig(
             "window",
             WINDOW_PAPER,
@@ -121,51 +120,77 @@ CONFIGS = {
             True,
             "MW in every layer of all three kinds",
         ),
-        QualityConfig("qvi", both_self("qvi"), True, "Wu et al. QVI in every self-attention layer"),
-        QualityConfig(
-            "distance-mask", both_self("distance-mask"), True, "Im & Cho: -|i-j| on the logits, positions kept"
-        ),
+    ),
+    "distance-mask": (
         QualityConfig(
             "distance-mask-noabs", both_self("distance-mask"), False, "distance-mask without position embeddings"
         ),
+    ),
+    # decoder-only mechanisms: the encoder takes the mechanism each one extends
+    "xpos": (
         QualityConfig(
-            "alibi",
-            both_self("alibi"),
+            "xpos",
+            ("--encoder-self-attention", "rope", "--decoder-self-attention", "xpos"),
             False,
-            "Press et al. 2022: fixed per-head linear biases -m|i-j| replace position embeddings",
+            "Sun et al. 2023: xPos in decoder self-attention; the encoder rope (xPos is RoPE with a decay, which "
+            "a bidirectional encoder cannot take), no position embeddings",
         ),
+    ),
+    "cope": (
         QualityConfig(
-            "t5-bias",
-            both_self("t5-bias"),
+            "cope",
+            ("--encoder-self-attention", "rpr", "--no-relative-values", "--decoder-self-attention", "cope"),
             False,
-            "Raffel et al. 2020 (T5): learned bucketed relative bias, one table per stack, no position embeddings",
+            "Golovneva et al. 2024: CoPE in decoder self-attention; the encoder rpr keys-only, the relative PE "
+            "CoPE generalises (with every gate at 1 its positions count i - j + 1), no position embeddings",
         ),
-        QualityConfig(
-            "rope",
-            both_self("rope"),
-            False,
-            "Su et al. 2021 (RoFormer): queries and keys rotated by position in self-attention, no position embeddings",
-        ),
-        QualityConfig(
-            "kerple",
-            both_self("kerple"),
-            False,
-            "Chi et al. 2022: learned logarithmic kernel -r1 log(1 + r2|i-j|) per head, no position embeddings",
-        ),
-        QualityConfig(
-            "fire",
-            both_self("fire"),
-            False,
-            "Li et al. 2024: learned MLP of the normalised distance per layer, no position embeddings",
-        ),
-        QualityConfig(
-            "transformer-xl",
-            both_self("transformer-xl"),
-            False,
-            "Dai et al. 2019: relative attention with sinusoids of i-j, W_R, u, v, no position embeddings",
-        ),
-    ]
+    ),
 }
+
+
+SPECIAL_FAMILIES = ("window",)  # the paper's layer choices are the configurations: none derived
+
+
+def derived_config(info) -> Optional[QualityConfig]:
+    """A registered mechanism in every encoder and decoder self-attention layer, without
+    the position embeddings it replaces (kept where its papers keep them); None for
+    one that does not apply to both."""
+    from fairseq_distattn.registry import DECODER_SELF_KIND, ENCODER_SELF_KIND
+
+    if not {ENCODER_SELF_KIND, DECODER_SELF_KIND} <= info.kinds:
+        return None
+    positions = "positions kept" if info.keeps_position_embeddings else "no position embeddings"
+    paper = info.paper.split(", *")[0]
+    return QualityConfig(
+        info.name,
+        both_self(info.name),
+        info.keeps_position_embeddings,
+        f"{paper}: {info.name} in every self-attention layer, {positions}",
+    )
+
+
+def default_configs() -> Dict[str, QualityConfig]:
+    """The default grid: vanilla, then per registered mechanism (the papers' order) its
+    derived configuration and its papers' special ones (:data:`PAPER_CONFIGS`; a
+    special one of the mechanism's own name replaces the derived one)."""
+    import fairseq_distattn.mechanisms  # noqa: F401  discovers the registry
+    from fairseq_distattn.registry import registered
+
+    configs = {BASELINE.name: BASELINE}
+    for info in registered():
+        family = info.name.split("-")[0]
+        if family in SPECIAL_FAMILIES:
+            candidates = PAPER_CONFIGS[family]
+        else:
+            special = PAPER_CONFIGS.get(info.name, ())
+            derived = derived_config(info)
+            own_name = derived is not None and any(config.name == derived.name for config in special)
+            candidates = (() if derived is None or own_name else (derived,)) + special
+        for config in candidates:
+            configs.setdefault(config.name, config)
+    return configs
+
+
 GRIDS = ("default", "ablations")
 
 
@@ -186,7 +211,7 @@ def ablation_configs(layers: int) -> Dict[str, QualityConfig]:
 
 def grid_configs(grid: str, layers: int) -> Dict[str, QualityConfig]:
     """Every configuration a grid can run (``--configs`` picks from these)."""
-    return dict(CONFIGS) if grid == "default" else ablation_configs(layers)
+    return default_configs() if grid == "default" else ablation_configs(layers)
 
 
 # Model size and budget. small: the quickstart's CPU model; base: IWSLT-size for a GPU.
@@ -511,8 +536,9 @@ def report(out: Path) -> str:
     ``valid_loss_ablations.png`` from the run files; returns the markdown."""
     runs = load_runs(out)
     by_config = runs_by_config(runs)
-    references = ablation_references() if set(by_config) - set(CONFIGS) else {}
-    order = [name for name in CONFIGS if name in by_config] + sorted(set(by_config) - set(CONFIGS) - set(references))
+    configs = default_configs()
+    references = ablation_references() if set(by_config) - set(configs) else {}
+    order = [name for name in configs if name in by_config] + sorted(set(by_config) - set(configs) - set(references))
     ablation_order = [name for name in references if name in by_config]
     baseline = by_config.get("vanilla")
     lines = [
@@ -550,7 +576,7 @@ def report(out: Path) -> str:
         "(a single number: one seed so far).",
         "",
     ]
-    grid = {name: config.note for name, config in CONFIGS.items()}
+    grid = {name: config.note for name, config in configs.items()}
     sections = header + lines + pending_lines(by_config, grid)
     sections += ablation_table(by_config, ablation_order, references)
     if ablation_order:

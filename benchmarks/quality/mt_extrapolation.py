@@ -37,8 +37,8 @@ from ..harness.fingerprints import checkpoint_fingerprint, evaluated_from, model
 from ..harness.process import log, run, tool, tool_env
 from ..harness.runs import load_runs
 from ..harness.seeds import mean_std, mean_std_text
-from .mt import CONFIGS, DEFAULT_WORK, score_translation, translation_args
 from .mt import DEFAULT_OUT as QUALITY_OUT
+from .mt import DEFAULT_WORK, default_configs, score_translation, translation_args
 
 PROG = "python -m benchmarks.quality.mt_extrapolation"
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "extrapolation"
@@ -188,7 +188,8 @@ def report(out: Path, quality_runs: Optional[Path] = None) -> str:
         table.setdefault(record["config"], {}).setdefault(record["factor"], []).append(
             record["tokenized_bleu_compound_split"]
         )
-    order = [name for name in CONFIGS if name in table] + sorted(set(table) - set(CONFIGS))
+    configs = default_configs()
+    order = [name for name in configs if name in table] + sorted(set(table) - set(configs))
     factors = sorted({record["factor"] for record in records})
     lengths = {f: sorted({r["mean_source_bpe_tokens"] for r in records if r["factor"] == f}) for f in factors}
     lines = [
@@ -342,9 +343,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.configs:
         from .ablations import ABLATION_NAMES  # imports fairseq_distattn: only when named
 
-        args.config_names = set(comma_separated_names(p, "--configs", args.configs, [*CONFIGS, *ABLATION_NAMES]))
+        args.config_names = set(
+            comma_separated_names(p, "--configs", args.configs, [*default_configs(), *ABLATION_NAMES])
+        )
     else:
-        args.config_names = set(CONFIGS)
+        args.config_names = set(default_configs())
     if not args.report and not (args.quality_work / args.scale).is_dir():
         p.error(
             f"argument --quality-work: no {args.scale}-scale runs of benchmarks.quality.mt: "

@@ -69,6 +69,7 @@ def _window(name, additive, segments, description):
         extra_keys=tuple(f"{side}_key" for side in sides),
         description=description,
         paper=PAPER,
+        keeps_position_embeddings=True,  # the paper adds windows to the Transformer with its positions
     )
 
 

@@ -68,6 +68,7 @@ class DistanceMaskOptions:
     fused="without weights",
     flex="without weights",
     small_fused_bias=True,  # the fused path keeps only the [Tq, Tk] bias
+    keeps_position_embeddings=True,  # a locality prior added to a model that has its positions
     description="fixed `-alpha * abs(i-j)` distance mask, optionally directional",
     paper="Im and Cho 2017, *Distance-based Self-Attention Network for Natural Language Inference*",
 )

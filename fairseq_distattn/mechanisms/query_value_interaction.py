@@ -42,6 +42,7 @@ class QueryValueInteractionOptions:
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     row_wise=False,  # eq. 7 mixes every query into each value: no row-wise blocks
+    keeps_position_embeddings=True,  # it changes the values, not what positions the logits see
     description="query-value interaction (query-aware values)",
     paper="Wu, Wu, Qi and Huang 2020, *Improving Attention Mechanism with Query-Value Interaction*",
 )

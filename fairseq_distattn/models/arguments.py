@@ -6,7 +6,6 @@ import logging
 import math
 
 import torch
-from fairseq import options
 from fairseq.models import register_model_architecture
 
 from ..registry import CROSS, DECODER_SELF, ENCODER_SELF, is_integer, option_flag
@@ -47,22 +46,10 @@ def add_distattn_args(container, kinds):
         add(flag.flag, help=flag.help, **flag.argparse)
 
 
-def show_flags_in_fairseq_help():
-    """fairseq's CLIs answer ``--help`` before they add any model's flags, so no
-    model flag would ever be listed. Add ours to the training parser's model
-    configuration (fairseq builds that parser after importing ``--user-dir``);
-    with suppressed defaults they are invisible to other architectures."""
-    fairseq_add_model_args = options.add_model_args
-    if getattr(fairseq_add_model_args, "adds_distattn_flags", False):
-        return
-
-    def add_model_args(parser):
-        group = fairseq_add_model_args(parser)
-        add_distattn_args(parser, (ENCODER_SELF, DECODER_SELF, CROSS))
-        return group
-
-    add_model_args.adds_distattn_flags = True
-    options.add_model_args = add_model_args
+def add_every_kind_of_flag(parser) -> None:
+    """The flags of both models (what fairseq's ``--help`` lists, see
+    :mod:`fairseq_distattn.patches.fairseq_options`)."""
+    add_distattn_args(parser, (ENCODER_SELF, DECODER_SELF, CROSS))
 
 
 SPEC_ATTRIBUTES = {kind.attr: kind for kind in KINDS}
@@ -380,28 +367,10 @@ def warn_about_unused_options(args):
         logger.warning(f"{flag} {value} has no effect: {reason}")
 
 
-def check_flags_after_parsing():
-    """Wrap fairseq's ``options.parse_args_and_arch`` with :func:`check_parsed_args`.
-
-    fairseq-train imports ``--user-dir`` while it builds its parser, before it
-    calls ``parse_args_and_arch``, so the wrapper is in place for that call."""
-    fairseq_parse = options.parse_args_and_arch
-    if getattr(fairseq_parse, "checks_distattn_flags", False):
-        return
-
-    def parse_args_and_arch(*args, **kwargs):
-        parsed = fairseq_parse(*args, **kwargs)
-        check_parsed_args(parsed[0] if isinstance(parsed, tuple) else parsed)
-        return parsed
-
-    parse_args_and_arch.checks_distattn_flags = True
-    options.parse_args_and_arch = parse_args_and_arch
-
-
 __all__ = [
     "add_distattn_args",
-    "show_flags_in_fairseq_help",
-    "check_flags_after_parsing",
+    "add_every_kind_of_flag",
+    "check_parsed_args",
     "set_distattn_defaults",
     "register_architecture",
     "build_or_exit",

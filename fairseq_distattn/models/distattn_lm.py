@@ -2,7 +2,6 @@
 
 import dataclasses
 from argparse import Namespace
-from contextlib import contextmanager
 
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import register_model
@@ -13,6 +12,8 @@ from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerL
 from ..modules.summary import log_attention
 from ..modules.transformer import DistAttnTransformerDecoder, decoder_plans
 from ..patches.checkpoint_upgrade import record_arithmetic
+from ..patches.lm_decoder import language_model_decoder
+from ..registry import on_register
 from ..spec import SpecError
 from .arguments import (
     CROSS,
@@ -25,19 +26,6 @@ from .arguments import (
     register_architecture,
     set_distattn_defaults,
 )
-
-
-@contextmanager
-def _decoder_class(decoder_class):
-    # fairseq's LM build_model names its decoder class at module level and has
-    # no build hook; swapping that name for the build keeps all of fairseq's
-    # embedding/adaptive-input logic without copying it.
-    fairseq_decoder = fairseq_lm.TransformerDecoder
-    fairseq_lm.TransformerDecoder = decoder_class
-    try:
-        yield
-    finally:
-        fairseq_lm.TransformerDecoder = fairseq_decoder
 
 
 class DistAttnLanguageModelDecoder(DistAttnTransformerDecoder):
@@ -86,7 +74,7 @@ class DistAttnLanguageModel(TransformerLanguageModel):
             cls.check_attention_args(args, new_model=False)
             check_blocks_fit_the_model(args, task)
             record_arithmetic(args, "distattn_lm")
-            with _decoder_class(DistAttnLanguageModelDecoder):
+            with language_model_decoder(DistAttnLanguageModelDecoder):
                 return super(DistAttnLanguageModel, cls).build_model(args, task)
 
         model = build_or_exit(build, args)
@@ -114,49 +102,32 @@ def transformer_lm_architecture(args):
 transformer_lm_architecture.__name__ = "transformer_lm"
 architecture("distattn_lm", transformer_lm_architecture)
 architecture("distattn_lm_gbw", fairseq_lm.transformer_lm_baevski_gbw)
-architecture(
-    "distattn_lm_rpr_gbw", fairseq_lm.transformer_lm_baevski_gbw, decoder_self="rpr", no_absolute_positions=True
-)
-architecture("distattn_lm_da_gbw", fairseq_lm.transformer_lm_baevski_gbw, decoder_self="da", no_absolute_positions=True)
-# Press et al. 2022: ALiBi in every layer and no position embeddings, which the
-# linear biases replace (the paper's LM, here on fairseq's gbw configuration).
-architecture(
-    "distattn_lm_alibi_gbw", fairseq_lm.transformer_lm_baevski_gbw, decoder_self="alibi", no_absolute_positions=True
-)
-# Su et al. 2021: rotary positions in every layer replace the position embeddings (as in GPT-NeoX and
-# LLaMA); Sun et al. 2023: xPos, the same with its decay.
-architecture(
-    "distattn_lm_rope_gbw", fairseq_lm.transformer_lm_baevski_gbw, decoder_self="rope", no_absolute_positions=True
-)
-architecture(
-    "distattn_lm_xpos_gbw", fairseq_lm.transformer_lm_baevski_gbw, decoder_self="xpos", no_absolute_positions=True
-)
-# Chi et al. 2022: KERPLE's logarithmic kernel in every layer replaces the position embeddings (the paper's LM).
-architecture(
-    "distattn_lm_kerple_gbw", fairseq_lm.transformer_lm_baevski_gbw, decoder_self="kerple", no_absolute_positions=True
-)
-# Chi et al. 2023: Sandwich's parameter-free bias in every layer, what is left of the sinusoidal embeddings.
-architecture(
-    "distattn_lm_sandwich_gbw",
-    fairseq_lm.transformer_lm_baevski_gbw,
-    decoder_self="sandwich",
-    no_absolute_positions=True,
-)
-# Li et al. 2024: FIRE in every layer (its own f, c and L per layer) replaces the position embeddings.
-architecture(
-    "distattn_lm_fire_gbw", fairseq_lm.transformer_lm_baevski_gbw, decoder_self="fire", no_absolute_positions=True
-)
-# Golovneva et al. 2024: CoPE in every layer, positions counted by the context, no position embeddings.
-architecture(
-    "distattn_lm_cope_gbw", fairseq_lm.transformer_lm_baevski_gbw, decoder_self="cope", no_absolute_positions=True
-)
-# Dai et al. 2019: Transformer-XL's relative attention in every layer (without its segment recurrence).
-architecture(
-    "distattn_lm_transformer_xl_gbw",
-    fairseq_lm.transformer_lm_baevski_gbw,
-    decoder_self="transformer-xl",
-    no_absolute_positions=True,
-)
+# The papers' special configurations (below); a mechanism of their family gets no derived preset.
+SPECIAL_PRESET_FAMILIES = ("window",)
+
+
+def preset_name(mechanism: str) -> str:
+    """The LM preset of a mechanism: ``distattn_lm_<name>_gbw``."""
+    return f"distattn_lm_{mechanism.replace('-', '_')}_gbw"
+
+
+def register_mechanism_preset(info) -> None:
+    """``distattn_lm_<name>_gbw``: fairseq's gbw LM with the mechanism in every decoder
+    layer, without the position embeddings it replaces (kept where its papers keep
+    them, ``keeps_position_embeddings``). Derived for every mechanism that applies to
+    decoder self-attention, outside the special families above."""
+    family = info.name.split("-")[0]
+    if DECODER_SELF.key not in info.kinds or family in SPECIAL_PRESET_FAMILIES:
+        return
+    architecture(
+        preset_name(info.name),
+        fairseq_lm.transformer_lm_baevski_gbw,
+        decoder_self=info.name,
+        no_absolute_positions=not info.keeps_position_embeddings,
+    )
+
+
+on_register(register_mechanism_preset)
 # Haviv et al. 2022: no position information at all; the causal mask alone lets an LM infer positions.
 architecture("distattn_lm_nope_gbw", fairseq_lm.transformer_lm_baevski_gbw, no_absolute_positions=True)
 # Nguyen et al. 2020 LM: multiplicative window in the first 3 decoder layers.

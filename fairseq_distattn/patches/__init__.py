@@ -7,7 +7,11 @@ together by :func:`install` (which :mod:`fairseq_distattn.models` calls):
   (resume, ``--model-overrides``);
 - :mod:`.checkpoint_upgrade`: a checkpoint of an earlier plugin version is rebuilt as
   the model it was (options whose default changed since);
-- :mod:`.torchrun_on_cpu`: ``torchrun`` launches ``fairseq-train`` without a GPU.
+- :mod:`.torchrun_on_cpu`: ``torchrun`` launches ``fairseq-train`` without a GPU;
+- :mod:`.fairseq_options`: the plugin's flags in fairseq's ``--help`` and its checks
+  after parsing (installed by :mod:`fairseq_distattn.models`, which gives the flags
+  and the checks);
+- :mod:`.lm_decoder`: fairseq's LM built with the plugin's decoder.
 
 Nothing here is imported until :func:`install` runs: the warning filters go in
 before the modules that import fairseq do.

@@ -29,8 +29,7 @@ import logging
 from argparse import Namespace
 from pathlib import Path
 
-import torch
-
+from ..checkpoint_configuration import model_config, model_name, settings_of
 from ..spec import SpecError, exit_on_spec_error, exit_with_error
 from ..trained_configuration import (
     PLUGIN_MODELS,
@@ -39,56 +38,11 @@ from ..trained_configuration import (
     check_unused_overrides,
     describe_differences,
     differences,
-    geometry_attributes,
     plugin_override_keys,
-    trained_settings,
 )
-from .checkpoint_loading import allow_fairseq_checkpoints
+from .checkpoint_loading import read_checkpoint
 
 logger = logging.getLogger(__name__)
-
-
-def model_config(state):
-    """The model's configuration (an ``argparse.Namespace`` or omegaconf node) of a checkpoint."""
-    cfg = state.get("cfg")
-    if cfg is not None and cfg.get("model") is not None:
-        return cfg["model"]
-    return state.get("args")
-
-
-def model_name(config) -> str:
-    """The registered model name (``distattn_transformer``, ``transformer``, ...) of an ``--arch``."""
-    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
-
-    arch = getattr(config, "arch", None) or getattr(config, "_name", None)
-    return ARCH_MODEL_NAME_REGISTRY.get(arch, arch)
-
-
-def architecture_defaults(config) -> dict:
-    """attribute -> value of each attention-geometry attribute (:func:`geometry_attributes`)
-    that ``config`` lacks, as fairseq builds the model then: its ``--arch`` function fills
-    an absent attribute (``getattr(args, "decoder_attention_heads", 8)``, some from another:
-    the decoder's width defaults to the encoder's), so it runs on the attributes present."""
-    from fairseq.models import ARCH_CONFIG_REGISTRY
-
-    attrs = geometry_attributes(model_name(config))
-    missing = [attr for attr in attrs if getattr(config, attr, None) is None]
-    arch = getattr(config, "arch", None) or getattr(config, "_name", None)
-    if not missing or arch not in ARCH_CONFIG_REGISTRY:
-        return {}
-    both_sides = [f"{side}_{name}" for side in ("encoder", "decoder") for name in ("attention_heads", "embed_dim")]
-    args = Namespace(**{attr: getattr(config, attr) for attr in both_sides if getattr(config, attr, None) is not None})
-    try:
-        ARCH_CONFIG_REGISTRY[arch](args)
-    except Exception:  # an architecture that needs more of its configuration: nothing to fall back on
-        return {}
-    return {attr: getattr(args, attr, None) for attr in missing}
-
-
-def settings_of(config):
-    """:func:`trained_settings` of a model configuration (an attention-geometry attribute it
-    lacks: its architecture's default)."""
-    return trained_settings(config, model_name(config), architecture_defaults(config))
 
 
 def _keys(node) -> list:
@@ -141,16 +95,6 @@ def check_model_overrides(before_model, after_model, overrides, cfg_keys=()) -> 
     check_override_keys(overrides, known, {*plugin_override_keys(), *model_keys})
     check_overrides(settings_of(before_model), settings_of(after_model), overrides)
     check_unused_overrides(before_model, after_model, overrides, model_name(after_model))
-
-
-def read_checkpoint(path) -> dict:
-    """A checkpoint's state, weights-only; memory-mapped where the file allows it, so that
-    reading its configuration does not read its tensors."""
-    allow_fairseq_checkpoints()
-    try:
-        return torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError:  # the legacy (non-zip) format cannot be memory-mapped
-        return torch.load(str(path), map_location="cpu", weights_only=True)
 
 
 def check_resume(filename, cfg, reset_optimizer: bool) -> None:

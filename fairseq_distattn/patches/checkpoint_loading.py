@@ -51,3 +51,13 @@ def allow_fairseq_checkpoints():
     add_safe_globals = getattr(torch.serialization, "add_safe_globals", None)
     if add_safe_globals is not None:  # torch < 2.4 loads fairseq checkpoints as is
         add_safe_globals(safe_checkpoint_globals())
+
+
+def read_checkpoint(path) -> dict:
+    """A checkpoint's state, weights-only; memory-mapped where the file allows it, so that
+    reading its configuration does not read its tensors."""
+    allow_fairseq_checkpoints()
+    try:
+        return torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:  # the legacy (non-zip) format cannot be memory-mapped
+        return torch.load(str(path), map_location="cpu", weights_only=True)

@@ -28,10 +28,10 @@ from typing import Dict, List, Optional
 
 import torch
 
+from ..checkpoint_configuration import model_config, model_name
 from ..registry import REGISTRY, option_flag
 from ..spec import MechanismOptions, exit_with_error, parse_spec, specs_name
-from ..trained_configuration import attention_kinds, trained_settings
-from .checkpoint_guards import PLUGIN_MODELS, model_config, model_name
+from ..trained_configuration import PLUGIN_MODELS, attention_kinds, trained_settings
 
 logger = logging.getLogger(__name__)
 

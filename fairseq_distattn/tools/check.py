@@ -19,15 +19,9 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from ..patches.checkpoint_guards import (
-    PLUGIN_MODELS,
-    check_model_overrides,
-    configuration_keys,
-    model_config,
-    model_name,
-    read_checkpoint,
-    settings_of,
-)
+from ..checkpoint_configuration import model_config, model_name, settings_of
+from ..patches.checkpoint_guards import PLUGIN_MODELS, check_model_overrides, configuration_keys
+from ..patches.checkpoint_loading import read_checkpoint
 from ..patches.checkpoint_upgrade import CheckpointRefused, upgrade_plugin_state
 from ..registry import EVALUATION, RUNTIME, TRAINED, SpecError, option_flag
 from ..spec import MechanismOptions

@@ -1,4 +1,4 @@
-"""``python -m fairseq_distattn.mechanisms``: the documentation the registry gives.
+"""``python -m fairseq_distattn.docs``: the documentation the registry gives.
 
 It prints the mechanism table, the flag table and the SPEC grammar; ``--write``
 writes them to docs/ and copies them into the pages of README.md and docs/
@@ -162,8 +162,8 @@ def _models_with(kind) -> str:
     return "both models; the LM's only attention" if kind.in_language_model else "`distattn_transformer` only"
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fairseq_distattn.mechanisms", description=__doc__.split("\n\n")[0])
+def main(argv=None, prog: str = "python -m fairseq_distattn.docs") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     action = parser.add_mutually_exclusive_group()
     action.add_argument(
         "--write",

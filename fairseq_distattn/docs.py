@@ -1,0 +1,10 @@
+"""``python -m fairseq_distattn.docs [--write]``: :mod:`fairseq_distattn.tools.docs`, beside
+``check`` and ``inspect`` (``python -m fairseq_distattn.mechanisms`` is the same command
+under its older name)."""
+
+import sys
+
+from .tools.docs import main
+
+if __name__ == "__main__":
+    sys.exit(main())
