@@ -11,6 +11,7 @@ A mechanism declares everything about itself in its own module file
     @register_attention("my-mech", MyOptions, op=DF.my_attention,
                         example=lambda draw, options: ((options.my_width,), {}),
                         kinds=SELF_ATTENTION, unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
+                        paths={Path.FUSED: Capability(keeps=Keeps.BIAS)},  # functional.paths
                         description="...", paper="Authors 2024, *Title*")
     class MyMechanism(Mechanism):
         ...
@@ -21,15 +22,23 @@ and its validation, the command-line flags and ``--help``
 (:mod:`fairseq_distattn.models.arguments`), the generated docs
 (:mod:`fairseq_distattn.tools.docs`), and the lists of the tests and
 benchmarks, which run every op through its ``example``. The attention kinds
-are one table here too (:class:`AttentionKind`). docs/adding-a-mechanism.md
-walks through a whole example. No fairseq imports.
+are one table here too (:class:`AttentionKind`). The execution paths a
+mechanism's op may take besides the eager one are data too (``paths``: a
+:class:`~fairseq_distattn.functional.paths.Capability` per
+:class:`~fairseq_distattn.functional.paths.Path`, which says when, and what
+backward keeps there): the attention module plans by them and the docs' words for
+them are made from them (:meth:`MechanismInfo.path_condition`).
+docs/adding-a-mechanism.md walks through a whole example. No fairseq imports.
 """
 
 import dataclasses
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple
+
+if TYPE_CHECKING:  # functional/ imports this module's option helpers: its names are imported where used
+    from .functional.paths import Capability, Path
 
 # The attention kinds by key: what a mechanism declares it supports (``kinds=SELF_ATTENTION``);
 # everything else about a kind is in its AttentionKind below.
@@ -251,12 +260,10 @@ class MechanismInfo:
     kinds: FrozenSet[str]  # the attention kinds it applies to
     unsupported: Mapping[str, str]  # kind -> why it does not apply there
     row_wise: bool  # every query row depends on that row's queries alone (recomputable in row blocks)
-    fused: str  # when the fused F.scaled_dot_product_attention path runs ("" never)
-    small_fused_bias: bool  # the fused path keeps only a [H|1, Tq, Tk] bias, nothing per batch
-    # the fused path is vanilla's own F.scaled_dot_product_attention call, on the mechanism's own
-    # queries and keys (rotated, scaled), with no bias at all
-    fused_without_bias: bool
-    flex: str  # when the flex_attention path runs (functional.flex, on a position_tables.OffsetTable; "" never)
+    # the paths its op may take besides the eager one (DECLARED_PATHS), each with when and what it keeps:
+    # FUSED, F.scaled_dot_product_attention; FLEX, flex_attention (functional.flex, on a
+    # position_tables.OffsetTable or MW's window)
+    paths: Mapping["Path", "Capability"]
     extra_queries: Tuple[str, ...]  # extra per-head query projections of the attention module
     extra_keys: Tuple[str, ...]  # extra per-head key projections (cached like fairseq's prev_key)
     description: str  # the mechanism table's "mechanism" column
@@ -272,11 +279,53 @@ class MechanismInfo:
         """The arithmetic revision the code computes now."""
         return self.revisions[-1].number if self.revisions else 1
 
+    def _fused_keeps(self):
+        """What its fused path keeps for backward (None: it has none)."""
+        from .functional.paths import Path
+
+        fused = self.paths.get(Path.FUSED)
+        return None if fused is None else fused.keeps
+
+    @property
+    def small_fused_bias(self) -> bool:
+        """Whether its fused path keeps only a ``[H|1, Tq, Tk]`` bias, nothing per batch."""
+        from .functional.paths import Keeps
+
+        return self._fused_keeps() is Keeps.BIAS
+
+    @property
+    def fused_without_bias(self) -> bool:
+        """Whether its fused path is vanilla's own F.scaled_dot_product_attention call, on
+        the mechanism's own queries and keys (rotated, scaled), with no bias at all."""
+        from .functional.paths import Keeps
+
+        return self._fused_keeps() is Keeps.NOTHING
+
     @property
     def fused_keeps_nothing_per_batch(self) -> bool:
         """Whether its fused path keeps no ``[B, H, Tq, Tk]`` tensor for backward (a bias
         without a batch dimension, or none)."""
         return self.small_fused_bias or self.fused_without_bias
+
+    def path_condition(self, path: "Path") -> str:
+        """When its op takes ``path``, in words made from its declaration (the docs'
+        mechanism table): "" where never."""
+        capability = self.paths.get(path)
+        if capability is None:
+            return ""
+        text = "without weights"
+        if capability.option:
+            text = f"{self._option_condition(capability)}, {text}"
+        return f"{text} ({capability.note})" if capability.note else text
+
+    def _option_condition(self, capability: "Capability") -> str:
+        """The option values a capability holds for, as the command line gives them."""
+        flag = option_flag(next(field for field in self.option_fields() if field.name == capability.option))
+        if flag.argparse.get("action") == "store_true":
+            given = flag.convert(True, OptionContext())
+            return f"`{flag.flag}`" if set(capability.values) == {given} else f"without `{flag.flag}`"
+        first, *others = capability.values
+        return f"`{flag.flag} {first}`" + "".join(f" or `{value}`" for value in others)
 
     @property
     def year(self) -> int:
@@ -320,10 +369,7 @@ def register_attention(
     kinds: FrozenSet[str] = ALL_KINDS,
     unsupported: Optional[Mapping[str, str]] = None,
     row_wise: bool = True,
-    fused: str = "",
-    small_fused_bias: bool = False,
-    fused_without_bias: bool = False,
-    flex: str = "",
+    paths: Optional[Mapping["Path", "Capability"]] = None,
     extra_queries: Tuple[str, ...] = (),
     extra_keys: Tuple[str, ...] = (),
     keeps_position_embeddings: bool = False,
@@ -332,8 +378,12 @@ def register_attention(
     """Class decorator registering a mechanism module under the SPEC ``name``
     (a class may be registered under several names, each with its own
     declarations). Every kind it does not support needs a reason; ``paper``
-    is ``"Authors YEAR, *Title*"``."""
+    is ``"Authors YEAR, *Title*"``; ``paths`` maps each of
+    :data:`~fairseq_distattn.functional.paths.DECLARED_PATHS` that its op may take
+    to a :class:`~fairseq_distattn.functional.paths.Capability` (when, and what
+    backward keeps there)."""
     unsupported = dict(unsupported or {})
+    paths = dict(paths or {})
 
     def decorate(cls):
         if name in REGISTRY or name == "vanilla":
@@ -348,8 +398,7 @@ def register_attention(
             raise ValueError(f"{name}: paper must read 'Authors YEAR, *Title*', got {paper!r}")
         if not callable(op) or not callable(example):
             raise TypeError(f"{name}: op and example must be callables")
-        if (small_fused_bias or fused_without_bias) and not fused:
-            raise ValueError(f"{name}: small_fused_bias and fused_without_bias describe a fused path; declare fused")
+        _check_paths(name, options, paths)
         if options is not None:
             if not dataclasses.is_dataclass(options):
                 raise TypeError(f"{name}: options must be a dataclass")
@@ -375,10 +424,7 @@ def register_attention(
             kinds=frozenset(kinds),
             unsupported=unsupported,
             row_wise=row_wise,
-            fused=fused,
-            small_fused_bias=small_fused_bias,
-            fused_without_bias=fused_without_bias,
-            flex=flex,
+            paths=paths,
             extra_queries=tuple(extra_queries),
             extra_keys=tuple(extra_keys),
             description=description,
@@ -404,6 +450,22 @@ def on_register(callback: Callable[[MechanismInfo], None]) -> None:
     for info in registered():
         callback(info)
     _REGISTRATION_CALLBACKS.append(callback)
+
+
+def _check_paths(name: str, options: Optional[type], paths: Mapping["Path", "Capability"]) -> None:
+    """What a registration's ``paths`` may hold: a Capability for each declared path,
+    naming only an option of its own options class."""
+    from .functional.paths import DECLARED_PATHS, Capability
+
+    fields = {field.name for field in dataclasses.fields(options)} if options is not None else set()
+    for path, capability in paths.items():
+        if path not in DECLARED_PATHS or not isinstance(capability, Capability):
+            raise ValueError(
+                f"{name}: paths maps {', '.join(str(p) for p in DECLARED_PATHS)} to a Capability, "
+                f"got {path!r}: {capability!r}"
+            )
+        if capability.option and capability.option not in fields:
+            raise ValueError(f"{name}: {path} depends on {capability.option!r}, which is not one of its options")
 
 
 def registered() -> Tuple[MechanismInfo, ...]:

@@ -24,6 +24,7 @@ from benchmarks.speed.floor import TRANSLATION_WINDOW_FLOOR, WINDOW_FLOOR_LAYERS
 from benchmarks.speed.report import md_table
 from benchmarks.speed.targets import TRAIN_TARGETS
 from benchmarks.speed.timing import Summary, fit_exponent, run_paired
+from fairseq_distattn.functional import paths as execution_paths
 from fairseq_distattn.registry import registered
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -874,7 +875,7 @@ def test_configs_flex_names_every_candidate_that_may_take_the_flex_path():
     that gains or loses its flex declaration changes the GPU run with it."""
     from benchmarks.speed import run
 
-    declared = {info.name for info in registered() if info.flex}
+    declared = {info.name for info in registered() if execution_paths.Path.FLEX in info.paths}
     assert {"alibi", "rpr", "window-mw"} <= declared and "rope" not in declared
     expanded = run.parse_args(["--configs", "rope-preset,flex"]).configs
     assert expanded[0] == "rope-preset" and len(expanded) == len(set(expanded))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fairseq_distattn import functional as DF
-from fairseq_distattn.functional import flex, position_tables
+from fairseq_distattn.functional import flex, paths, position_tables
 
 # the core's module (DF.attend is the function the package exports under its name)
 CORE = importlib.import_module("fairseq_distattn.functional.attention")
@@ -206,8 +206,8 @@ def dense_flex_kernel(monkeypatch):
     """The flex path with :func:`_dense_flex` as its kernel, taken under
     ``flex="always"`` (or ``"auto"``) with gradients on CPU too."""
     monkeypatch.setattr(flex, "_flex", lambda q, variant: _dense_flex)
-    for module in (CORE, DF.differentiable_window):
-        monkeypatch.setattr(module, "flex_applies", lambda *a, **kw: kw["flex"] != "never")
+    # flex_attention serves every call that paths.choose_path would otherwise refuse for its gradients
+    monkeypatch.setattr(paths, "_flex_serves", lambda call: call.flex != "never")
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -630,9 +630,10 @@ def test_the_compiled_kernel_is_not_recompiled_per_batch_and_never_falls_back(mo
 
 
 def _flex_declared(name):
+    from fairseq_distattn.functional.paths import Path
     from fairseq_distattn.registry import REGISTRY
 
-    return bool(REGISTRY[name].flex)
+    return Path.FLEX in REGISTRY[name].paths
 
 
 def _registered_self_attention():
@@ -691,12 +692,13 @@ def test_layers_on_the_flex_path_are_not_recomputed(monkeypatch):
     da = model.encoder.layers[0].self_attn.mechanism
     rpr, window = (model.decoder.layers[layer].self_attn.mechanism for layer in (0, 1))
     query = torch.zeros(2, 2, 5, 8, requires_grad=True)
+    call = paths.Call.of(query, query, need_weights=False, recompute_length=4)
     for mechanism in (da, rpr, window):
-        assert mechanism.recompute_saves_memory(query, False, 0.0)
-    monkeypatch.setattr("fairseq_distattn.mechanisms.base.flex_applies", lambda *a, **kw: True)
-    assert not da.recompute_saves_memory(query, False, 0.0)
-    assert not rpr.recompute_saves_memory(query, False, 0.0)
-    assert window.recompute_saves_memory(query, False, 0.0)  # its M is [B, H, Tq, Tk] on either path
+        assert mechanism.recomputes_in_row_blocks(call)
+    monkeypatch.setattr(paths, "_flex_serves", lambda call: True)
+    assert not da.recomputes_in_row_blocks(call)
+    assert not rpr.recomputes_in_row_blocks(call)
+    assert window.recomputes_in_row_blocks(call)  # its M is [B, H, Tq, Tk] on either path
 
 
 def test_attention_flex_takes_flex_from_the_recompute_length_on_in_auto(flex_calls):

@@ -6,7 +6,8 @@ logits, a ``score_mod`` of the raw scores, an ``offset_table`` read by ``j - i``
 (:mod:`.position_tables`), a ``weight_mod`` of the normalised weights or a
 ``value_term``. :func:`attend` composes the masks of :mod:`.masking` (key
 padding, causal, a mechanism's own visibility such as a direction) with it and
-picks the path: eager (:func:`attention_weights`, on the scoring helpers
+takes the path that :func:`paths.choose_path` picks among those its arguments
+allow: eager (:func:`attention_weights`, on the scoring helpers
 :func:`logit_dtype`, :func:`scaled` and :func:`masked_scores`, then
 :func:`dropout_probs`), fused ``F.scaled_dot_product_attention`` when the
 weights are not needed (:func:`fused_attention`, :func:`half_range_bias`), or
@@ -19,17 +20,18 @@ dropout on the probabilities that multiply the values; returned probabilities
 are undropped), ``need_weights`` (False: the op returns ``(out, None)``,
 and a mechanism that is an additive bias on the logits runs fused) and ``flex``
 (``"auto"``, ``"always"`` or ``"never"``: whether a table read by ``j - i`` may
-run in flex_attention, :func:`flex.flex_applies`).
+run in flex_attention, :func:`paths.choose_path`).
 """
 
 import functools
-from typing import Callable, Optional, Tuple
+from typing import Callable, FrozenSet, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from .flex import check_flex, flex_applies, flex_attend
+from .flex import flex_attend
 from .masking import check_attention_arguments, logit_mask, masked_softmax
+from .paths import Call, Path, choose_path
 from .position_tables import ScoreTable
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -172,7 +174,7 @@ def attend(
     ``offset_table`` is a bias or a score modification read from a table by
     ``j - i`` (:class:`position_tables.OffsetTable`: per head; rpr's
     ``RelativeKeyScores``: per query and clipped distance), given instead of
-    ``bias`` or ``score_mod``: where :func:`flex.flex_applies` it runs in
+    ``bias`` or ``score_mod``: where :func:`paths.choose_path` takes flex it runs in
     flex_attention (its ``score_mod``), with a ``value_term`` only if that can
     be rebuilt from flex's log-sum-exp (:class:`position_tables.LseValueTerm`);
     elsewhere its ``dense()`` becomes that ``bias`` or ``score_mod``. A mechanism that is
@@ -185,34 +187,31 @@ def attend(
     Tk]`` weights; no keys (``Tk = 0``) leave every query row without a visible
     key, which gives 0 (as a row hidden by the masks does) and ``[B, H, Tq, 0]``
     weights."""
-    check_flex(flex)
-    tgt_len, src_len = q.size(2), k.size(2)
+    call = Call.of(
+        q,
+        k,
+        key_padding_mask=key_padding_mask,
+        causal=causal,
+        query_offset=query_offset,
+        dropout_p=dropout_p,
+        need_weights=need_weights,
+        flex=flex,
+    )
+    path = choose_path(call, _paths_of(bias, score_mod, offset_table, weight_mod, value_term, allowed))
+    if path is Path.FLEX:
+        return _flex_attend(q, k, v, offset_table, value_term, allowed, key_padding_mask, causal), None
     if offset_table is not None:
-        if (
-            weight_mod is None
-            and (value_term is None or hasattr(value_term, "from_log_normaliser"))
-            and tgt_len
-            and src_len  # an empty matrix has nothing to fuse: its dense bias is empty too
-            and flex_applies(q, flex=flex, need_weights=need_weights, dropout_p=dropout_p, query_offset=query_offset)
-        ):
-            return _flex_attend(q, k, v, offset_table, value_term, allowed, key_padding_mask, causal), None
         dense = offset_table.dense()
         if offset_table.combine == "add":
             bias = dense
         else:
             score_mod = functools.partial(_relu_multiply, coefficients=dense)
-    if not need_weights and score_mod is None and weight_mod is None and value_term is None:
-        if (
-            bias is None
-            and allowed is None
-            and causal
-            and key_padding_mask is None
-            and query_offset == 0
-            and tgt_len == src_len
-        ):
-            # exactly SDPA's own causal mask: let it pick its causal kernel
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True), None
-        mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, q.dtype, allowed)
+    if path is Path.SDPA_CAUSAL:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True), None
+    if path is Path.FUSED:
+        mask, hidden = logit_mask(
+            key_padding_mask, causal, query_offset, call.tgt_len, call.src_len, q.device, q.dtype, allowed
+        )
         return fused_attention(q, k, v, bias, mask, hidden, dropout_p), None
     probs, mask, hidden = attention_weights(
         q,
@@ -232,6 +231,23 @@ def attend(
     if value_term is not None:
         out = out + value_term(attended)
     return out, probs if need_weights else None
+
+
+def _paths_of(bias, score_mod, offset_table, weight_mod, value_term, allowed) -> FrozenSet[Path]:
+    """The paths that what a mechanism hands :func:`attend` allows: flex for a table
+    (with no weight modification, and a value term only if it can be rebuilt from
+    flex's log-sum-exp); SDPA for an additive bias alone (a table that combines by
+    addition is one), and its causal kernel where there is no bias nor ``allowed``."""
+    paths = {Path.EAGER}
+    rebuilt_value_term = value_term is None or hasattr(value_term, "from_log_normaliser")
+    if offset_table is not None and weight_mod is None and rebuilt_value_term:
+        paths.add(Path.FLEX)
+    additive_table = offset_table is None or offset_table.combine == "add"
+    if score_mod is None and weight_mod is None and value_term is None and additive_table:
+        paths.add(Path.FUSED)
+        if bias is None and offset_table is None and allowed is None:
+            paths.add(Path.SDPA_CAUSAL)
+    return frozenset(paths)
 
 
 def _flex_attend(q, k, v, offset_table, value_term, allowed, key_padding_mask, causal) -> Tensor:

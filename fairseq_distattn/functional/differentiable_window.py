@@ -41,8 +41,9 @@ import torch
 from torch import Tensor
 
 from .attention import attend, logit_dtype, masked_scores, scaled
-from .flex import flex_applies, flex_attend
+from .flex import flex_attend
 from .masking import check_attention_arguments, check_tensor_argument, logit_mask, masked_softmax
+from .paths import Call, Path, choose_path
 
 
 def _cumulative_sums(pointer: Tensor) -> Tuple[Tensor, Tensor]:
@@ -210,11 +211,21 @@ def multiplicative_window_attention(
     flex: str = "auto",
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """MW, eqs. 12-13. Returns ``(out, weights)``; weights = softmax * M (rows need
-    not sum to 1). Where :func:`flex.flex_applies` (CUDA, no weights, no
-    dropout, full sequences) it runs as :func:`_flex_multiplicative_window`."""
+    not sum to 1). Where :func:`paths.choose_path` takes flex (CUDA, no weights,
+    no dropout, full sequences) it runs as :func:`_flex_multiplicative_window`."""
     check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
     _check_window(mask, q, k)
-    if flex_applies(q, flex=flex, need_weights=need_weights, dropout_p=dropout_p, query_offset=query_offset):
+    call = Call.of(
+        q,
+        k,
+        key_padding_mask=key_padding_mask,
+        causal=causal,
+        query_offset=query_offset,
+        dropout_p=dropout_p,
+        need_weights=need_weights,
+        flex=flex,
+    )
+    if choose_path(call, {Path.EAGER, Path.FLEX}) is Path.FLEX:
         return _flex_multiplicative_window(q, k, v, mask, key_padding_mask, causal), None
     return attend(
         q,

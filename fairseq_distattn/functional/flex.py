@@ -1,12 +1,12 @@
 """The flex_attention backend: ``torch.nn.attention.flex_attention`` as the
 fused path for mechanisms that are a function of the score and of the key's
-offset from the query. Here: when it runs (:data:`FLEX_MODES`,
-:func:`check_flex`, :func:`flex_applies`), its compilation (one compiled
+offset from the query. Here: its setting (:data:`FLEX_MODES`,
+:func:`check_flex`), its compilation (one compiled
 function per kind of call), its block masks and :func:`flex_attend`. The
 position tables it reads (:class:`position_tables.OffsetTable`,
 :class:`position_tables.LseValueTerm`) are shared with the eager and SDPA
-paths and live in :mod:`.position_tables`; the core that picks this path is
-:func:`attention.attend`.
+paths and live in :mod:`.position_tables`; :func:`paths.choose_path` picks
+this path, for :func:`attention.attend` and MW's op.
 
 A bias that depends only on the head and on ``j - i`` (alibi's -m_h |i-j|,
 distance-mask's -alpha |i-j|, T5's bucketed b_h, DA's coefficients f(w_h |i-j|))
@@ -31,10 +31,11 @@ eq. 13) is ``softmax(s + log M) v`` times each row's window mass
 ``sum_j softmax(s)_j M_j = exp(lse(s + log M) - lse(s))``: two flex calls, with
 M read inside the first one's ``score_mod``.
 
-When it runs (:func:`flex_applies`): full-sequence calls (``query_offset`` 0:
-training, scoring, the encoder; one-token decoding steps gain nothing and would
-recompile per step) without attention weights and without attention dropout
-(FlexAttention has none), on CUDA with a head size flex compiles for. Elsewhere
+When it runs (:func:`paths.choose_path`, with every other path): full-sequence
+calls (``query_offset`` 0: training, scoring, the encoder; one-token decoding
+steps gain nothing and would recompile per step) without attention weights and
+without attention dropout (FlexAttention has none), on CUDA with a head size
+flex compiles for. Elsewhere
 the mechanisms take the eager path of :func:`attention.attend`, to which this one
 is equal to float32 rounding. Every op's ``flex`` argument forces it on or off. On CPU,
 "always" runs flex's eager (uncompiled) form without gradients (flex has no
@@ -71,21 +72,6 @@ def check_flex(flex) -> None:
     default), ``"always"`` (wherever the call qualifies, CPU included) or ``"never"``."""
     if flex not in FLEX_MODES:
         raise ValueError(f"flex must be one of {', '.join(FLEX_MODES)}, got {flex!r}")
-
-
-def flex_applies(q: Tensor, *, flex: str, need_weights: bool, dropout_p: float, query_offset: int) -> bool:
-    """Whether a call with these arguments takes the flex path; ``flex`` is the caller's
-    setting (:func:`check_flex`), an argument of every op rather than a global, so that
-    one call's choice cannot leak into another's."""
-    check_flex(flex)
-    if flex == "never" or _flex_module() is None or need_weights or dropout_p > 0.0 or query_offset != 0:
-        return False
-    if not q.is_cuda:
-        # flex has no backward on CPU: there it serves inference, and only when forced
-        return flex == "always" and not torch.is_grad_enabled()
-    head_size = q.size(-1)
-    # flex's CUDA kernels tile the head dimension: powers of two from 16
-    return head_size >= 16 and head_size & (head_size - 1) == 0
 
 
 COMPILE_BACKEND = "inductor"  # torch.compile's backend for the kernel (tests count compilations with their own)
@@ -242,7 +228,6 @@ def flex_attend(
 
 
 __all__ = [
-    "flex_applies",
     "flex_attend",
     "check_flex",
 ]

@@ -3,6 +3,7 @@
 import torch
 
 from .. import functional as DF
+from ..functional.paths import Capability, Keeps, Path
 from ..registry import CROSS_KIND, DIFFERENT_SEQUENCES, SELF_ATTENTION, register_attention
 from .base import Mechanism, PositionTerm
 
@@ -12,9 +13,8 @@ from .base import Mechanism, PositionTerm
     op=DF.alibi_attention,
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
-    fused="without weights",
-    flex="without weights",
-    small_fused_bias=True,  # the fused path keeps only the [H, Tq, Tk] bias
+    # the fused path keeps only the [H, Tq, Tk] bias, the flex path only its table
+    paths={Path.FUSED: Capability(keeps=Keeps.BIAS), Path.FLEX: Capability(keeps=Keeps.NOTHING)},
     description="fixed per-head linear bias `-m_h * abs(i-j)` on the logits, geometric slopes `m_h = 2^(-8h/H)` "
     "(causal in the decoder, symmetric in the encoder); no parameters",
     paper="Press, Smith and Lewis 2022, *Train Short, Test Long: Attention with Linear Biases Enables Input Length "

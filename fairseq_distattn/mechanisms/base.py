@@ -13,7 +13,15 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from torch import Tensor, nn
 
-from ..functional.flex import flex_applies
+from ..functional.paths import (
+    EAGER_CAPABILITY,
+    Call,
+    Capability,
+    Path,
+    choose_path,
+    declared_as,
+    recomputes_in_row_blocks,
+)
 from ..registry import REGISTRY, MechanismInfo
 
 
@@ -145,28 +153,31 @@ class Mechanism(nn.Module):
         :class:`fairseq_distattn.registry.AttentionKind`) whose ``layers`` use it, to
         check them against that stack (its causality, longest sequence, head size)."""
 
-    # whether the flex path still keeps [B, H, Tq, Tk] tensors of its own for backward
-    flex_keeps_attention_tensors = False
+    def paths(self) -> Dict[Path, Capability]:
+        """The paths this layer's op may take, each with what backward keeps there: the
+        eager path, and every path its registration declares whose condition holds for
+        this layer's options (rpr's fused path only with ``--no-relative-values``). A
+        mechanism whose paths depend on more than one option's value overrides this."""
+        declared = {path: c for path, c in self.info.paths.items() if c.holds(self.config.options)}
+        return {Path.EAGER: EAGER_CAPABILITY, **declared}
+
+    def path(self, call: Call) -> Path:
+        """The path this layer's op takes for ``call`` (:func:`paths.choose_path`)."""
+        return choose_path(call, self.paths().keys())
 
     def may_take_flex_path(self) -> bool:
-        """Whether this layer's op runs in flex_attention where that applies
-        (declared ``flex``; a mechanism whose options decide overrides this)."""
-        return bool(self.info.flex)
+        """Whether this layer's op runs in flex_attention where that applies."""
+        return Path.FLEX in self.paths()
 
-    def recompute_saves_memory(self, query: Tensor, need_weights: bool, dropout_p: float, flex: str = "auto") -> bool:
-        """Whether backward would keep [B, H, Tq, Tk] tensors that the attention
-        module may instead recompute in blocks of query rows; only for
-        mechanisms whose every query row depends on that row's queries alone
-        (declared ``row_wise``). A fused path whose bias has no batch dimension
-        (``small_fused_bias``), or that has no bias (``fused_without_bias``), keeps
-        nothing of that size, nor does the flex path (unless ``flex_keeps_attention_tensors``)."""
-        if (
-            self.may_take_flex_path()
-            and not self.flex_keeps_attention_tensors
-            and flex_applies(query, flex=flex, need_weights=need_weights, dropout_p=dropout_p, query_offset=0)
-        ):
-            return False
-        return self.info.row_wise and (need_weights or not self.info.fused_keeps_nothing_per_batch)
+    def recomputes_in_row_blocks(self, call: Call) -> bool:
+        """Whether the attention module recomputes ``call`` (a training call from the
+        recompute length on) in blocks of query rows, :func:`paths.recomputes_in_row_blocks`:
+        only for mechanisms whose every query row depends on that row's queries alone
+        (declared ``row_wise``), where the path :meth:`path` takes keeps [B, H, Tq, Tk]
+        tensors for backward (the eager path; a fused path whose bias has a batch
+        dimension; MW's flex path, whose window has one)."""
+        keeps = self.paths()[declared_as(self.path(call))].keeps
+        return recomputes_in_row_blocks(call, keeps, self.info.row_wise)
 
     def encode_positions(
         self,

@@ -7,7 +7,15 @@ from typing import Optional
 from torch import Tensor
 
 from .. import functional as DF
-from ..registry import ALL_KINDS, DECODER_SELF_KIND, EVALUATION, option, positive_integer, register_attention
+from ..functional.paths import Capability, Path
+from ..registry import (
+    ALL_KINDS,
+    DECODER_SELF_KIND,
+    EVALUATION,
+    option,
+    positive_integer,
+    register_attention,
+)
 from .base import Mechanism, MechanismConfig, SoftWindow
 
 
@@ -53,6 +61,9 @@ def _example(additive: bool, segments: bool):
     return example
 
 
+MW_FLEX = "M as log M in score_mod, times each row's window mass"
+
+
 def _window(name, additive, segments, description):
     sides = POINTERS + (("local",) if additive else ())
     return register_attention(
@@ -62,9 +73,10 @@ def _window(name, additive, segments, description):
         example=_example(additive, segments),
         kinds=ALL_KINDS - set(UNFINISHED_SEGMENTS) if segments else ALL_KINDS,
         unsupported=UNFINISHED_SEGMENTS if segments else {},
-        fused="without weights" if additive else "",
-        # MW: the weights' product with M through flex (log M in score_mod, the row mass from two log-sum-exps)
-        flex="" if additive else "without weights (M as log M in score_mod, times each row's window mass)",
+        # AW: its masked local scores are an additive bias; MW: the weights' product with M through flex
+        # (log M in score_mod, the row mass from two log-sum-exps), where M and its pointers are
+        # [B, H, Tq, Tk] all the same: long sequences keep their recomputation in row blocks
+        paths={Path.FUSED: Capability()} if additive else {Path.FLEX: Capability(note=MW_FLEX)},
         extra_queries=tuple(f"{side}_query" for side in sides),
         extra_keys=tuple(f"{side}_key" for side in sides),
         description=description,
@@ -81,10 +93,6 @@ class DifferentiableWindow(Mechanism):
     """Nguyen et al. 2020: left/right boundary pointers (eqs. 7-8) give the soft
     mask (eq. 9, or eq. 11 with segments); MW multiplies it into the attention
     weights, AW adds masked local scores from their own projections."""
-
-    # the soft window M and its pointers are [B, H, Tq, Tk] on either path: long
-    # sequences keep their recomputation in row blocks
-    flex_keeps_attention_tensors = True
 
     def __init__(self, config: MechanismConfig):
         super().__init__(config)

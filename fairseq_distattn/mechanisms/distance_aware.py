@@ -7,6 +7,7 @@ from torch import Tensor, nn
 
 from .. import functional as DF
 from ..functional.distance_aware import DA_ADJUSTINGS, DA_MAPPINGS, distance_coefficients
+from ..functional.paths import Capability, Keeps, Path
 from ..registry import (
     CROSS_KIND,
     DIFFERENT_SEQUENCES,
@@ -58,6 +59,10 @@ class DistanceAwareOptions:
     )
 
 
+# eq. 6's ReLU(QK^T) f is a score modification, which SDPA's additive mask cannot be
+DA_FLEX = "early-multiply as eq. 6's score modification"
+
+
 @register_attention(
     "da",
     DistanceAwareOptions,
@@ -74,8 +79,12 @@ class DistanceAwareOptions:
     ),
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
-    fused="`--da-adjusting early-add`, without weights",
-    flex="`--da-adjusting` early-multiply (eq. 6) or early-add, without weights",
+    # early-add is an additive bias, eq. 6 a score modification: both a table read by j - i; the late
+    # adjustments change the weights, which only the eager path forms
+    paths={
+        Path.FUSED: Capability("da_adjusting", ("early-add",)),
+        Path.FLEX: Capability("da_adjusting", ("early-multiply", "early-add"), DA_FLEX, keeps=Keeps.NOTHING),
+    },
     description="distance-aware attention: learned per-head re-scaling of the attention by the real distance",
     paper="Wu, Wu and Huang 2021, *DA-Transformer: Distance-aware Transformer*",
 )
@@ -142,9 +151,6 @@ class DistanceAware(Mechanism):
         with torch.no_grad():
             values = self.coefficients(tgt_len, src_len).double().cpu()
         return PositionTerm("da-coefficients", "DA coefficients f(w |i-j|) (eq. 5 or its sec. 4.3 mapping)", values)
-
-    def may_take_flex_path(self) -> bool:
-        return self.adjusting in ("early-multiply", "early-add")
 
     def op_arguments(self, queries, keys, causal):
         return (self.distance_weight, self.sharpness), {"adjusting": self.adjusting, **self._mapping_arguments()}

@@ -5,6 +5,7 @@ from typing import Optional
 
 from .. import functional as DF
 from ..functional.distance_mask import DIRECTIONS
+from ..functional.paths import Capability, Keeps, Path
 from ..registry import (
     CROSS_KIND,
     DIFFERENT_SEQUENCES,
@@ -65,9 +66,8 @@ class DistanceMaskOptions:
     ),
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
-    fused="without weights",
-    flex="without weights",
-    small_fused_bias=True,  # the fused path keeps only the [Tq, Tk] bias
+    # the fused path keeps only the [Tq, Tk] bias, the flex path only its table
+    paths={Path.FUSED: Capability(keeps=Keeps.BIAS), Path.FLEX: Capability(keeps=Keeps.NOTHING)},
     keeps_position_embeddings=True,  # a locality prior added to a model that has its positions
     description="fixed `-alpha * abs(i-j)` distance mask, optionally directional",
     paper="Im and Cho 2017, *Distance-based Self-Attention Network for Natural Language Inference*",

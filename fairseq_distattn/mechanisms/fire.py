@@ -7,6 +7,7 @@ from torch import nn
 
 from .. import functional as DF
 from ..functional.fire import FIRE_INITIAL_C, FIRE_INITIAL_THRESHOLD, FIRE_MLP_WIDTH
+from ..functional.paths import Capability, Path
 from ..registry import (
     CROSS_KIND,
     DIFFERENT_SEQUENCES,
@@ -97,7 +98,7 @@ def _example(draw, options):
     example=_example,
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
-    fused="without weights",
+    paths={Path.FUSED: Capability()},  # its bias is [B, H, Tq, Tk]: it depends on each sentence's lengths
     description="learned MLP of the distance normalised by the query's position, `f(psi(i-j) / psi(max(L, i)))`, "
     "`psi(x) = log(c x + 1)`, c and L learned (`--fire-mlp-width`, `--fire-threshold`), per layer or shared "
     "(`--fire-shared-layers`)",

@@ -7,7 +7,15 @@ from torch import nn
 
 from .. import functional as DF
 from ..functional.kerple import constrained
-from ..registry import CROSS_KIND, DIFFERENT_SEQUENCES, SELF_ATTENTION, one_of, option, register_attention
+from ..functional.paths import Capability, Keeps, Path
+from ..registry import (
+    CROSS_KIND,
+    DIFFERENT_SEQUENCES,
+    SELF_ATTENTION,
+    one_of,
+    option,
+    register_attention,
+)
 from .base import LearnedValues, Mechanism, MechanismConfig, PositionTerm
 
 
@@ -58,9 +66,8 @@ R2_NAMES = {"log": "rate", "power": "exponent"}
     ),
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
-    fused="without weights",
-    flex="without weights",
-    small_fused_bias=True,  # the fused path keeps only the [H, Tq, Tk] bias
+    # the fused path keeps only the [H, Tq, Tk] bias, the flex path only its table
+    paths={Path.FUSED: Capability(keeps=Keeps.BIAS), Path.FLEX: Capability(keeps=Keeps.NOTHING)},
     description="learned per-head kernel of the distance on the logits: `-r1 log(1 + r2 abs(i-j))` "
     "(`--kerple-kernel log`) or `-r1 abs(i-j)^r2` (`power`), r1, r2 > 0 (r2 <= 2 for power), one pair per "
     "head shared by the layers of each stack as in the authors' code, or per layer (`--kerple-per-layer`)",

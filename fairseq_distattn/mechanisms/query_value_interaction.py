@@ -6,8 +6,16 @@ import torch
 from torch import nn
 
 from .. import functional as DF
+from ..functional.paths import Capability, Path
 from ..functional.query_value_interaction import QVI_INTERACTIONS
-from ..registry import CROSS_KIND, DIFFERENT_SEQUENCES, SELF_ATTENTION, one_of, option, register_attention
+from ..registry import (
+    CROSS_KIND,
+    DIFFERENT_SEQUENCES,
+    SELF_ATTENTION,
+    one_of,
+    option,
+    register_attention,
+)
 from .base import Mechanism, MechanismConfig, shared_arguments
 
 
@@ -43,6 +51,8 @@ class QueryValueInteractionOptions:
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     row_wise=False,  # eq. 7 mixes every query into each value: no row-wise blocks
     keeps_position_embeddings=True,  # it changes the values, not what positions the logits see
+    # eq. 7's mix of the values over the queries is plain attention whose weights are never needed
+    paths={Path.FUSED: Capability(note="eq. 10 on the query-aware values; eq. 7's mix of them, with weights too")},
     description="query-value interaction (query-aware values)",
     paper="Wu, Wu, Qi and Huang 2020, *Improving Attention Mechanism with Query-Value Interaction*",
 )

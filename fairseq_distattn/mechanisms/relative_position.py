@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from .. import functional as DF
+from ..functional.paths import Capability, Keeps, Path
 from ..registry import (
     CROSS_KIND,
     DIFFERENT_SEQUENCES,
@@ -66,8 +67,12 @@ class RelativePositionOptions:
     ),
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
-    fused="keys only (`--no-relative-values`), without weights",
-    flex="without weights (eq. 3's value term from flex's log-sum-exp)",
+    # keys only, eq. 4's second term is an additive bias; eq. 3's value term needs the weights,
+    # except in flex, where it is rebuilt from the log-sum-exp
+    paths={
+        Path.FUSED: Capability("relative_values", (False,), "keys only"),
+        Path.FLEX: Capability(note="eq. 3's value term from flex's log-sum-exp", keeps=Keeps.NOTHING),
+    },
     description="relative position representations (clipped at `--max-relative-position`)",
     paper="Shaw, Uszkoreit and Vaswani 2018, *Self-Attention with Relative Position Representations*",
 )

@@ -9,6 +9,7 @@ from typing import List, Optional
 import torch
 
 from .. import functional as DF
+from ..functional.paths import Capability, Keeps, Path
 from ..functional.rotary import (
     ROPE_BASE,
     SCALING_MODES,
@@ -206,8 +207,7 @@ XPOS_CAUSAL_ONLY = (
     example=_example(xpos=True),
     kinds=SELF_ATTENTION - {ENCODER_SELF_KIND},
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES, ENCODER_SELF_KIND: XPOS_CAUSAL_ONLY},
-    fused="without weights",
-    fused_without_bias=True,  # rotated q and k, then vanilla's own SDPA call
+    paths={Path.FUSED: Capability(keeps=Keeps.NOTHING)},  # rotated q and k, then vanilla's own SDPA call
     description="RoPE with a per-pair exponential decay: queries times `zeta_i^(n/scale_base)`, keys times its "
     "inverse, `zeta_i = (2i/d + 0.4)/1.4` (`--xpos-scale-base`); decoder only",
     paper="Sun et al. 2023, *A Length-Extrapolatable Transformer*",
@@ -220,8 +220,7 @@ XPOS_CAUSAL_ONLY = (
     example=_example(xpos=False),
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
-    fused="without weights",
-    fused_without_bias=True,  # rotated q and k, then vanilla's own SDPA call
+    paths={Path.FUSED: Capability(keeps=Keeps.NOTHING)},  # rotated q and k, then vanilla's own SDPA call
     description="queries and keys rotated pairwise by position times `base^(-2i/d)` (`--rope-base`, "
     "`--rope-fraction` of each head), then the plain fused attention; context-length scaling at evaluation "
     "(`--rope-scaling linear|ntk|yarn`); positions count from each sentence's first real token",

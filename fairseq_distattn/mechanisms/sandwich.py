@@ -5,6 +5,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import functional as DF
+from ..functional.paths import Capability, Keeps, Path
 from ..registry import (
     CROSS_KIND,
     DIFFERENT_SEQUENCES,
@@ -54,9 +55,8 @@ class SandwichOptions:
     example=lambda draw, options: ((options.sandwich_dim,), {}),
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
-    fused="without weights",
-    flex="without weights",
-    small_fused_bias=True,  # the fused path keeps only the [H, Tq, Tk] bias
+    # the fused path keeps only the [H, Tq, Tk] bias, the flex path only its table
+    paths={Path.FUSED: Capability(keeps=Keeps.BIAS), Path.FLEX: Capability(keeps=Keeps.NOTHING)},
     description="fixed bias from the inner product of sinusoidal position embeddings, `sum_k cos(abs(i-j) / "
     "10000^(2k/d)) - d/2`, divided by `n*8/H` for head n (`--sandwich-dim`); no parameters",
     paper="Chi, Fan, Rudnicky and Ramadge 2023, *Dissecting Transformer Length Extrapolation via the Lens of "

@@ -6,8 +6,15 @@ import torch
 from torch import nn
 
 from .. import functional as DF
+from ..functional.paths import Capability, Path
 from ..functional.transformer_xl import relative_position_scores
-from ..registry import CROSS_KIND, DIFFERENT_SEQUENCES, SELF_ATTENTION, option, register_attention
+from ..registry import (
+    CROSS_KIND,
+    DIFFERENT_SEQUENCES,
+    SELF_ATTENTION,
+    option,
+    register_attention,
+)
 from .base import LearnedValues, Mechanism, MechanismConfig, PositionTerm
 
 # the authors' init_std: every weight of the model, u and v included, starts N(0, 0.02)
@@ -44,7 +51,7 @@ def _example(draw, options):
     example=_example,
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
-    fused="without weights",
+    paths={Path.FUSED: Capability()},  # its position scores depend on the queries: [B, H, Tq, Tk]
     description="relative attention `q_i k_j + q_i W_R R_{i-j} + u k_j + v W_R R_{i-j}`: sinusoids R of the "
     "distance, learned W_R per layer, global u, v per head (`--transformer-xl-per-layer-biases`); the "
     "segment recurrence is a training scheme, not included",

@@ -14,6 +14,7 @@ from fairseq.modules.quant_noise import quant_noise
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from ..functional.paths import Call, op_flex
 from ..mechanisms import Stack, build_mechanism
 from ..spec import MechanismOptions
 
@@ -61,8 +62,8 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
         self.mechanism = build_mechanism(mechanism, num_heads, self.head_dim, options, stack)
         # the attention module's own options (the mechanism gets only its own options dataclass)
         self.attention_flex = options.attention_flex
-        # the ops' flex argument where --attention-flex takes the flex path: "auto" runs it on
-        # CUDA only (the flag leaves the CPU alone); tests set "always" to run flex's CPU form
+        # the ops' flex argument where --attention-flex takes the flex path (functional.paths.op_flex):
+        # "auto" runs it on CUDA only (the flag leaves the CPU alone); tests set "always" to run flex's CPU form
         self.flex_when_taken = "auto"
         self.recompute_length = options.attention_recompute_length
 
@@ -152,10 +153,21 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
             key_padding_mask = key_padding_mask.to(torch.bool)
 
         dropout_p = self.dropout_module.p if self.training else 0.0
-        # off flex_attention, the recompute decision included: --attention-flex never, or
-        # auto below the recompute length (see _takes_flex_at)
-        flex = self.flex_when_taken if self._takes_flex_at(keys["key"].size(2)) else "never"
-        if saved_state is None and self._recomputes(queries["query"], keys["key"], need_weights, dropout_p, flex):
+        # the path is chosen by functional.paths.choose_path, for the op and for the recompute decision alike;
+        # off flex_attention where --attention-flex says so (op_flex)
+        flex = op_flex(self.attention_flex, self.flex_when_taken, keys["key"].size(2), self.recompute_length)
+        call = Call.of(
+            queries["query"],
+            keys["key"],
+            key_padding_mask=key_padding_mask,
+            causal=self.causal,
+            query_offset=query_offset,
+            dropout_p=dropout_p,
+            need_weights=need_weights,
+            flex=flex,
+            recompute_length=self.recompute_length,
+        )
+        if saved_state is None and self.mechanism.recomputes_in_row_blocks(call):
             out, probs = self._attend_in_recomputed_chunks(
                 queries, keys, key_padding_mask, dropout_p, need_weights, flex
             )
@@ -173,30 +185,6 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
             if not need_head_weights:
                 weights = weights.mean(dim=0)
         return out, weights
-
-    def _takes_flex_at(self, key_length: int) -> bool:
-        """Whether --attention-flex lets this call take the flex path (where the
-        call and the device qualify). ``auto`` keeps it for keys from the recompute
-        length on, where the eager path holds or recomputes [B, H, Tq, Tk] tensors:
-        on shorter keys the eager path trained faster on an H100 (WMT batches of
-        4096 tokens, paper widths: alibi 0.93 against 0.77 of vanilla fairseq's
-        tokens/s through flex, t5-bias 0.93 against 0.64; benchmarks/results/speed/
-        gpu-nvidia-h100-flex). ``always`` takes it at every length."""
-        if self.attention_flex == "auto":
-            return self._keys_reach_recompute_length(key_length)
-        return self.attention_flex == "always"
-
-    def _keys_reach_recompute_length(self, key_length: int) -> bool:
-        """--attention-recompute-length's test (0: never), which also bounds auto's flex path."""
-        return 0 < self.recompute_length <= key_length
-
-    def _recomputes(self, query: Tensor, key: Tensor, need_weights: bool, dropout_p: float, flex: str) -> bool:
-        return (
-            self._keys_reach_recompute_length(key.size(2))
-            and torch.is_grad_enabled()
-            and query.requires_grad
-            and self.mechanism.recompute_saves_memory(query, need_weights, dropout_p, flex)
-        )
 
     def _attend_in_recomputed_chunks(
         self,

@@ -11,11 +11,24 @@ import dataclasses
 import re
 import sys
 
+from ..functional.paths import DECLARED_PATHS, Path
 from ..registry import EVALUATION, KINDS, RUNTIME, TRAINED, option_flag, registered
 from ..spec import MECHANISMS, OPTION_CLASSES, accepted_by
 from .generated_blocks import REPO_ROOT, update_pages
 
 MECHANISM_TABLE = "docs/mechanisms.md"  # relative to the repository; copied into README.md
+
+# the mechanism table's column for each path a mechanism may declare, in DECLARED_PATHS' order
+PATH_COLUMNS = {Path.FUSED: "fused path (SDPA)", Path.FLEX: "flex_attention (CUDA)"}
+
+
+def recomputed_in_row_blocks(info) -> str:
+    """The table's words for when a training step of ``info`` recomputes in row blocks,
+    from its declaration: never where a row depends on other rows' queries; only with the
+    weights (the eager path) where its fused path keeps nothing per batch."""
+    if not info.row_wise:
+        return "no (not row-wise)"
+    return "only with weights" if info.fused_keeps_nothing_per_batch else "yes"
 
 
 def mechanism_table() -> str:
@@ -23,8 +36,9 @@ def mechanism_table() -> str:
     lines = [
         "# Mechanisms",
         "",
-        "| MECH | mechanism | paper | attention kinds | fused path (SDPA) | flex_attention (CUDA) "
-        "| recomputed in row blocks | options |",
+        "| MECH | mechanism | paper | attention kinds | "
+        + "".join(f"{PATH_COLUMNS[path]} | " for path in DECLARED_PATHS)
+        + "recomputed in row blocks | options |",
         "|---|---|---|---|---|---|---|---|",
         "| `vanilla` | fairseq's scaled dot-product attention | Vaswani et al. 2017 | all | fairseq's | - | - | - |",
     ]
@@ -46,11 +60,8 @@ def mechanism_table() -> str:
             info.description,
             info.paper,
             kinds,
-            info.fused or "no",
-            info.flex or "no",
-            ("only with weights" if info.fused_keeps_nothing_per_batch else "yes")
-            if info.row_wise
-            else "no (not row-wise)",
+            *(info.path_condition(path) or "no" for path in DECLARED_PATHS),
+            recomputed_in_row_blocks(info),
             flags,
         ]
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from fairseq_distattn.functional.paths import Capability, Keeps, Path
 from fairseq_distattn.mechanisms.base import Mechanism, MechanismConfig, PositionTerm
 from fairseq_distattn.registry import (
     CROSS_KIND,
@@ -43,8 +44,7 @@ class LogDistanceOptions:
     example=lambda draw, options: ((draw(draw.heads, mean=options.log_distance_init, std=0.1),), {}),
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
-    fused="without weights",
-    small_fused_bias=True,
+    paths={Path.FUSED: Capability(keeps=Keeps.BIAS)},  # its bias is [H, Tq, Tk]: nothing per batch
     description="learned per-head slope on the log of the distance",
     paper="Nobody and Toy 2099, *A Toy Mechanism*",
 )
