@@ -7,10 +7,11 @@ averages the last 5 update checkpoints, translates test_2016_flickr with beam 5
 splitting, the papers' En-De metric) and sacreBLEU, and measures validation
 perplexity of the averaged model with ``fairseq-validate``.
 
-Each run writes one JSON file, ``<out>/runs/<config>-seed<seed>.json``; a run
-whose file exists is skipped, and an interrupted run resumes from its
-``checkpoint_last.pt`` under ``--work``, so the grid can be spread over several
-sessions. ``--report`` (and the end of every invocation) rebuilds
+Each run writes one JSON file, ``<out>/runs/<config>-seed<seed>.json``, and
+keeps its detokenised test translations beside it (``<config>-seed<seed>.hyp.gz``,
+for the paired bootstrap of ``benchmarks.quality.methods``); a run whose file
+exists is skipped, and an interrupted run resumes from its ``checkpoint_last.pt``
+under ``--work``, so the grid can be spread over several sessions. ``--report`` (and the end of every invocation) rebuilds
 ``<out>/quality.md`` (mean +- std per config, delta vs vanilla) and
 ``<out>/valid_loss.png`` from whatever JSON files exist.
 """
