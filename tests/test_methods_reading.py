@@ -126,9 +126,7 @@ def test_each_delta_has_a_reading_from_the_seeds_of_its_row_and_its_baseline(res
     assert "sqrt(1/n1 + 1/n2)" in markdown.split("| method |")[0]  # the caption states the rule
 
 
-def test_the_summary_names_the_methods_beyond_noise_and_those_the_data_cannot_separate_from_the_best(
-    results, tmp_path
-):
+def test_the_summary_names_the_methods_beyond_noise_and_those_the_data_cannot_separate_from_the_best(results, tmp_path):
     markdown = methods.report(tmp_path / "out", results)
     assert "## What the table says" in markdown
     translation = summary(markdown, "Translation BLEU")

@@ -11,9 +11,9 @@ Each run writes one JSON file, ``<out>/runs/<config>-seed<seed>.json``, and
 keeps its detokenised test translations beside it (``<config>-seed<seed>.hyp.gz``,
 for the paired bootstrap of ``benchmarks.quality.methods``); a run whose file
 exists is skipped, and an interrupted run resumes from its ``checkpoint_last.pt``
-under ``--work``, so the grid can be spread over several sessions. ``--report`` (and the end of every invocation) rebuilds
-``<out>/quality.md`` (mean +- std per config, delta vs vanilla) and
-``<out>/valid_loss.png`` from whatever JSON files exist.
+under ``--work``, so the grid can be spread over several sessions. ``--report``
+(and the end of every invocation) rebuilds ``<out>/quality.md`` (mean +- std per
+config, delta vs vanilla) and ``<out>/valid_loss.png`` from whatever JSON files exist.
 """
 
 from __future__ import annotations

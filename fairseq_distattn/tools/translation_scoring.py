@@ -15,6 +15,9 @@ Two scores are computed for a translation test set:
   number the WMT14 En-De papers report (Vaswani et al. 2017, Shaw et al. 2018, Ott et
   al. 2018, Nguyen et al. 2020);
 * detokenised sacreBLEU against the raw (SGML-stripped) references, with its signature.
+
+Two systems' translations of one test set are compared with sacreBLEU's paired bootstrap
+(:func:`paired_bootstrap`, ``sacrebleu --paired-bs`` with its default resamples and seed).
 """
 
 from __future__ import annotations
