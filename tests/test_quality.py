@@ -13,8 +13,10 @@ try:  # tests/ is a package (tests/__init__.py)
 except ImportError:  # rootdir-relative import mode without the package
     from conftest import SHARED_DATA, read_lines, write_lines
 
+from benchmarks.harness.runs import hypotheses_file, load_lines
 from benchmarks.quality import mt as quality
 from benchmarks.quality import paper_tables
+from fairseq_distattn.tools import translation_scoring
 
 SPLITS = ("train", "val", "test_2016_flickr")
 
@@ -55,6 +57,11 @@ def test_quality_and_extrapolation_harnesses_write_one_json_per_run_skip_done_ru
         assert record["valid_ppl_averaged"] > 1
         assert [p["updates"] for p in record["valid_curve"]] == [1, 2, 3, 4, 5]
         assert record["git_revision"] and record["machine"]
+        # its detokenised test translations, kept beside the run file: sacreBLEU of them is the record's
+        kept = load_lines(hypotheses_file(out / "runs" / f"{name}.json"))
+        references = quality.raw_references(data)
+        assert len(kept) == len(references) == 120
+        assert round(translation_scoring.detok_bleu(kept, references)[0].score, 2) == round(record["sacrebleu"], 2)
     assert records["vanilla-seed3"]["mechanism_parameters"] == {}
     moved = records["window-seed3"]["mechanism_parameters"]
     assert (

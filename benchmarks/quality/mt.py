@@ -7,18 +7,20 @@ averages the last 5 update checkpoints, translates test_2016_flickr with beam 5
 splitting, the papers' En-De metric) and sacreBLEU, and measures validation
 perplexity of the averaged model with ``fairseq-validate``.
 
-Each run writes one JSON file, ``<out>/runs/<config>-seed<seed>.json``; a run
-whose file exists is skipped, and an interrupted run resumes from its
-``checkpoint_last.pt`` under ``--work``, so the grid can be spread over several
-sessions. ``--report`` (and the end of every invocation) rebuilds
-``<out>/quality.md`` (mean +- std per config, delta vs vanilla) and
-``<out>/valid_loss.png`` from whatever JSON files exist.
+Each run writes one JSON file, ``<out>/runs/<config>-seed<seed>.json``, and
+keeps its detokenised test translations beside it (``<config>-seed<seed>.hyp.gz``,
+for the paired bootstrap of ``benchmarks.quality.methods``); a run whose file
+exists is skipped, and an interrupted run resumes from its ``checkpoint_last.pt``
+under ``--work``, so the grid can be spread over several sessions. ``--report``
+(and the end of every invocation) rebuilds ``<out>/quality.md`` (mean +- std per
+config, delta vs vanilla) and ``<out>/valid_loss.png`` from whatever JSON files exist.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import gzip
 import json
 import os
 import re
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from fairseq_distattn.tools.generated_blocks import update_pages
+from fairseq_distattn.tools.translation_scoring import read_text
 
 from ..common import (
     REPO_ROOT,
@@ -48,7 +51,7 @@ from ..harness.claims import claimed, file_version, train_unless_taken
 from ..harness.fingerprints import checkpoint_fingerprint
 from ..harness.process import BIN_DIR, log, run, tool, tool_env
 from ..harness.report import movement_table, pending_lines, plot_curves, table_row
-from ..harness.runs import load_runs, runs_by_config
+from ..harness.runs import hypotheses_file, load_runs, runs_by_config, save_lines
 from ..harness.seeds import mean_std, mean_std_text, seeds_cell
 from ..harness.training import (
     backfill_mechanism_parameters,
@@ -508,6 +511,41 @@ def train_run(
     }
 
 
+TARGET_LANG = "de"
+TEST_SET = "test_2016_flickr"
+
+
+def keep_hypotheses(run_dir: Path, run_file: Path) -> None:
+    """The run's detokenised test hypotheses, what sacreBLEU scored (``scripts/evaluate.py``'s
+    ``eval/hyp.detok.de``), gzipped beside its run file (:func:`..harness.runs.hypotheses_file`):
+    the paired bootstrap of ``benchmarks.quality.methods`` reads them once the model is gone.
+    A run that scored none leaves no file, not an earlier model's."""
+    scored = run_dir / "eval" / f"hyp.detok.{TARGET_LANG}"
+    kept = hypotheses_file(run_file)
+    if scored.is_file():
+        save_lines(kept, read_text(scored))
+    else:
+        kept.unlink(missing_ok=True)
+
+
+def default_data() -> Path:
+    """The Multi30k folder the harness trains on: ``../shared/data/multi30k`` where it is,
+    else the sample shipped in ``data/multi30k``."""
+    shared = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+    return shared if (shared / "train.en").is_file() else REPO_ROOT / "data" / "multi30k"
+
+
+def raw_references(data: Optional[Path] = None) -> List[str]:
+    """The raw target side of the test set (``test_2016_flickr.de`` or its ``.gz``), the
+    references sacreBLEU scores the kept hypotheses against (``quickstart.sh``'s
+    ``test.raw.de``)."""
+    data = data or default_data()
+    plain = data / f"{TEST_SET}.{TARGET_LANG}"
+    if plain.is_file():
+        return read_text(plain)
+    return gzip.decompress((data / f"{TEST_SET}.{TARGET_LANG}.gz").read_bytes()).decode("utf-8").split("\n")[:-1]
+
+
 # ------------------------------------------------------------------ report
 
 VALID_LOSS_LABEL = "validation loss (label-smoothed, base 2)"
@@ -805,8 +843,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         args.config_names = [name for name in args.config_names if name in undecided]
     args.seed_list = comma_separated_ints(p, "--seeds", args.seeds, 0)
     if args.data is None:
-        shared = REPO_ROOT.parent / "shared" / "data" / "multi30k"
-        args.data = shared if (shared / "train.en").is_file() else REPO_ROOT / "data" / "multi30k"
+        args.data = default_data()
     return args
 
 
@@ -854,6 +891,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 recorded = json.loads(path.read_text(encoding="utf-8"))
                 new, old = record["tokenized_bleu_compound_split"], recorded["tokenized_bleu_compound_split"]
                 log(f"retrained {config.name} seed {seed}: BLEU {new}, recorded {old}")
+            keep_hypotheses(run_dir, path)  # first: a run file that exists has its hypotheses beside it
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
             log(

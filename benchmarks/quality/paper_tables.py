@@ -15,9 +15,10 @@ seeds vary as vanilla's do (``std * sqrt(1/n1 + 1/n2)``).
 
 from __future__ import annotations
 
-import math
 import statistics
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+from ..harness.seeds import beyond_noise, difference_noise
 
 PAPER = "Nguyen et al. 2020"
 # the ablation table's BLEU (mt.ABLATION_METRIC); the paper gives case-sensitive tokenized BLEU
@@ -127,7 +128,7 @@ def reading(difference: float, paper_difference: float, noise: float) -> str:
     if difference == 0:
         return "within seed noise (no difference)"
     same = (difference > 0) == (paper_difference > 0)
-    if abs(difference) <= noise:
+    if not beyond_noise(difference, noise):
         # the sign alone, over many comparisons, still says whether the paper's effects carry over
         return f"within seed noise ({'same' if same else 'opposite'} sign)"
     return "as the paper" if same else "opposite to the paper"
@@ -137,10 +138,11 @@ def read_difference(
     first: Sequence[Dict], second: Sequence[Dict], paper_difference: float, seed_std: Optional[float]
 ) -> str:
     """``first``'s mean minus ``second``'s, read against the sign the paper finds with
-    :func:`reading` (noise: ``seed_std`` times sqrt(1/n1 + 1/n2)); "-" without a seed std."""
+    :func:`reading` (noise: :func:`..harness.seeds.difference_noise`, ``seed_std`` times
+    sqrt(1/n1 + 1/n2)); "-" without a seed std."""
     if seed_std is None:
         return "-"
-    noise = seed_std * math.sqrt(1 / len(first) + 1 / len(second))
+    noise = difference_noise(seed_std, len(first), len(second))
     return reading(_mean(first) - _mean(second), paper_difference, noise)
 
 

@@ -15,6 +15,9 @@ Two scores are computed for a translation test set:
   number the WMT14 En-De papers report (Vaswani et al. 2017, Shaw et al. 2018, Ott et
   al. 2018, Nguyen et al. 2020);
 * detokenised sacreBLEU against the raw (SGML-stripped) references, with its signature.
+
+Two systems' translations of one test set are compared with sacreBLEU's paired bootstrap
+(:func:`paired_bootstrap`, ``sacrebleu --paired-bs`` with its default resamples and seed).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence
 
 COMPOUND_RE = re.compile(r"(\S)-(\S)")
 
@@ -186,4 +189,61 @@ def format_bleu(score) -> str:
     return (
         f"{score.score:.2f} ({precisions}, BP={score.bp:.3f}, ratio={score.sys_len / max(score.ref_len, 1):.3f}, "
         f"hyp_len={score.sys_len}, ref_len={score.ref_len})"
+    )
+
+
+# sacreBLEU's --paired-bs: its default resamples, and its default seed (SACREBLEU_SEED)
+BOOTSTRAP_SAMPLES = 1000
+BOOTSTRAP_SEED = 12345
+
+
+class PairedBootstrap(NamedTuple):
+    """sacreBLEU's paired bootstrap of a system against a baseline on one test set."""
+
+    score: float  # the system's sacreBLEU (detokenised, default settings: :func:`detok_bleu`)
+    baseline_score: float
+    p_value: float  # of "the two score the same", from the resampled test sets
+    mean: float  # the system's mean and 95% CI half-width over the resampled test sets
+    ci: float
+    signature: str
+
+
+def paired_bootstrap(
+    hyps: Sequence[str],
+    baseline_hyps: Sequence[str],
+    refs: Sequence[str],
+    samples: int = BOOTSTRAP_SAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> PairedBootstrap:
+    """``sacrebleu --paired-bs`` of detokenised ``hyps`` against ``baseline_hyps`` on ``refs``
+    (one reference each): both systems scored on the same ``samples`` test sets drawn with
+    replacement from this one, with a fixed ``seed``. It measures test-set sampling (would
+    another test set drawn like this one rank the two the same?), not training randomness."""
+    import os
+
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    for name, lines in (("hypotheses", hyps), ("baseline hypotheses", baseline_hyps)):
+        if len(lines) != len(refs):
+            raise ValueError(f"{len(lines)} {name} but {len(refs)} references")
+    saved = os.environ.get("SACREBLEU_SEED")
+    os.environ["SACREBLEU_SEED"] = str(seed)  # PairedTest reads its seed from there
+    try:
+        test = PairedTest(
+            [("baseline", list(baseline_hyps)), ("system", list(hyps))],
+            {"BLEU": BLEU()},
+            [list(refs)],
+            test_type="bs",
+            n_samples=samples,
+        )
+        signatures, scores = test()
+    finally:
+        if saved is None:
+            del os.environ["SACREBLEU_SEED"]
+        else:
+            os.environ["SACREBLEU_SEED"] = saved
+    baseline, system = scores["BLEU"]
+    return PairedBootstrap(
+        system.score, baseline.score, system.p_value, system.mean, system.ci, str(signatures["BLEU"])
     )
