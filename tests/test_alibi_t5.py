@@ -1,9 +1,9 @@
 """ALiBi (Press et al. 2022) and T5's relative attention bias (Raffel et al.
 2020) beyond the parametrised tests that pick them up from the registry
-(tests/test_functional.py references, tests/test_models.py decoding and
-padding, tests/test_half_precision.py, tests/test_fused_paths.py): the
-papers' slopes and buckets, T5's table shared across a stack or per layer,
-the ALiBi LM preset, and the options' validation."""
+(the references in tests/test_functional_alibi.py and test_functional_t5_bias.py,
+tests/test_models.py decoding and padding, tests/test_half_precision.py,
+tests/test_fused_paths.py): the papers' slopes and buckets, T5's table shared
+across a stack or per layer, the ALiBi LM preset, and the options' validation."""
 
 import argparse
 import math
@@ -17,7 +17,8 @@ from fairseq_distattn.registry import DECODER_SELF, ENCODER_SELF
 from fairseq_distattn.spec import MechanismOptions, SpecError
 
 from .model_helpers import TINY, TINY_LM, language_model, random_tokens, translation_model
-from .test_functional import paper_alibi_slopes, t5_relative_position_bucket
+from .test_functional_alibi import paper_alibi_slopes
+from .test_functional_t5_bias import t5_relative_position_bucket
 
 TOLERANCE = dict(rtol=1e-5, atol=1e-6)
 

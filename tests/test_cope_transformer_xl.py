@@ -17,9 +17,9 @@ from fairseq_distattn.registry import CROSS, DECODER_SELF, ENCODER_SELF
 from fairseq_distattn.spec import MechanismOptions
 from fairseq_distattn.tools import inspection as tool
 
+from .functional_cases import make_padding_mask, naive_attention
 from .model_helpers import TINY_LM, language_model, random_tokens, translation_model
 from .test_extrapolation_biases import SELF_CASES, TIGHT, draw_qkv, reference
-from .test_functional import make_padding_mask, naive_attention
 
 # ----------------------------------------------------------------------------- CoPE
 

@@ -17,8 +17,8 @@ from fairseq_distattn.mechanisms import build_mechanism
 from fairseq_distattn.registry import DECODER_SELF, ENCODER_SELF
 from fairseq_distattn.spec import MechanismOptions
 
+from .functional_cases import REFERENCE_CASES, make_padding_mask, naive_attention
 from .model_helpers import TINY_LM, language_model, random_tokens, translation_model
-from .test_functional import REFERENCE_CASES, make_padding_mask, naive_attention
 
 SELF_CASES = [case for case in REFERENCE_CASES if not case.is_cross]
 TIGHT = dict(rtol=1e-10, atol=1e-10)
