@@ -8,7 +8,7 @@ A mechanism declares everything about itself in its own module file
         my_width: int = option(4, "--my-width", "my: window width (default: {default})",
                                convert=positive_integer("--my-width"), type=int, metavar="W")
 
-    @register_attention("my-mech", MyOptions, op=DF.my_attention,
+    @register_attention("my-mech", MyOptions, op=my_attention,  # from ..functional.my_mech
                         example=lambda draw, options: ((options.my_width,), {}),
                         kinds=SELF_ATTENTION, unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
                         paths={Path.FUSED: Capability(keeps=Keeps.BIAS)},  # functional.paths

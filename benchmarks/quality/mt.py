@@ -135,8 +135,8 @@ PAPER_CONFIGS = {
             "xpos",
             ("--encoder-self-attention", "rope", "--decoder-self-attention", "xpos"),
             False,
-            "Sun et al. 2023: xPos in decoder self-attention; the encoder rope (xPos is RoPE with a decay, which "
-            "a bidirectional encoder cannot take), no position embeddings",
+            "Sun et al. 2023: xPos in decoder self-attention, rope in the encoder (xPos is RoPE with a decay, "
+            "which a bidirectional encoder cannot take), no position embeddings",
         ),
     ),
     "cope": (
@@ -144,8 +144,8 @@ PAPER_CONFIGS = {
             "cope",
             ("--encoder-self-attention", "rpr", "--no-relative-values", "--decoder-self-attention", "cope"),
             False,
-            "Golovneva et al. 2024: CoPE in decoder self-attention; the encoder rpr keys-only, the relative PE "
-            "CoPE generalises (with every gate at 1 its positions count i - j + 1), no position embeddings",
+            "Golovneva et al. 2024: CoPE in decoder self-attention, rpr keys-only in the encoder (the relative PE "
+            "CoPE generalises: with every gate at 1 its positions count i - j + 1), no position embeddings",
         ),
     ),
 }

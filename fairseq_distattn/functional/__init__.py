@@ -14,8 +14,10 @@ import importlib as _importlib
 import pkgutil as _pkgutil
 
 # every module of this package (one per mechanism, plus the shared attention.py, masking.py,
-# position_tables.py and flex.py) exports its __all__ here, so a new mechanism's file is part
-# of the API without an edit here
+# position_tables.py, paths.py and flex.py) exports its __all__ here, so a new mechanism's file
+# is part of the API without an edit here (a mechanism stays two files). The package's own code
+# imports each name from its module (``from ..functional.alibi import alibi_attention``), which
+# editors and import readers follow; this namespace is the API for users.
 __all__ = []
 for _module in sorted(m.name for m in _pkgutil.iter_modules(__path__)):
     _exported = _importlib.import_module(f"{__name__}.{_module}")

@@ -2,7 +2,7 @@
 
 import torch
 
-from .. import functional as DF
+from ..functional.alibi import alibi_attention, alibi_bias, alibi_slopes
 from ..functional.paths import Capability, Keeps, Path
 from ..registry import CROSS_KIND, DIFFERENT_SEQUENCES, SELF_ATTENTION, register_attention
 from .base import Mechanism, PositionTerm
@@ -10,7 +10,7 @@ from .base import Mechanism, PositionTerm
 
 @register_attention(
     "alibi",
-    op=DF.alibi_attention,
+    op=alibi_attention,
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     # the fused path keeps only the [H, Tq, Tk] bias, the flex path only its table
@@ -26,9 +26,9 @@ class ALiBi(Mechanism):
     the position embeddings, as the paper does."""
 
     def extra_repr(self) -> str:
-        slopes = DF.alibi_slopes(self.config.num_heads)
+        slopes = alibi_slopes(self.config.num_heads)
         return f"heads={self.config.num_heads}, slopes={slopes[0]:.4g}..{slopes[-1]:.4g}"
 
     def position_term(self, tgt_len, src_len, causal):
-        bias = DF.alibi_bias(tgt_len, src_len, self.config.num_heads, 0, "cpu", torch.float64)
+        bias = alibi_bias(tgt_len, src_len, self.config.num_heads, 0, "cpu", torch.float64)
         return PositionTerm("alibi-bias", "ALiBi bias -m_h |i-j|", bias)

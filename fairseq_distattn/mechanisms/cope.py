@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .. import functional as DF
+from ..functional.cope import cope_attention, cope_positions
 from ..registry import (
     CROSS_KIND,
     DECODER_SELF_KIND,
@@ -44,7 +44,7 @@ COPE_CAUSAL_ONLY = (
 @register_attention(
     "cope",
     CopeOptions,
-    op=DF.cope_attention,
+    op=cope_attention,
     example=lambda draw, options: ((draw(draw.head_dim, options.cope_max_positions, std=0.5),), {}),
     kinds=frozenset({DECODER_SELF_KIND}),
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES, ENCODER_SELF_KIND: COPE_CAUSAL_ONLY},
@@ -84,7 +84,7 @@ class Cope(Mechanism):
         ]
 
     def sentence_term(self, queries, keys, key_padding_mask, causal, query_offset):
-        positions = DF.cope_positions(
+        positions = cope_positions(
             queries["query"][:1],
             keys["key"][:1],
             self.position_embeddings.size(1),

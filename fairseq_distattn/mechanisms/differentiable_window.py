@@ -6,7 +6,8 @@ from typing import Optional
 
 from torch import Tensor
 
-from .. import functional as DF
+from ..functional.differentiable_window import differentiable_window_attention, window_mask
+from ..functional.masking import logit_mask, masked_softmax
 from ..functional.paths import Capability, Path
 from ..registry import (
     ALL_KINDS,
@@ -69,7 +70,7 @@ def _window(name, additive, segments, description):
     return register_attention(
         name,
         WindowOptions,
-        op=DF.differentiable_window_attention,
+        op=differentiable_window_attention,
         example=_example(additive, segments),
         kinds=ALL_KINDS - set(UNFINISHED_SEGMENTS) if segments else ALL_KINDS,
         unsupported=UNFINISHED_SEGMENTS if segments else {},
@@ -106,7 +107,7 @@ class DifferentiableWindow(Mechanism):
         return f"{'AW' if self.additive else 'MW'}, {segments}{expected}"
 
     def soft_window(self, queries, keys, key_padding_mask, causal, query_offset):
-        mask = DF.window_mask(
+        mask = window_mask(
             queries["left_query"],
             keys["left_key"],
             queries["right_query"],
@@ -137,5 +138,5 @@ def boundary_pointer(
     masked as :func:`~fairseq_distattn.functional.window_mask` masks its pointers."""
     scores = query.double() @ key.double().transpose(-2, -1) / query.size(-1) ** 0.5
     tgt_len, src_len = scores.shape[-2:]
-    mask, hidden = DF.logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, scores.device, scores.dtype)
-    return DF.masked_softmax(scores if mask is None else scores + mask, hidden)
+    mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, scores.device, scores.dtype)
+    return masked_softmax(scores if mask is None else scores + mask, hidden)

@@ -5,8 +5,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .. import functional as DF
-from ..functional.distance_aware import DA_ADJUSTINGS, DA_MAPPINGS, distance_coefficients
+from ..functional.distance_aware import DA_ADJUSTINGS, DA_MAPPINGS, distance_aware_attention, distance_coefficients
 from ..functional.paths import Capability, Keeps, Path
 from ..registry import (
     CROSS_KIND,
@@ -66,7 +65,7 @@ DA_FLEX = "early-multiply as eq. 6's score modification"
 @register_attention(
     "da",
     DistanceAwareOptions,
-    op=DF.distance_aware_attention,
+    op=distance_aware_attention,
     example=lambda draw, options: (
         (draw(draw.heads, std=0.5), draw(draw.heads, mean=1.0) if options.da_mapping == "learnable-sigmoid" else None),
         dict(

@@ -3,8 +3,8 @@
 from dataclasses import dataclass
 from typing import Optional
 
-from .. import functional as DF
-from ..functional.distance_mask import DIRECTIONS
+from ..functional.distance_mask import DIRECTIONS, distance_mask_attention
+from ..functional.masking import relative_distance
 from ..functional.paths import Capability, Keeps, Path
 from ..registry import (
     CROSS_KIND,
@@ -59,7 +59,7 @@ class DistanceMaskOptions:
 @register_attention(
     "distance-mask",
     DistanceMaskOptions,
-    op=DF.distance_mask_attention,
+    op=distance_mask_attention,
     example=lambda draw, options: (
         (options.distance_mask_alpha,),
         dict(direction=options.distance_mask_direction),
@@ -87,7 +87,7 @@ class DistanceMask(Mechanism):
             )
 
     def position_term(self, tgt_len, src_len, causal):
-        distance = DF.relative_distance(tgt_len, src_len, 0, "cpu").abs().double()
+        distance = relative_distance(tgt_len, src_len, 0, "cpu").abs().double()
         return PositionTerm(
             "distance-mask", "distance mask -alpha |i-j|", -self.config.options.distance_mask_alpha * distance[None]
         )

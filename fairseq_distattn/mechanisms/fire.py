@@ -5,8 +5,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .. import functional as DF
-from ..functional.fire import FIRE_INITIAL_C, FIRE_INITIAL_THRESHOLD, FIRE_MLP_WIDTH
+from ..functional.fire import FIRE_INITIAL_C, FIRE_INITIAL_THRESHOLD, FIRE_MLP_WIDTH, fire_attention, fire_bias
 from ..functional.paths import Capability, Path
 from ..registry import (
     CROSS_KIND,
@@ -94,7 +93,7 @@ def _example(draw, options):
 @register_attention(
     "fire",
     FireOptions,
-    op=DF.fire_attention,
+    op=fire_attention,
     example=_example,
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
@@ -143,7 +142,7 @@ class Fire(Mechanism):
     def position_term(self, tgt_len, src_len, causal):
         with torch.no_grad():
             arguments = [value.detach().double().cpu() for value in self._arguments()]
-            bias = DF.fire_bias(*arguments, tgt_len, src_len)[0]
+            bias = fire_bias(*arguments, tgt_len, src_len)[0]
         return PositionTerm("fire-bias", "FIRE bias f(psi(i-j) / psi(max(L, i)))", bias)
 
     def op_arguments(self, queries, keys, causal):

@@ -5,8 +5,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .. import functional as DF
-from ..functional.kerple import constrained
+from ..functional.kerple import KERPLE_KERNELS, constrained, kerple_attention, kerple_bias
 from ..functional.paths import Capability, Keeps, Path
 from ..registry import (
     CROSS_KIND,
@@ -27,8 +26,8 @@ class KerpleOptions:
         "kerple: the kernel of the distance, 'log' -r1 log(1 + r2 |i-j|) or 'power' -r1 |i-j|^r2 (0 < r2 <= 2), "
         "r1 and r2 learned per head, clamped to >= 0.01 as the authors' code does (default: {default}, the "
         "paper's best)",
-        convert=one_of("--kerple-kernel", DF.KERPLE_KERNELS),
-        choices=DF.KERPLE_KERNELS,
+        convert=one_of("--kerple-kernel", KERPLE_KERNELS),
+        choices=KERPLE_KERNELS,
         metavar="KERNEL",
     )
     kerple_per_layer: bool = option(
@@ -59,7 +58,7 @@ R2_NAMES = {"log": "rate", "power": "exponent"}
 @register_attention(
     "kerple",
     KerpleOptions,
-    op=DF.kerple_attention,
+    op=kerple_attention,
     example=lambda draw, options: (
         (draw(draw.heads, mean=1.0, std=0.25), draw(draw.heads, mean=0.8, std=0.2)),
         dict(kernel=options.kerple_kernel),
@@ -142,7 +141,7 @@ class Kerple(Mechanism):
         ]
 
     def position_term(self, tgt_len, src_len, causal):
-        bias = DF.kerple_bias(
+        bias = kerple_bias(
             self.scale.detach().double().cpu(), self.r2.detach().double().cpu(), self.kernel, tgt_len, src_len
         )
         equation = "-r1 log(1 + r2 |i-j|)" if self.kernel == "log" else "-r1 |i-j|^r2"

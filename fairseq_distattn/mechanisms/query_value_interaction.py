@@ -5,9 +5,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .. import functional as DF
+from ..functional.attention import softmax_attention
 from ..functional.paths import Capability, Path
-from ..functional.query_value_interaction import QVI_INTERACTIONS
+from ..functional.query_value_interaction import QVI_INTERACTIONS, query_aware_values, query_value_interaction_attention
 from ..registry import (
     CROSS_KIND,
     DIFFERENT_SEQUENCES,
@@ -36,7 +36,7 @@ class QueryValueInteractionOptions:
     # eq. 7 would mix every target query (including future ones) into each value of a cross-attention
     "qvi",
     QueryValueInteractionOptions,
-    op=DF.query_value_interaction_attention,
+    op=query_value_interaction_attention,
     example=lambda draw, options: (
         (
             draw(draw.heads, draw.head_dim, draw.head_dim, std=0.2, mean=torch.eye(draw.head_dim))
@@ -100,7 +100,7 @@ class QueryValueInteraction(Mechanism):
         shared = shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights, flex)
         seen_queries = cache.get("prev_qvi_query")
         all_queries = query if seen_queries is None else torch.cat([seen_queries, query], dim=2)
-        new_values = DF.query_aware_values(
+        new_values = query_aware_values(
             all_queries,
             keys["value"][:, :, query_offset:],
             self.value_projection,
@@ -114,4 +114,4 @@ class QueryValueInteraction(Mechanism):
         values = new_values if seen_values is None else torch.cat([seen_values, new_values], dim=2)
         cache["prev_qvi_query"] = all_queries
         cache["prev_qvi_value"] = values
-        return DF.softmax_attention(query, keys["key"], values, **shared)
+        return softmax_attention(query, keys["key"], values, **shared)

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .. import functional as DF
 from ..functional.paths import Capability, Keeps, Path
+from ..functional.relative_position import relative_position_attention
 from ..registry import (
     CROSS_KIND,
     DIFFERENT_SEQUENCES,
@@ -56,7 +56,7 @@ class RelativePositionOptions:
 @register_attention(
     "rpr",
     RelativePositionOptions,
-    op=DF.relative_position_attention,
+    op=relative_position_attention,
     example=lambda draw, options: (
         (
             draw(2 * options.max_relative_position + 1, draw.head_dim),

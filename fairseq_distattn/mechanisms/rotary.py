@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import torch
 
-from .. import functional as DF
+from ..functional.attention import attend
 from ..functional.paths import Capability, Keeps, Path
 from ..functional.rotary import (
     ROPE_BASE,
@@ -18,6 +18,9 @@ from ..functional.rotary import (
     base_problem,
     fraction_problem,
     original_length_problem,
+    rotary_attention,
+    rotary_dims,
+    rotary_query_key,
     scaling_combination_problem,
     scaling_factor_problem,
     scaling_problem,
@@ -176,7 +179,7 @@ def xpos_module_centre(max_positions: Optional[int]) -> float:
 def _neighbour_pairs_from_halves(head_dim: int, options) -> List[int]:
     """Each head's projection row order that turns the rotate-half layout (dimension i
     paired with i + d/2) into neighbouring pairs (2i, 2i+1): the same rotation, exactly."""
-    dims = DF.rotary_dims(head_dim, options.rope_fraction)
+    dims = rotary_dims(head_dim, options.rope_fraction)
     return [i // 2 + (dims // 2 if i % 2 else 0) for i in range(dims)] + list(range(dims, head_dim))
 
 
@@ -202,7 +205,7 @@ XPOS_CAUSAL_ONLY = (
 @register_attention(
     "xpos",
     RotaryOptions,
-    op=DF.rotary_attention,
+    op=rotary_attention,
     revisions=ROTARY_REVISIONS,
     example=_example(xpos=True),
     kinds=SELF_ATTENTION - {ENCODER_SELF_KIND},
@@ -215,7 +218,7 @@ XPOS_CAUSAL_ONLY = (
 @register_attention(
     "rope",
     RotaryOptions,
-    op=DF.rotary_attention,
+    op=rotary_attention,
     revisions=ROTARY_REVISIONS,
     example=_example(xpos=False),
     kinds=SELF_ATTENTION,
@@ -268,7 +271,7 @@ class Rotary(Mechanism):
             )
 
     def extra_repr(self) -> str:
-        rotated = DF.rotary_dims(self.config.head_dim, self.arguments["fraction"])
+        rotated = rotary_dims(self.config.head_dim, self.arguments["fraction"])
         text = f"base={self.arguments['base']:g}, rotated {rotated} of {self.config.head_dim} dims per head"
         if self.arguments["scaling"] != "none":
             text += f", {self.arguments['scaling']} scaling x{self.arguments['scaling_factor']:g}"
@@ -277,7 +280,7 @@ class Rotary(Mechanism):
         return text
 
     def encode_positions(self, queries, keys, key_padding_mask, query_offset):
-        query, key = DF.rotary_query_key(
+        query, key = rotary_query_key(
             queries["query"],
             keys["key"],
             key_padding_mask=key_padding_mask,
@@ -291,7 +294,7 @@ class Rotary(Mechanism):
         # The logit a query and key that are the same all-ones vector get at each offset (over sqrt(d)):
         # RoPE's sum_i cos((n-m) theta_i), the content-free part of its relative term, per layer (the heads agree).
         ones = torch.ones(1, 1, max(tgt_len, src_len), self.config.head_dim, dtype=torch.float64)
-        query, key = DF.rotary_query_key(ones[:, :, :tgt_len], ones[:, :, :src_len], **self.arguments)
+        query, key = rotary_query_key(ones[:, :, :tgt_len], ones[:, :, :src_len], **self.arguments)
         logits = query @ key.transpose(-1, -2) / math.sqrt(self.config.head_dim)
         return PositionTerm(f"{self.config.name}-logit", f"{self.config.name} logit of equal all-ones q, k", logits[0])
 
@@ -306,7 +309,7 @@ class Rotary(Mechanism):
     def forward(
         self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache, flex="auto"
     ):
-        return DF.attend(
+        return attend(
             queries["query"],
             keys["key"],
             keys["value"],

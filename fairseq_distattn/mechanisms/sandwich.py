@@ -4,8 +4,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import functional as DF
 from ..functional.paths import Capability, Keeps, Path
+from ..functional.sandwich import sandwich_attention, sandwich_bias
 from ..registry import (
     CROSS_KIND,
     DIFFERENT_SEQUENCES,
@@ -51,7 +51,7 @@ class SandwichOptions:
 @register_attention(
     "sandwich",
     SandwichOptions,
-    op=DF.sandwich_attention,
+    op=sandwich_attention,
     example=lambda draw, options: ((options.sandwich_dim,), {}),
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
@@ -75,7 +75,7 @@ class Sandwich(Mechanism):
         return f"heads={self.config.num_heads}, sinusoid dim={self.dim}"
 
     def position_term(self, tgt_len, src_len, causal):
-        bias = DF.sandwich_bias(tgt_len, src_len, self.config.num_heads, self.dim, 0, "cpu", torch.float64)
+        bias = sandwich_bias(tgt_len, src_len, self.config.num_heads, self.dim, 0, "cpu", torch.float64)
         return PositionTerm("sandwich-bias", "Sandwich bias (p_i . p_j - d/2) / (n 8/H)", bias)
 
     def op_arguments(self, queries, keys, causal):

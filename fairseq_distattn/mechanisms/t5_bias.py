@@ -5,9 +5,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .. import functional as DF
 from ..functional.paths import Capability, Keeps, Path
-from ..functional.t5_bias import MAX_DISTANCE, NUM_BUCKETS
+from ..functional.t5_bias import MAX_DISTANCE, NUM_BUCKETS, t5_bias_attention, t5_relative_bias
 from ..registry import (
     CROSS_KIND,
     DIFFERENT_SEQUENCES,
@@ -66,7 +65,7 @@ class T5BiasOptions:
 @register_attention(
     "t5-bias",
     T5BiasOptions,
-    op=DF.t5_bias_attention,
+    op=t5_bias_attention,
     example=lambda draw, options: (
         (draw(options.t5_bias_buckets, draw.heads),),
         dict(max_distance=options.t5_bias_max_distance),
@@ -141,7 +140,7 @@ class T5Bias(Mechanism):
 
     def position_term(self, tgt_len, src_len, causal):
         table = self.relative_attention_bias.detach().double().cpu()
-        bias = DF.t5_relative_bias(table, tgt_len, src_len, self.max_distance, not causal)
+        bias = t5_relative_bias(table, tgt_len, src_len, self.max_distance, not causal)
         return PositionTerm("t5-bias", "T5 relative attention bias b_h(bucket(j - i))", bias)
 
     def op_arguments(self, queries, keys, causal):

@@ -5,9 +5,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .. import functional as DF
 from ..functional.paths import Capability, Path
-from ..functional.transformer_xl import relative_position_scores
+from ..functional.transformer_xl import relative_position_scores, transformer_xl_attention
 from ..registry import (
     CROSS_KIND,
     DIFFERENT_SEQUENCES,
@@ -47,7 +46,7 @@ def _example(draw, options):
 @register_attention(
     "transformer-xl",
     TransformerXLOptions,
-    op=DF.transformer_xl_attention,
+    op=transformer_xl_attention,
     example=_example,
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},

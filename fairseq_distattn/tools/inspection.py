@@ -50,7 +50,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from .. import functional as DF
+from ..functional.attention import softmax_attention
 from ..mechanisms.base import LearnedValues, PositionTerm
 from ..modules.summary import AttentionSite, attention_sites, attention_summary
 from ..registry import CROSS, DECODER_SELF, ENCODER_SELF, AttentionKind
@@ -212,7 +212,7 @@ def vanilla_probs(
         for projection, x in ((module.q_proj, query), (module.k_proj, key), (module.v_proj, value))
     )
     padding = None if key_padding_mask is None else key_padding_mask.to(torch.bool)
-    return DF.softmax_attention(q, k, v, key_padding_mask=padding, causal=causal, need_weights=True)[1]
+    return softmax_attention(q, k, v, key_padding_mask=padding, causal=causal, need_weights=True)[1]
 
 
 class AttentionRecorder:
