@@ -7,6 +7,7 @@ is in :mod:`benchmarks.harness`.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import platform
@@ -225,3 +226,13 @@ def machine_description(device) -> Dict[str, object]:
     except OSError:
         pass
     return info
+
+
+def text_lines(directory: Path, name: str) -> List[str]:
+    """Lines of ``directory/name`` or of its ``.gz`` (the shipped samples are gzipped)."""
+    path = directory / name
+    if not path.is_file():
+        path = directory / f"{name}.gz"
+    data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    lines = data.decode("utf-8").split("\n")
+    return lines[:-1] if lines and lines[-1] == "" else lines

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
-import gzip
 import hashlib
 import json
 import os
@@ -57,6 +56,7 @@ from ..common import (
     device_model,
     git_revision,
     scale_results,
+    text_lines,
     without_machine_paths,
 )
 from ..harness.claims import claimed, file_version, train_unless_taken
@@ -176,16 +176,6 @@ def _drops_positions(arch: str) -> bool:
 # -------------------------------------------------------------------- data
 
 
-def read_text(directory: Path, name: str) -> List[str]:
-    """Lines of ``directory/name`` or of its ``.gz`` (the shipped sample is gzipped)."""
-    path = directory / name
-    if not path.is_file():
-        path = directory / f"{name}.gz"
-    data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    lines = data.decode("utf-8").split("\n")
-    return lines[:-1] if lines and lines[-1] == "" else lines
-
-
 def split_train_dev(lines: Sequence[str], fraction: float = DEV_FRACTION) -> Tuple[List[str], List[str]]:
     """Training lines and a dev set of about the last ``fraction`` of them, starting at
     an article title when there is one (at a line otherwise)."""
@@ -200,7 +190,7 @@ PREPROCESSED = re.compile(r"\[None\] \S*/(train|valid|test)\.txt: (\d+) sents, (
 def prepare(data: Path, work: Path, env: Dict[str, str]) -> Tuple[Path, Dict[str, Dict[str, float]]]:
     """Split, write and binarise the corpus under ``work/data-<digest of the text>``;
     returns the data-bin directory and, per split, lines, tokens and % replaced by <unk>."""
-    source, test = read_text(data, "valid.txt"), read_text(data, "test.txt")
+    source, test = text_lines(data, "valid.txt"), text_lines(data, "test.txt")
     digest = hashlib.md5("\n".join(source + ["\0"] + test).encode("utf-8")).hexdigest()[:10]
     directory = work / f"data-{digest}"
     data_bin = directory / "data-bin"

@@ -89,6 +89,7 @@ def method_rows(
     either, then NoPE; a mechanism whose name has no configuration reads its family's
     (``window-aw-seg`` -> ``window-aw`` -> ``window``), listed once per family."""
     import fairseq_distattn.mechanisms  # noqa: F401  discovers the registry
+    from fairseq_distattn.models.distattn_lm import preset_name
     from fairseq_distattn.registry import registered
 
     rows, seen = [], set()
@@ -97,7 +98,7 @@ def method_rows(
         for end in range(len(parts), 0, -1):
             name = "-".join(parts[:end])
             mt = name if name in mt_configs else None
-            lm = f"distattn_lm_{name.replace('-', '_')}_gbw"
+            lm = preset_name(name)
             lm = lm if lm in lm_configs else None
             if mt or lm:
                 break
@@ -113,10 +114,10 @@ def method_rows(
 
 def report(out: Path, results: Path = RESULTS, data: Optional[Path] = None) -> str:
     from .lm import lm_configs
-    from .mt import default_configs
+    from .mt import default_configs, raw_references
 
     columns, base_length = measured_columns(results)
-    references = functools.lru_cache(maxsize=None)(lambda: translation_references(data))
+    references = functools.lru_cache(maxsize=None)(lambda: raw_references(data))
     entries = [(BASELINE_LABEL, MT_BASELINE, LM_BASELINE)]  # (label, translation config, LM preset) per row
     header = [
         "method",
@@ -260,14 +261,6 @@ def row_cells(columns: Sequence[Column], mt: Optional[str], lm: Optional[str], b
     the language model's."""
     translation, *language = columns
     return [*measured_cells(translation, mt), bootstrap, *(c for col in language for c in measured_cells(col, lm))]
-
-
-def translation_references(data: Optional[Path]) -> List[str]:
-    """The references the kept translations are scored against: the test set's raw target side
-    (``benchmarks.quality.mt``'s, from ``data`` or its default data folder)."""
-    from .mt import raw_references
-
-    return raw_references(data)
 
 
 def summary_lines(columns: Sequence[Column], entries: Sequence[Tuple[str, Optional[str], Optional[str]]]) -> List[str]:

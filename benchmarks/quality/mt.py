@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import gzip
 import json
 import os
 import re
@@ -46,13 +45,14 @@ from ..common import (
     device_model,
     git_revision,
     scale_results,
+    text_lines,
 )
 from ..harness.claims import claimed, file_version, train_unless_taken
 from ..harness.fingerprints import checkpoint_fingerprint
 from ..harness.process import BIN_DIR, log, run, tool, tool_env
 from ..harness.report import movement_table, pending_lines, plot_curves, table_row
 from ..harness.runs import hypotheses_file, load_runs, runs_by_config, save_lines
-from ..harness.seeds import mean_std, mean_std_text, seeds_cell
+from ..harness.seeds import mean_std, mean_std_text, seed_std, seeds_cell
 from ..harness.training import (
     backfill_mechanism_parameters,
     mechanism_parameters,
@@ -539,11 +539,7 @@ def raw_references(data: Optional[Path] = None) -> List[str]:
     """The raw target side of the test set (``test_2016_flickr.de`` or its ``.gz``), the
     references sacreBLEU scores the kept hypotheses against (``quickstart.sh``'s
     ``test.raw.de``)."""
-    data = data or default_data()
-    plain = data / f"{TEST_SET}.{TARGET_LANG}"
-    if plain.is_file():
-        return read_text(plain)
-    return gzip.decompress((data / f"{TEST_SET}.{TARGET_LANG}.gz").read_bytes()).decode("utf-8").split("\n")[:-1]
+    return text_lines(data or default_data(), f"{TEST_SET}.{TARGET_LANG}")
 
 
 # ------------------------------------------------------------------ report
@@ -738,9 +734,9 @@ def seed_noise(baseline: Sequence[Dict]) -> float:
 
 
 def vanilla_spread(by_config: Dict[str, Sequence[Dict]]) -> Optional[float]:
-    """:func:`seed_noise` of vanilla's runs, None while it has fewer than two seeds."""
-    baseline = by_config.get("vanilla", ())
-    return seed_noise(baseline) if len(baseline) > 1 else None
+    """Vanilla's sample std of the ablation metric over its seeds
+    (:func:`..harness.seeds.seed_std`), None while it has fewer than two seeds."""
+    return seed_std([r[ABLATION_METRIC] for r in by_config.get("vanilla", ())])
 
 
 def undecided_ablations(by_config: Dict[str, Sequence[Dict]], references: Dict[str, str]) -> List[str]:

@@ -17,7 +17,7 @@ module's ``--attention-flex``): nothing here holds a mode of its own.
 
 import enum
 from dataclasses import dataclass
-from typing import AbstractSet, Any, Optional, Tuple
+from typing import AbstractSet, Any, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -220,19 +220,17 @@ def op_flex(attention_flex: str, flex_when_taken: str, key_length: int, recomput
     return flex_when_taken if takes else "never"
 
 
-def recomputes_in_row_blocks(call: Call, keeps: Keeps, row_wise: bool) -> bool:
+def recomputes_in_row_blocks(call: Call, paths: Mapping[Path, Capability], row_wise: bool) -> bool:
     """Whether the attention module runs a training call in blocks of query rows
     under activation checkpointing: keys from the recompute length on, gradients
     wanted, a mechanism whose every query row depends on that row's queries alone
     (``row_wise``), and a path that would keep ``[B, H, Tq, Tk]`` tensors for
-    backward (``keeps``: what :func:`choose_path`'s path keeps)."""
-    return (
-        call.keys_reach_recompute_length
-        and call.grad_enabled
-        and call.query_requires_grad
-        and row_wise
-        and keeps is Keeps.PER_BATCH
-    )
+    backward (the ``keeps`` of the path :func:`choose_path` takes among the layer's
+    ``paths``). The call's own conditions are checked first: most calls (decoding,
+    evaluation, short keys) need no path for this."""
+    if not (call.keys_reach_recompute_length and call.grad_enabled and call.query_requires_grad and row_wise):
+        return False
+    return paths[declared_as(choose_path(call, paths.keys()))].keeps is Keeps.PER_BATCH
 
 
 __all__ = [

@@ -19,7 +19,6 @@ from ..functional.paths import (
     Capability,
     Path,
     choose_path,
-    declared_as,
     recomputes_in_row_blocks,
 )
 from ..registry import REGISTRY, MechanismInfo
@@ -176,8 +175,7 @@ class Mechanism(nn.Module):
         (declared ``row_wise``), where the path :meth:`path` takes keeps [B, H, Tq, Tk]
         tensors for backward (the eager path; a fused path whose bias has a batch
         dimension; MW's flex path, whose window has one)."""
-        keeps = self.paths()[declared_as(self.path(call))].keeps
-        return recomputes_in_row_blocks(call, keeps, self.info.row_wise)
+        return recomputes_in_row_blocks(call, self.paths(), self.info.row_wise)
 
     def encode_positions(
         self,
