@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.common import text_lines
 from benchmarks.quality import lm as lm_quality
 from benchmarks.quality import lm_extrapolation
 
@@ -31,7 +32,7 @@ def test_lm_harnesses_write_one_json_per_run_skip_done_runs_and_report(tmp_path)
     data = tmp_path / "wikitext-2"
     data.mkdir()
     for name, lines in (("valid.txt", 300), ("test.txt", 60)):
-        text = lm_quality.read_text(lm_quality.SHIPPED_DATA, name)[:lines]
+        text = text_lines(lm_quality.SHIPPED_DATA, name)[:lines]
         (data / name).write_text("".join(line + "\n" for line in text), encoding="utf-8")
     out, work = tmp_path / "out", tmp_path / "work"
     argv = [
@@ -75,8 +76,8 @@ def test_lm_harnesses_write_one_json_per_run_skip_done_runs_and_report(tmp_path)
         assert not (work / "tiny" / name / "checkpoints").exists()
     # training and dev sets are valid.txt cut in two
     prepared = next(work.glob("data-*"))
-    split = [lm_quality.read_text(prepared, f"{name}.txt") for name in ("train", "valid")]
-    assert split[0] + split[1] == lm_quality.read_text(data, "valid.txt") and 0 < len(split[1]) <= 30
+    split = [text_lines(prepared, f"{name}.txt") for name in ("train", "valid")]
+    assert split[0] + split[1] == text_lines(data, "valid.txt") and 0 < len(split[1]) <= 30
 
     markdown = (out / "lm_quality.md").read_text()
     [alibi] = table_cells(markdown, "distattn_lm_alibi_gbw")
@@ -385,7 +386,7 @@ def test_lm_finetune_fine_tunes_each_rope_run_with_each_scaling_and_the_report_s
     data = tmp_path / "wikitext-2"
     data.mkdir()
     for name, lines in (("valid.txt", 200), ("test.txt", 40)):
-        text = lm_quality.read_text(lm_quality.SHIPPED_DATA, name)[:lines]
+        text = text_lines(lm_quality.SHIPPED_DATA, name)[:lines]
         (data / name).write_text("".join(line + "\n" for line in text), encoding="utf-8")
     quality_out, work, out = tmp_path / "quality", tmp_path / "work", tmp_path / "extrapolation"
     trained = ["--scale", "tiny", "--updates", "3", "--configs", "distattn_lm_rope_gbw", "--seeds", "1"]
