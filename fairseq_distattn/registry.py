@@ -16,10 +16,10 @@ A mechanism declares everything about itself in its own module file
     class MyMechanism(Mechanism):
         ...
 
-and everything else derives from here: the SPEC names and the mechanisms each
-attention kind allows (:mod:`fairseq_distattn.spec`), the options dataclass
-and its validation, the command-line flags and ``--help``
-(:mod:`fairseq_distattn.models.arguments`), the generated docs
+and everything else derives from here: the SPEC names, the mechanisms each
+attention kind allows, and the model-wide options (one instance of each options
+dataclass) and their validation (:mod:`fairseq_distattn.spec`); the
+command-line flags and ``--help`` (:mod:`fairseq_distattn.models.arguments`), the generated docs
 (:mod:`fairseq_distattn.tools.docs`), and the lists of the tests and
 benchmarks, which run every op through its ``example``. The attention kinds
 are one table here too (:class:`AttentionKind`). The execution paths a
@@ -339,15 +339,9 @@ class MechanismInfo:
         return None if self.options is None else self.options()
 
     def own_options(self, options):
-        """Its own options dataclass out of the model-wide MechanismOptions (None
-        without an options class)."""
-        return None if self.options is None else options_of(self.options, options)
-
-
-def options_of(options_class: type, options):
-    """An ``options_class`` instance from an object with (at least) its fields as
-    attributes, such as the model-wide MechanismOptions."""
-    return options_class(**{field.name: getattr(options, field.name) for field in dataclasses.fields(options_class)})
+        """Its own options dataclass, the instance the model-wide
+        :class:`~fairseq_distattn.spec.AttentionOptions` holds (None without an options class)."""
+        return None if self.options is None else options.of(self.options)
 
 
 def no_example_arguments(draw, options) -> Tuple[tuple, Dict[str, Any]]:
@@ -499,7 +493,7 @@ class AttentionKind:
     causal: bool
     layers_attr: str  # the model config's number of layers of this kind
     in_language_model: bool
-    # The stack of this kind that MechanismOptions.check_kind checks: the longest sequence its layers
+    # The stack of this kind that AttentionOptions.check_kind checks: the longest sequence its layers
     # attend over and the flag that sets it (None: unknown). Not part of the kind's identity.
     max_positions: Optional[int] = dataclasses.field(default=None, compare=False)
     positions_flag: str = dataclasses.field(default="", compare=False)

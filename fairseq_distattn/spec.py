@@ -1,4 +1,5 @@
-"""Per-layer attention SPECs: parsing and validation, no fairseq imports.
+"""Per-layer attention SPECs and the model-wide options (:class:`AttentionOptions`, one
+instance of each options dataclass): parsing and validation, no fairseq imports.
 
 A SPEC is a comma-separated list of ``MECH[@LAYERS]``: ``LAYERS`` is ``i`` or
 ``i-j`` (0-based, inclusive); no ``@`` means every layer; layers not named are
@@ -87,9 +88,9 @@ def unused_options(values: Mapping[str, Any], specs: Mapping[str, Optional[str]]
     used = specs_name(specs.values())
     named = ", ".join(f"{flag} {spec}" for flag, spec in specs.items() if spec and spec != "vanilla")
     named = named or "every layer is vanilla"
-    defaults = {option_flag(field).attr: option_flag(field).arg_default for field in _option_fields()}
+    defaults = {option_flag(field).attr: option_flag(field).arg_default for field in option_fields()}
     found = []
-    for field in _option_fields():
+    for field in option_fields():
         flag, users = option_flag(field), option_users(field)
         value = values.get(flag.attr, flag.arg_default)
         if value == flag.arg_default or not users:
@@ -103,11 +104,6 @@ def unused_options(values: Mapping[str, Any], specs: Mapping[str, Optional[str]]
                 other = "--" + attr.replace("_", "-")
                 found.append((flag.flag, value, f"it is used only with {other} {needed}, not {other} {given}"))
     return found
-
-
-def _option_fields() -> Tuple[dataclasses.Field, ...]:
-    """Every mechanism option field, in listing order."""
-    return tuple(field for options_class in option_classes() for field in dataclasses.fields(options_class))
 
 
 # Only ASCII digits: int() would also take "+1", "1_0" and other scripts' digits.
@@ -217,66 +213,108 @@ class AttentionModuleOptions:
     )
 
 
-# the options classes whose fields make up MechanismOptions, in listing order
-OPTION_CLASSES = (*option_classes(), AttentionModuleOptions)
+def model_option_classes() -> Tuple[type, ...]:
+    """The options dataclasses of the model-wide :class:`AttentionOptions`, in listing order:
+    each registered mechanism's (once), then the attention module's."""
+    return (*option_classes(), AttentionModuleOptions)
 
 
-def _from_args(
-    cls, args, max_positions: Optional[int] = None, positions_flag: Optional[str] = None
-) -> "MechanismOptions":
-    """Options from parsed flags (absent flags take the defaults). ``max_positions``:
-    the longest sequence the model accepts, which bounds ``--max-relative-position``
-    (no distance beyond it ever occurs), set by ``positions_flag`` (named in
-    messages). A bad value raises :class:`SpecError`."""
-    context = OptionContext(max_positions) if positions_flag is None else OptionContext(max_positions, positions_flag)
+def option_fields() -> Tuple[dataclasses.Field, ...]:
+    """Every option field across the options dataclasses, in listing order: the flat list the
+    command line offers (each field is one flag), and the one place that flattens them."""
+    return tuple(field for options_class in model_option_classes() for field in dataclasses.fields(options_class))
+
+
+def _read_options(options_class: type, args, context: OptionContext):
+    """An ``options_class`` instance from parsed flags, each field converted once (an absent
+    flag takes its default); a bad value raises :class:`SpecError`."""
     values = {}
-    for field in dataclasses.fields(cls):
+    for field in dataclasses.fields(options_class):
         flag = option_flag(field)
         values[field.name] = flag.convert(getattr(args, flag.attr, flag.arg_default), context)
-    options = cls(**values)
-    for info in registered():
-        info.module.check_options(info.own_options(options))
-    return options
+    return options_class(**values)
 
 
-def _check_kind(
-    self,
-    kind: AttentionKind,
-    layers: List[str],
-    max_positions: Optional[int] = None,
-    positions_flag: str = "",
-    new_model: bool = True,
-    head_dim: Optional[int] = None,
-):
-    """Raise SpecError where an option cannot work for the mechanisms ``layers`` use in ``kind``.
-    ``max_positions``: the longest sequence this stack attends over (None: unknown), set by
-    ``positions_flag``; ``new_model``: False where the model is rebuilt from a checkpoint; ``head_dim``:
-    the per-head width of its attention (None: unknown). Mechanisms read them as ``kind.max_positions``,
-    ``kind.positions_flag``, ``kind.new_model`` and ``kind.head_dim``."""
-    kind = dataclasses.replace(
-        kind, max_positions=max_positions, positions_flag=positions_flag, new_model=new_model, head_dim=head_dim
-    )
-    for name in dict.fromkeys(layers):
-        if name != "vanilla":
-            info = REGISTRY[name]
-            info.module.check_options(info.own_options(self), kind, layers)
+class AttentionOptions:
+    """The options of every layer's attention, validated once per model: one instance of each
+    registered mechanism's options dataclass and of :class:`AttentionModuleOptions`, each
+    mechanism reading only its own (:meth:`for_mechanism`). ``AttentionOptions(*given)`` holds
+    the instances given and every other class at its defaults
+    (``AttentionOptions(KerpleOptions(kerple_kernel="log"))``); :meth:`from_args` reads them
+    from parsed flags. Immutable, compared by value."""
 
+    __slots__ = ("_by_class",)
 
-# Hyperparameters shared by every layer, validated once per model: the fields of
-# every mechanism's options dataclass (flattened: options.max_relative_position, ...)
-MechanismOptions = dataclasses.make_dataclass(
-    "MechanismOptions",
-    [
-        (field.name, field.type, field)
-        for options_class in OPTION_CLASSES
-        for field in dataclasses.fields(options_class)
-    ],
-    frozen=True,
-    namespace={
-        "from_args": classmethod(_from_args),
-        "check_kind": _check_kind,
-        "__module__": __name__,
-        "__doc__": "Hyperparameters shared by every layer, validated once per model: the fields of every "
-        "registered mechanism's options dataclass and of AttentionModuleOptions.",
-    },
-)
+    def __init__(self, *given):
+        by_class = {options_class: options_class() for options_class in model_option_classes()}
+        for options in given:
+            if type(options) not in by_class:
+                raise TypeError(
+                    f"{type(options).__name__} is the options dataclass of no registered mechanism "
+                    "nor of the attention module"
+                )
+            by_class[type(options)] = options
+        object.__setattr__(self, "_by_class", by_class)
+
+    def __setattr__(self, name, value):
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def of(self, options_class: type):
+        """The ``options_class`` instance it holds."""
+        return self._by_class[options_class]
+
+    def for_mechanism(self, name: str):
+        """The options dataclass of the registered mechanism ``name`` (None without an options class)."""
+        return REGISTRY[name].own_options(self)
+
+    @property
+    def module(self) -> AttentionModuleOptions:
+        """The attention module's own options, whatever its mechanism."""
+        return self.of(AttentionModuleOptions)
+
+    def __eq__(self, other):
+        return isinstance(other, AttentionOptions) and self._by_class == other._by_class
+
+    def __hash__(self):
+        return hash(tuple(self._by_class.values()))
+
+    def __repr__(self):
+        return f"AttentionOptions({', '.join(map(repr, self._by_class.values()))})"
+
+    @classmethod
+    def from_args(
+        cls, args, max_positions: Optional[int] = None, positions_flag: Optional[str] = None
+    ) -> "AttentionOptions":
+        """Options from parsed flags (absent flags take the defaults). ``max_positions``:
+        the longest sequence the model accepts, which bounds ``--max-relative-position``
+        (no distance beyond it ever occurs), set by ``positions_flag`` (named in
+        messages). A bad value raises :class:`SpecError`."""
+        context = (
+            OptionContext(max_positions) if positions_flag is None else OptionContext(max_positions, positions_flag)
+        )
+        options = cls(*(_read_options(options_class, args, context) for options_class in model_option_classes()))
+        for info in registered():
+            info.module.check_options(info.own_options(options))
+        return options
+
+    def check_kind(
+        self,
+        kind: AttentionKind,
+        layers: List[str],
+        max_positions: Optional[int] = None,
+        positions_flag: str = "",
+        new_model: bool = True,
+        head_dim: Optional[int] = None,
+    ):
+        """Raise SpecError where an option cannot work for the mechanisms ``layers`` use in ``kind``.
+        ``max_positions``: the longest sequence this stack attends over (None: unknown), set by
+        ``positions_flag``; ``new_model``: False where the model is rebuilt from a checkpoint; ``head_dim``:
+        the per-head width of its attention (None: unknown). Mechanisms read them as ``kind.max_positions``,
+        ``kind.positions_flag``, ``kind.new_model`` and ``kind.head_dim``."""
+        kind = dataclasses.replace(
+            kind, max_positions=max_positions, positions_flag=positions_flag, new_model=new_model, head_dim=head_dim
+        )
+        for name in dict.fromkeys(layers):
+            if name != "vanilla":
+                info = REGISTRY[name]
+                info.module.check_options(info.own_options(self), kind, layers)

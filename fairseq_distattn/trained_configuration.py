@@ -22,20 +22,11 @@ plugin compares these settings instead:
 ``--model-overrides`` may change them on a trained model.
 """
 
-import dataclasses
 import difflib
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .registry import EVALUATION, KINDS, RUNTIME, AttentionKind, SpecError, option_flag
-from .spec import (
-    OPTION_CLASSES,
-    MechanismOptions,
-    _option_fields,
-    option_users,
-    parse_spec,
-    specs_name,
-    unused_options,
-)
+from .spec import option_fields, option_users, parse_spec, specs_name, unused_options
 
 LANGUAGE_MODELS = ("distattn_lm",)
 PLUGIN_MODELS = ("distattn_transformer", "distattn_lm")
@@ -111,7 +102,7 @@ def trained_settings(config, model: str, defaults: Optional[Mapping[str, Any]] =
         if value is not None:
             settings[geometry_flag(attr)] = value
     used = specs_name(specs.values())
-    for field in _option_fields():
+    for field in option_fields():
         flag = option_flag(field)
         if flag.role == RUNTIME or not used & set(option_users(field)):
             continue
@@ -124,13 +115,11 @@ def trained_settings(config, model: str, defaults: Optional[Mapping[str, Any]] =
 
 
 # attribute -> the value fairseq's namespace holds when the flag is absent, of every option
-_DEFAULTS = {option_flag(field).attr: option_flag(field).arg_default for field in dataclasses.fields(MechanismOptions)}
+_DEFAULTS = {option_flag(field).attr: option_flag(field).arg_default for field in option_fields()}
 
 
 # attribute -> what a checkpoint saved before the option existed was trained with
-UNRECORDED = {
-    option_flag(field).attr: option_flag(field).unrecorded_value for field in dataclasses.fields(MechanismOptions)
-}
+UNRECORDED = {option_flag(field).attr: option_flag(field).unrecorded_value for field in option_fields()}
 
 
 def option_value(config, attr: str):
@@ -183,15 +172,12 @@ def overridable_flags() -> Tuple[str, ...]:
     """The plugin's options that ``--model-overrides`` may change on a trained model:
     parameter-free (``EVALUATION``) or not part of the model (``RUNTIME``)."""
     return tuple(
-        option_flag(field).flag
-        for options_class in OPTION_CLASSES
-        for field in dataclasses.fields(options_class)
-        if option_flag(field).role in (EVALUATION, RUNTIME)
+        option_flag(field).flag for field in option_fields() if option_flag(field).role in (EVALUATION, RUNTIME)
     )
 
 
 def _evaluation_flags() -> frozenset:
-    return frozenset(option_flag(field).flag for field in _option_fields() if option_flag(field).role == EVALUATION)
+    return frozenset(option_flag(field).flag for field in option_fields() if option_flag(field).role == EVALUATION)
 
 
 def check_overrides(
@@ -216,9 +202,7 @@ def check_overrides(
 def plugin_override_keys() -> frozenset:
     """The ``--model-overrides`` keys of the plugin's own namespace: each attention kind's
     SPEC and every option of every registered mechanism and of the attention module."""
-    return frozenset(
-        [kind.attr for kind in KINDS] + [option_flag(field).attr for field in dataclasses.fields(MechanismOptions)]
-    )
+    return frozenset([kind.attr for kind in KINDS] + [option_flag(field).attr for field in option_fields()])
 
 
 def check_override_keys(overrides: Optional[Mapping[str, Any]], known, candidates) -> None:
@@ -249,7 +233,7 @@ def check_unused_overrides(before, after, overrides: Optional[Mapping[str, Any]]
     has another value (:func:`~fairseq_distattn.spec.unused_options`, which fairseq-train
     warns with): ``'rope_scaling'`` given to a kerple checkpoint would change nothing."""
     specs = {kind.flag: getattr(after, kind.attr, None) or "vanilla" for kind in attention_kinds(model)}
-    attrs = [option_flag(field).attr for field in dataclasses.fields(MechanismOptions)]
+    attrs = [option_flag(field).attr for field in option_fields()]
     values = {attr: getattr(after, attr, None) for attr in attrs if getattr(after, attr, None) is not None}
     for flag, value, reason in unused_options(values, specs):
         attr = flag[2:].replace("-", "_")

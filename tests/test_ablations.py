@@ -20,6 +20,7 @@ trains with each variant; checkpoints without the new options load unchanged.
 """
 
 import argparse
+import dataclasses
 import math
 import re
 import shlex
@@ -35,10 +36,12 @@ from benchmarks.quality.ablations import ABLATION_NAMES, REFERENCE_CONFIGS, abla
 from fairseq_distattn import functional as DF
 from fairseq_distattn.functional.distance_aware import DA_ADJUSTINGS, DA_MAPPINGS, distance_coefficients
 from fairseq_distattn.functional.query_value_interaction import QVI_INTERACTIONS
+from fairseq_distattn.mechanisms.differentiable_window import WindowOptions
 from fairseq_distattn.mechanisms.distance_aware import DistanceAware
 from fairseq_distattn.mechanisms.query_value_interaction import QueryValueInteraction
+from fairseq_distattn.mechanisms.relative_position import RelativePositionOptions
 from fairseq_distattn.models.arguments import OPTION_DEFAULTS
-from fairseq_distattn.spec import MechanismOptions, SpecError
+from fairseq_distattn.spec import AttentionOptions, SpecError
 
 from .conftest import run_cli
 from .model_helpers import TINY, left_pad, parse, random_tokens, right_pad, translation_model
@@ -204,8 +207,10 @@ def test_the_defaults_are_eq5_and_eq6():
     )
     explicit = call_distance_aware(q, k, v, params, padding, False, 0, "learnable-sigmoid", "early-multiply")
     assert torch.equal(default[0], explicit[0]) and torch.equal(default[1], explicit[1])
-    assert MechanismOptions().da_mapping == "learnable-sigmoid" and MechanismOptions().da_adjusting == "early-multiply"
-    assert MechanismOptions().qvi_interaction == "gated"
+    defaults = AttentionOptions()
+    da = defaults.for_mechanism("da")
+    assert da.da_mapping == "learnable-sigmoid" and da.da_adjusting == "early-multiply"
+    assert defaults.for_mechanism("qvi").qvi_interaction == "gated"
 
 
 @pytest.mark.parametrize("mapping", DA_MAPPINGS)
@@ -510,8 +515,10 @@ def test_a_checkpoint_without_the_new_options_builds_the_papers_model():
     )
     for attr in ("da_mapping", "da_adjusting", "da_clip_threshold", "qvi_interaction"):
         delattr(args, attr)
-    options = MechanismOptions.from_args(args)
-    assert options == MechanismOptions(max_relative_position=3, window_segment_size=2)
+    options = AttentionOptions.from_args(args)
+    assert options == AttentionOptions(
+        RelativePositionOptions(max_relative_position=3), WindowOptions(window_segment_size=2)
+    )
     from fairseq_distattn.models.arguments import set_distattn_defaults
 
     set_distattn_defaults(args)
@@ -610,10 +617,11 @@ NEW_FLAGS = {
 
 
 def test_every_option_has_a_default_that_is_the_papers_choice():
-    defaults = MechanismOptions()
+    options = AttentionOptions()
+    defaults = {**dataclasses.asdict(options.for_mechanism("da")), **dataclasses.asdict(options.for_mechanism("qvi"))}
     for flag in NEW_FLAGS:
         attr = flag[2:].replace("-", "_")
-        assert OPTION_DEFAULTS[attr] == getattr(defaults, attr)
+        assert OPTION_DEFAULTS[attr] == defaults[attr]
 
 
 def test_the_flags_reach_the_model_and_are_absent_unless_given():
@@ -632,8 +640,9 @@ def test_the_flags_reach_the_model_and_are_absent_unless_given():
             "summation",
         ],
     )
-    options = MechanismOptions.from_args(args)
-    assert (options.da_mapping, options.da_clip_threshold, options.da_adjusting, options.qvi_interaction) == (
+    options = AttentionOptions.from_args(args)
+    da, qvi = options.for_mechanism("da"), options.for_mechanism("qvi")
+    assert (da.da_mapping, da.da_clip_threshold, da.da_adjusting, qvi.qvi_interaction) == (
         "clip",
         2.5,
         "late-add",
@@ -657,7 +666,7 @@ def test_the_flags_reach_the_model_and_are_absent_unless_given():
 )
 def test_options_refuse_bad_values_with_one_line(attr, value, flag):
     with pytest.raises(SpecError) as error:
-        MechanismOptions.from_args(argparse.Namespace(**{attr: value}))
+        AttentionOptions.from_args(argparse.Namespace(**{attr: value}))
     message = str(error.value)
     assert "\n" not in message and message.startswith(f"argument {flag}: invalid value {str(value)!r}")
 

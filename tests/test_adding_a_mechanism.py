@@ -29,7 +29,7 @@ import torch
 import tests.toy_mechanism.mechanism  # registers log-distance: the only step
 
 from fairseq_distattn.registry import DECODER_SELF, REGISTRY, SpecError, registered
-from fairseq_distattn.spec import MECHANISMS, MechanismOptions, accepted_by
+from fairseq_distattn.spec import MECHANISMS, AttentionOptions, accepted_by
 from fairseq_distattn.tools.docs import flag_table, mechanism_table, spec_grammar
 
 NAME = "log-distance"
@@ -42,9 +42,9 @@ assert accepted_by(["decoder-self"])[-1] == NAME and NAME not in accepted_by(["c
 assert f"| {NAME}\\n" in spec_grammar()
 
 # the flags: options, their check, --help, the defaults fairseq sees
-assert MechanismOptions().log_distance_init == 0.5
+assert AttentionOptions().for_mechanism(NAME).log_distance_init == 0.5
 try:
-    MechanismOptions.from_args(argparse.Namespace(log_distance_init=0))
+    AttentionOptions.from_args(argparse.Namespace(log_distance_init=0))
     raise AssertionError("no error")
 except SpecError as error:
     assert str(error).startswith("argument --log-distance-init: invalid value '0'")

@@ -14,7 +14,7 @@ import torch
 from fairseq_distattn import functional as DF
 from fairseq_distattn.functional.t5_bias import relative_position_bucket_table
 from fairseq_distattn.registry import DECODER_SELF, ENCODER_SELF
-from fairseq_distattn.spec import MechanismOptions, SpecError
+from fairseq_distattn.spec import AttentionOptions, SpecError
 
 from .model_helpers import TINY, TINY_LM, language_model, random_tokens, translation_model
 from .test_functional_alibi import paper_alibi_slopes
@@ -250,14 +250,14 @@ def test_t5_language_model_incremental_matches_full_with_every_layer(per_layer):
 )
 def test_t5_options_refuse_bad_values_with_one_line(attr, value, flag):
     with pytest.raises(SpecError) as error:
-        MechanismOptions.from_args(argparse.Namespace(**{attr: value}))
+        AttentionOptions.from_args(argparse.Namespace(**{attr: value}))
     message = str(error.value)
     assert "\n" not in message and message.startswith(f"argument {flag}: invalid value {str(value)!r}")
 
 
 @pytest.mark.parametrize("buckets", [5, 7, 33])
 def test_odd_t5_buckets_are_refused_only_for_a_bidirectional_stack(buckets):
-    options = MechanismOptions.from_args(argparse.Namespace(t5_bias_buckets=buckets, t5_bias_max_distance=128))
+    options = AttentionOptions.from_args(argparse.Namespace(t5_bias_buckets=buckets, t5_bias_max_distance=128))
     options.check_kind(DECODER_SELF, ["vanilla", "t5-bias"])  # causal buckets: every one is used
     options.check_kind(ENCODER_SELF, ["vanilla", "rpr"])  # no t5-bias layer in the encoder
     with pytest.raises(SpecError) as error:
@@ -265,7 +265,7 @@ def test_odd_t5_buckets_are_refused_only_for_a_bidirectional_stack(buckets):
     message = str(error.value)
     assert "\n" not in message and message.startswith(f"argument --t5-bias-buckets: invalid value '{buckets}'")
     assert f"bucket {buckets - 1} would never be used" in message
-    MechanismOptions.from_args(argparse.Namespace(t5_bias_buckets=buckets + 1)).check_kind(ENCODER_SELF, ["t5-bias"])
+    AttentionOptions.from_args(argparse.Namespace(t5_bias_buckets=buckets + 1)).check_kind(ENCODER_SELF, ["t5-bias"])
 
 
 def test_odd_t5_buckets_still_build_a_decoder():
@@ -278,10 +278,11 @@ def test_odd_t5_buckets_still_build_a_decoder():
 
 
 def test_t5_options_reach_the_model():
-    options = MechanismOptions.from_args(
+    options = AttentionOptions.from_args(
         argparse.Namespace(t5_bias_buckets=8, t5_bias_max_distance=5, t5_bias_per_layer=True)
     )
-    assert (options.t5_bias_buckets, options.t5_bias_max_distance, options.t5_bias_per_layer) == (8, 5, True)
+    t5 = options.for_mechanism("t5-bias")
+    assert (t5.t5_bias_buckets, t5.t5_bias_max_distance, t5.t5_bias_per_layer) == (8, 5, True)
     model, _ = translation_model(
         extra=[*TINY, "--encoder-self-attention", "t5-bias@1", "--t5-bias-buckets", "8", "--t5-bias-max-distance", "5"]
     )

@@ -338,7 +338,8 @@ def test_translation_window_floor_covers_the_window_presets_layers():
         windowed = tuple(i for i, plan in enumerate(plans[name]) if plan != "vanilla")
         assert windowed == layers, name
         assert {plans[name][i] for i in layers} == {f"window-{kind}"}, name
-    assert preset.model.decoder.layer_plans[0].options.window_segment_size == WINDOW_SEGMENT_SIZE
+    first = preset.model.decoder.layer_plans[0]
+    assert first.options.for_mechanism(first.self_attention).window_segment_size == WINDOW_SEGMENT_SIZE
     assert floor.parameters == preset.parameters
     assert "aw-seg@0-2" in C.attention_layout(floor)
 

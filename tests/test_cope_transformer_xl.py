@@ -13,8 +13,9 @@ import torch
 
 from fairseq_distattn import functional as DF
 from fairseq_distattn.mechanisms import build_mechanism
+from fairseq_distattn.mechanisms.cope import CopeOptions
 from fairseq_distattn.registry import CROSS, DECODER_SELF, ENCODER_SELF
-from fairseq_distattn.spec import MechanismOptions
+from fairseq_distattn.spec import AttentionOptions
 from fairseq_distattn.tools import inspection as tool
 
 from .functional_cases import make_padding_mask, naive_attention
@@ -97,7 +98,7 @@ def test_cope_gradients_reach_the_table_and_through_the_gates():
 def test_cope_is_decoder_only_and_starts_from_a_zero_table():
     assert "cope" in DECODER_SELF.allowed and "cope" not in ENCODER_SELF.allowed and "cope" not in CROSS.allowed
     assert "causal sum" in ENCODER_SELF.disallowed_reason("cope")
-    table = build_mechanism("cope", 4, 8, MechanismOptions(cope_max_positions=7)).position_embeddings
+    table = build_mechanism("cope", 4, 8, AttentionOptions(CopeOptions(cope_max_positions=7))).position_embeddings
     assert table.shape == (8, 7) and not table.any()
 
 

@@ -14,6 +14,7 @@ from fairseq_distattn.functional import paths as P
 from fairseq_distattn.mechanisms import build_mechanism
 from fairseq_distattn.mechanisms.examples import ExampleDraw, example_call
 from fairseq_distattn.registry import registered
+from fairseq_distattn.spec import AttentionOptions
 
 from .test_fused_paths import option_variants
 
@@ -91,7 +92,8 @@ def test_every_declared_path_is_taken_and_equals_the_eager_path(info, label, opt
 def test_the_attention_module_plans_the_path_its_op_takes(info, label, options, need_weights, flex, chosen):
     """``Mechanism.path`` (what the attention module's recompute decision reads) is
     a path the op takes for the same call, and one the registration declares."""
-    mechanism = build_mechanism(info.name, H, D, options)
+    model_options = AttentionOptions() if options is None else AttentionOptions(options)  # the others at defaults
+    mechanism = build_mechanism(info.name, H, D, model_options)
     assert set(mechanism.paths()) == declared(info, options)
     draw = ExampleDraw(B, H, T, T, D)
     with torch.no_grad():  # flex's CPU form: inference only

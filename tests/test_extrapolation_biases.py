@@ -14,8 +14,9 @@ import torch
 
 from fairseq_distattn import functional as DF
 from fairseq_distattn.mechanisms import build_mechanism
+from fairseq_distattn.mechanisms.kerple import KerpleOptions
 from fairseq_distattn.registry import DECODER_SELF, ENCODER_SELF
-from fairseq_distattn.spec import MechanismOptions
+from fairseq_distattn.spec import AttentionOptions
 
 from .functional_cases import REFERENCE_CASES, make_padding_mask, naive_attention
 from .model_helpers import TINY_LM, language_model, random_tokens, translation_model
@@ -120,7 +121,7 @@ def test_kerple_power_with_exponent_1_is_alibi_with_learned_slopes():
 @pytest.mark.parametrize("kernel,r1_range,r2_range", [("log", 2.0, 1.0), ("power", 1.0, 2.0)])
 def test_kerple_initialisation_and_projection_are_the_authors(kernel, r1_range, r2_range):
     torch.manual_seed(0)
-    mechanism = build_mechanism("kerple", 64, 4, MechanismOptions(kerple_kernel=kernel))
+    mechanism = build_mechanism("kerple", 64, 4, AttentionOptions(KerpleOptions(kerple_kernel=kernel)))
     r2_name = {"log": "rate", "power": "exponent"}[kernel]
     assert sorted(name for name, _ in mechanism.named_parameters()) == sorted(["scale", r2_name])
     assert ((mechanism.scale >= 0.01) & (mechanism.scale <= r1_range)).all()
@@ -202,7 +203,7 @@ def test_sandwich_bias_at_a_glance():
 def test_sandwich_refuses_odd_widths_and_defaults_to_the_presets_head_size():
     with pytest.raises(ValueError, match="even"):
         DF.sandwich_bias(2, 2, 1, 3, 0, "cpu", torch.float64)
-    assert build_mechanism("sandwich", 2, 3, MechanismOptions()).dim == 64
+    assert build_mechanism("sandwich", 2, 3, AttentionOptions()).dim == 64
     for arch in ("distattn_lm_sandwich_gbw",):
         model, _ = language_model(arch=arch, extra=[*TINY_LM])
         assert model.decoder.layers[0].self_attn.mechanism.dim == 64

@@ -10,7 +10,7 @@ import fairseq_distattn.mechanisms  # noqa: F401 (registers every mechanism)
 from fairseq_distattn.mechanisms import build_mechanism
 from fairseq_distattn.mechanisms.base import Mechanism, shared_arguments
 from fairseq_distattn.registry import DECODER_SELF_KIND, ENCODER_SELF_KIND, registered
-from fairseq_distattn.spec import MechanismOptions
+from fairseq_distattn.spec import AttentionOptions
 
 INFOS = registered()
 HEADS, HEAD_DIM, LENGTH, BATCH = 2, 16, 7, 2
@@ -25,7 +25,7 @@ def call(info):
     """A self-attention call of ``info``'s layer: its module, the projections (with the
     extras it declares), whether causal, and a padding mask."""
     torch.manual_seed(0)
-    module = build_mechanism(info.name, HEADS, HEAD_DIM, MechanismOptions()).double().eval()
+    module = build_mechanism(info.name, HEADS, HEAD_DIM, AttentionOptions()).double().eval()
     generator = torch.Generator().manual_seed(1)
     queries = projections(("query", *info.extra_queries), generator)
     keys = projections(("key", "value", *info.extra_keys), generator)

@@ -1,12 +1,15 @@
 """Model-level guarantees: incremental (beam) decoding equals the full forward
 pass, padding never changes a sentence's output (and a mask without padding
-changes nothing), and a vanilla SPEC is exactly fairseq's transformer.
+changes nothing), a vanilla SPEC is exactly fairseq's transformer, and a model
+build reads each stack's SPEC and the options once.
 
 The decoding and padding guarantees run on every device this machine has
 (CUDA is skipped without one), and a CUDA model must compute what the float64
 CPU model computes, outputs and gradients."""
 
+import collections
 import copy
+import sys
 
 import pytest
 import torch
@@ -14,9 +17,19 @@ import torch
 from fairseq_distattn.modules.multihead_attention import DistanceAwareMultiheadAttention
 from fairseq_distattn.registry import CROSS, DECODER_SELF, ENCODER_SELF
 from fairseq_distattn.registry import REGISTRY as MECHANISM_REGISTRY
-from fairseq_distattn.spec import MECHANISMS, MechanismOptions
+from fairseq_distattn.spec import MECHANISMS, AttentionOptions, parse_spec
 
-from .model_helpers import TINY, TINY_LM, language_model, left_pad, random_tokens, right_pad, translation_model
+from .model_helpers import (
+    TINY,
+    TINY_LM,
+    dictionary,
+    language_model,
+    left_pad,
+    parse,
+    random_tokens,
+    right_pad,
+    translation_model,
+)
 
 # fairseq's own (vanilla) layers take their softmax in float32 even in a float64
 # model, and its full and incremental paths differ (fast path vs. manual), so
@@ -213,7 +226,7 @@ def test_a_carried_all_false_padding_mask_reaches_the_mechanism_as_none(mechanis
     every later step, also when no row has padding (left). The module hands
     the mechanism None then, which must not change a single value; a mask
     with padding still arrives and still masks."""
-    module = DistanceAwareMultiheadAttention(8, 2, mechanism, MechanismOptions(), causal=True, self_attention=True)
+    module = DistanceAwareMultiheadAttention(8, 2, mechanism, AttentionOptions(), causal=True, self_attention=True)
     module = module.double().eval()
     received = []
     real_forward = module.mechanism.forward
@@ -245,3 +258,55 @@ def test_a_carried_all_false_padding_mask_reaches_the_mechanism_as_none(mechanis
     masked, received_masks = decode(torch.tensor([[False], [True], [False]]))
     assert all(pad is not None and pad[1, 0] and pad.sum() == 1 for pad in received_masks)
     assert not torch.allclose(masked, unmasked), "the padded key was not masked"
+
+
+@pytest.fixture
+def readings(monkeypatch):
+    """How often each SPEC flag is parsed (``spec.parse_spec``, wherever the package calls it)
+    and the options are read from the flags (``AttentionOptions.from_args``)."""
+    counts = collections.Counter()
+
+    def counting_parse(kind, spec, num_layers):
+        counts[kind.flag] += 1
+        return parse_spec(kind, spec, num_layers)
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("fairseq_distattn") and getattr(module, "parse_spec", None) is parse_spec:
+            monkeypatch.setattr(module, "parse_spec", counting_parse)
+    read_options = AttentionOptions.from_args.__func__
+
+    def counting_read(cls, *args, **kwargs):
+        counts["options"] += 1
+        return read_options(cls, *args, **kwargs)
+
+    monkeypatch.setattr(AttentionOptions, "from_args", classmethod(counting_read))
+    return counts
+
+
+def test_a_translation_model_build_reads_each_spec_and_the_options_once(readings):
+    from fairseq.tasks.translation import TranslationTask
+
+    specs = [ENCODER_SELF.flag, "rpr", DECODER_SELF.flag, "alibi@1", CROSS.flag, "window-aw@0"]
+    args = parse("translation", "distattn_transformer", [*TINY, *specs])  # fairseq-train's flag check reads them too
+    readings.clear()
+    d = dictionary()
+    model = TranslationTask(args, d, d).build_model(args)
+    assert readings == {ENCODER_SELF.flag: 1, DECODER_SELF.flag: 1, CROSS.flag: 1, "options": 1}
+    assert [plan.self_attention for plan in model.encoder.layer_plans] == ["rpr", "rpr"]
+    assert [(plan.self_attention, plan.cross_attention) for plan in model.decoder.layer_plans] == [
+        ("vanilla", "window-aw"),
+        ("alibi", "vanilla"),
+    ]
+    assert model.encoder.layer_plans[0].options is model.decoder.layer_plans[0].options
+    assert args.distattn_revisions == "alibi:1,rpr:1,window-aw:1"
+
+
+def test_a_language_model_build_reads_its_spec_and_the_options_once(readings):
+    from fairseq.tasks.language_modeling import LanguageModelingTask
+
+    args = parse("language_modeling", "distattn_lm", [*TINY_LM, "--decoder-self-attention", "rope@0,alibi@1"])
+    readings.clear()
+    model = LanguageModelingTask(args, dictionary()).build_model(args)
+    # the decoder's plans say its cross-attention is vanilla, read from no SPEC (the LM has none)
+    assert readings == {DECODER_SELF.flag: 1, CROSS.flag: 1, "options": 1}
+    assert [plan.self_attention for plan in model.decoder.layer_plans] == ["rope", "alibi"]

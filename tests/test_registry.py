@@ -27,7 +27,7 @@ from fairseq_distattn.registry import (
     option_flag,
     registered,
 )
-from fairseq_distattn.spec import MECHANISMS, MechanismOptions, accepted_by
+from fairseq_distattn.spec import MECHANISMS, AttentionOptions, accepted_by, model_option_classes, option_fields
 from fairseq_distattn.tools.docs import (
     FLAG_TABLE,
     MECHANISM_TABLE,
@@ -94,7 +94,7 @@ def test_the_lists_derive_from_the_registry():
                 assert kind.disallowed_reason(info.name) == info.unsupported[kind.key]
     for name in ("alibi", "t5-bias"):
         assert name in ENCODER_SELF.allowed and name in DECODER_SELF.allowed and name not in CROSS.allowed
-    fields = {field.name for field in dataclasses.fields(MechanismOptions)}
+    fields = {field.name for field in option_fields()}
     for info in registered():
         assert {field.name for field in info.option_fields()} <= fields
 
@@ -117,12 +117,13 @@ def test_every_declared_option_is_a_flag_in_help_and_has_its_default():
     parser = argparse.ArgumentParser()
     add_distattn_args(parser, (ENCODER_SELF, DECODER_SELF, CROSS))
     help_text = parser.format_help()
-    defaults = MechanismOptions()
-    for field in dataclasses.fields(MechanismOptions):
-        flag = option_flag(field)
-        assert flag.flag in help_text
-        assert OPTION_DEFAULTS[flag.attr] == flag.arg_default
-        assert flag.convert(flag.arg_default, OptionContext()) == getattr(defaults, field.name)
+    defaults = AttentionOptions()
+    for options_class in model_option_classes():
+        for field in dataclasses.fields(options_class):
+            flag = option_flag(field)
+            assert flag.flag in help_text
+            assert OPTION_DEFAULTS[flag.attr] == flag.arg_default
+            assert flag.convert(flag.arg_default, OptionContext()) == getattr(defaults.of(options_class), field.name)
     for flag in ("--t5-bias-buckets", "--t5-bias-max-distance", "--t5-bias-per-layer"):
         assert flag in help_text
 

@@ -13,7 +13,7 @@ import torch
 from fairseq_distattn import functional as DF
 from fairseq_distattn.functional.relative_position import rows_within_reach
 from fairseq_distattn.registry import DECODER_SELF, ENCODER_SELF
-from fairseq_distattn.spec import MechanismOptions, SpecError
+from fairseq_distattn.spec import AttentionOptions, SpecError
 
 from .model_helpers import TINY, translation_model
 
@@ -92,7 +92,7 @@ def test_the_tables_are_cut_to_the_longest_distance_of_the_call():
 
 
 def test_k_is_checked_against_the_longest_sequence_of_each_stack_that_uses_rpr():
-    options = MechanismOptions.from_args(argparse.Namespace(max_relative_position=16), 1024)
+    options = AttentionOptions.from_args(argparse.Namespace(max_relative_position=16), 1024)
     with pytest.raises(SpecError) as error:
         options.check_kind(ENCODER_SELF, ["vanilla", "rpr"], 4, "--max-source-positions")
     message = str(error.value)

@@ -29,7 +29,7 @@ from fairseq_distattn.registry import (
     option_flag,
     registered,
 )
-from fairseq_distattn.spec import MechanismOptions, option_users
+from fairseq_distattn.spec import option_fields, option_users
 from fairseq_distattn.trained_configuration import (
     canonical_spec,
     check_overrides,
@@ -48,7 +48,7 @@ except ImportError:  # rootdir-relative import mode without the package
     from test_registry import _another_value
 
 MECHANISMS = [info.name for info in registered()]
-OPTION_FIELDS = list(dataclasses.fields(MechanismOptions))
+OPTION_FIELDS = list(option_fields())
 
 
 def spec_flags(mechanism: str):

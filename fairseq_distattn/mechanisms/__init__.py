@@ -20,8 +20,7 @@ for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
 
 def build_mechanism(name: str, num_heads: int, head_dim: int, options, stack: "Stack | None" = None) -> Mechanism:
     """The module of mechanism ``name``, given its own options dataclass out of
-    ``options`` (anything with its fields as attributes: the model-wide
-    :class:`fairseq_distattn.spec.MechanismOptions`)."""
+    ``options``, the model-wide :class:`fairseq_distattn.spec.AttentionOptions`."""
     info = REGISTRY[name]
     return info.module(MechanismConfig(name, num_heads, head_dim, info.own_options(options), stack))
 

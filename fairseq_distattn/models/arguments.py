@@ -1,7 +1,6 @@
 """Command-line flags and architecture registration shared by both models."""
 
 import argparse
-import dataclasses
 import logging
 import math
 
@@ -9,7 +8,7 @@ import torch
 from fairseq.models import register_model_architecture
 
 from ..registry import CROSS, DECODER_SELF, ENCODER_SELF, is_integer, option_flag
-from ..spec import KINDS, MECHANISMS, MechanismOptions, SpecError, exit_on_spec_error, unused_options
+from ..spec import KINDS, MECHANISMS, SpecError, exit_on_spec_error, option_fields, unused_options
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +52,8 @@ def add_every_kind_of_flag(parser) -> None:
 
 
 SPEC_ATTRIBUTES = {kind.attr: kind for kind in KINDS}
-# the command-line side of every field of MechanismOptions
-OPTION_FLAGS = tuple(option_flag(field) for field in dataclasses.fields(MechanismOptions))
+# the command-line side of every option field, across the options dataclasses
+OPTION_FLAGS = tuple(option_flag(field) for field in option_fields())
 # attribute -> default of every option flag (the SPEC flags default to "vanilla")
 OPTION_DEFAULTS = {flag.attr: flag.arg_default for flag in OPTION_FLAGS}
 

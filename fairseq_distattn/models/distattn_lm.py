@@ -1,6 +1,7 @@
 """Language model ``distattn_lm`` and its architectures."""
 
 import dataclasses
+import functools
 from argparse import Namespace
 
 from fairseq.dataclass.utils import gen_parser_from_dataclass
@@ -10,7 +11,7 @@ from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig
 
 from ..modules.summary import log_attention
-from ..modules.transformer import DistAttnTransformerDecoder, decoder_plans
+from ..modules.transformer import DistAttnTransformerDecoder, ModelAttentionPlans, language_model_plans
 from ..patches.checkpoint_upgrade import record_arithmetic
 from ..patches.lm_decoder import language_model_decoder
 from ..registry import on_register
@@ -28,10 +29,6 @@ from .arguments import (
 )
 
 
-class DistAttnLanguageModelDecoder(DistAttnTransformerDecoder):
-    decoder_only = True
-
-
 @register_model("distattn_lm")
 class DistAttnLanguageModel(TransformerLanguageModel):
     """fairseq's ``transformer_lm`` with a distance-aware mechanism chosen per decoder layer."""
@@ -44,9 +41,10 @@ class DistAttnLanguageModel(TransformerLanguageModel):
         add_distattn_args(parser, (DECODER_SELF,))
 
     @classmethod
-    def check_attention_args(cls, args, new_model: bool = True):
-        """Raise SpecError for any bad attention flag (what building would find); ``new_model``:
-        False where the model is built, maybe from a checkpoint trained before a check was added."""
+    def check_attention_args(cls, args, new_model: bool = True) -> ModelAttentionPlans:
+        """Raise SpecError for any bad attention flag (what building would find), else return the
+        plans; ``new_model``: False where the model is built, maybe from a checkpoint trained before
+        a check was added."""
         check_attention_heads(args, ("decoder",))
         set_distattn_defaults(args)
         for kind in (ENCODER_SELF, CROSS):  # listed by --help for every model, but the LM has neither
@@ -66,15 +64,17 @@ class DistAttnLanguageModel(TransformerLanguageModel):
         cfg = TransformerConfig.from_namespace(
             Namespace(**{**vars(args), "max_target_positions": max_target_positions})
         )
-        decoder_plans(cfg, no_encoder_attn=True, decoder_only=True, target_flag=positions_flag, new_model=new_model)
+        return language_model_plans(cfg, target_flag=positions_flag, new_model=new_model)
 
     @classmethod
     def build_model(cls, args, task):
         def build():
-            cls.check_attention_args(args, new_model=False)
+            plans = cls.check_attention_args(args, new_model=False)
             check_blocks_fit_the_model(args, task)
-            record_arithmetic(args, "distattn_lm")
-            with language_model_decoder(DistAttnLanguageModelDecoder):
+            record_arithmetic(args, plans.mechanisms())
+            # the decoder fairseq builds takes the plans just read (and checked) instead of reading them again
+            decoder = functools.partial(DistAttnTransformerDecoder, layer_plans=plans.decoder)
+            with language_model_decoder(decoder):
                 return super(DistAttnLanguageModel, cls).build_model(args, task)
 
         model = build_or_exit(build, args)

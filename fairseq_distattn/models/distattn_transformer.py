@@ -1,11 +1,20 @@
 """Translation model ``distattn_transformer`` and its architectures."""
 
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Optional
+
 from fairseq.models import register_model
 from fairseq.models.transformer import TransformerConfig, TransformerModel
 from fairseq.models.transformer import transformer_legacy as fairseq_transformer
 
 from ..modules.summary import log_attention
-from ..modules.transformer import DistAttnTransformerDecoder, DistAttnTransformerEncoder, decoder_plans, encoder_plans
+from ..modules.transformer import (
+    DistAttnTransformerDecoder,
+    DistAttnTransformerEncoder,
+    ModelAttentionPlans,
+    translation_plans,
+)
 from ..patches.checkpoint_upgrade import record_arithmetic
 from .arguments import (
     CROSS,
@@ -19,6 +28,18 @@ from .arguments import (
 )
 
 
+@dataclass
+class _ModelBuild:
+    """A model build_model is building. fairseq's build_model hands build_encoder and build_decoder
+    nothing but the configuration it prepared, so the first of them to ask reads the plans of both
+    stacks from it and the other finds them here."""
+
+    plans: Optional[ModelAttentionPlans] = None
+
+
+_MODEL_BUILD: ContextVar[Optional[_ModelBuild]] = ContextVar("distattn_model_build", default=None)
+
+
 @register_model("distattn_transformer")
 class DistAttnTransformerModel(TransformerModel):
     """fairseq's ``transformer`` with a distance-aware mechanism chosen per
@@ -30,31 +51,52 @@ class DistAttnTransformerModel(TransformerModel):
         add_distattn_args(parser, (ENCODER_SELF, DECODER_SELF, CROSS))
 
     @classmethod
-    def check_attention_args(cls, args, new_model: bool = True):
-        """Raise SpecError for any bad attention flag (what building would find); ``new_model``:
-        False for a model built from a checkpoint, maybe trained before a check was added."""
+    def check_attention_args(cls, args, new_model: bool = True) -> ModelAttentionPlans:
+        """Raise SpecError for any bad attention flag (what building would find), else return the
+        plans; ``new_model``: False for a model built from a checkpoint, maybe trained before a
+        check was added."""
         check_attention_heads(args, ("encoder", "decoder"))
         set_distattn_defaults(args)
-        cfg = TransformerConfig.from_namespace(args)
-        encoder_plans(cfg, new_model=new_model)
-        decoder_plans(cfg, no_encoder_attn=cfg.no_cross_attention, new_model=new_model)
+        return translation_plans(TransformerConfig.from_namespace(args), new_model=new_model)
 
     @classmethod
     def build_model(cls, args, task):
         set_distattn_defaults(args)
-        record_arithmetic(args, "distattn_transformer")
-        model = build_or_exit(lambda: super(DistAttnTransformerModel, cls).build_model(args, task), args)
+        build = _ModelBuild()
+        token = _MODEL_BUILD.set(build)
+        try:
+            model = build_or_exit(lambda: super(DistAttnTransformerModel, cls).build_model(args, task), args)
+        finally:
+            _MODEL_BUILD.reset(token)
+        record_arithmetic(args, build.plans.mechanisms())
         log_attention(model)
         return model
 
     @classmethod
+    def attention_plans(cls, cfg) -> ModelAttentionPlans:
+        """The plans of the model being built, read from ``cfg`` (the configuration fairseq's
+        build_model prepared: its default positions, its kept layers) once per build; made
+        anew where build_encoder or build_decoder is called outside build_model."""
+        build = _MODEL_BUILD.get()
+        if build is not None and build.plans is not None:
+            return build.plans
+        plans = translation_plans(TransformerConfig.from_namespace(cfg))
+        if build is not None:
+            build.plans = plans
+        return plans
+
+    @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
-        return DistAttnTransformerEncoder(args, src_dict, embed_tokens)
+        return DistAttnTransformerEncoder(args, src_dict, embed_tokens, layer_plans=cls.attention_plans(args).encoder)
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         return DistAttnTransformerDecoder(
-            args, tgt_dict, embed_tokens, no_encoder_attn=getattr(args, "no_cross_attention", False)
+            args,
+            tgt_dict,
+            embed_tokens,
+            no_encoder_attn=getattr(args, "no_cross_attention", False),
+            layer_plans=cls.attention_plans(args).decoder,
         )
 
 

@@ -16,7 +16,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..functional.paths import Call, op_flex
 from ..mechanisms import Stack, build_mechanism
-from ..spec import MechanismOptions
+from ..spec import AttentionOptions
 
 # Elements of one [B, H, rows, Tk] tensor of a recomputed query chunk (1 MiB in
 # float32): small beside a layer's activations, large enough to keep matmuls efficient.
@@ -35,7 +35,7 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
         embed_dim: int,
         num_heads: int,
         mechanism: str,
-        options: MechanismOptions,
+        options: AttentionOptions,
         causal: bool = False,
         kdim: Optional[int] = None,
         vdim: Optional[int] = None,
@@ -61,11 +61,11 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
         # stack: the layers of this attention kind, across which a mechanism may share parameters
         self.mechanism = build_mechanism(mechanism, num_heads, self.head_dim, options, stack)
         # the attention module's own options (the mechanism gets only its own options dataclass)
-        self.attention_flex = options.attention_flex
+        self.attention_flex = options.module.attention_flex
         # the ops' flex argument where --attention-flex takes the flex path (functional.paths.op_flex):
         # "auto" runs it on CUDA only (the flag leaves the CPU alone); tests set "always" to run flex's CPU form
         self.flex_when_taken = "auto"
-        self.recompute_length = options.attention_recompute_length
+        self.recompute_length = options.module.attention_recompute_length
 
         def projection(input_dim):
             layer = nn.Linear(input_dim, embed_dim)

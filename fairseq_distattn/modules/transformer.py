@@ -1,54 +1,58 @@
 """Encoder and decoder that hand each layer its attention plan.
 
-fairseq's ``build_encoder_layer(cfg)`` gets no layer index; the layers are
-built in order inside ``__init__``, so each build call takes the next plan
-from an iterator prepared beforehand (no layer is ever built twice).
+A model's plans are read from its configuration once (:class:`ModelAttentionPlans`:
+the options converted once, each stack's SPEC parsed once) and handed to the
+encoder and decoder. fairseq's ``build_encoder_layer(cfg)`` gets no layer index;
+the layers are built in order inside ``__init__``, so each build call takes the
+next plan from an iterator prepared beforehand (no layer is ever built twice).
 """
+
+from dataclasses import dataclass
+from typing import List, Sequence, Tuple
 
 from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase, TransformerEncoderBase
 
 from ..mechanisms import Stack
 from ..registry import CROSS, DECODER_SELF, ENCODER_SELF
-from ..spec import MechanismOptions, SpecError, parse_spec
+from ..spec import AttentionOptions, SpecError, parse_spec
 from .transformer_layer import DistAttnDecoderLayer, DistAttnEncoderLayer, LayerAttentionPlan, wrap_layer
 
 SOURCE_POSITIONS, TARGET_POSITIONS = "--max-source-positions", "--max-target-positions"
 
 
-def mechanism_options(cfg, decoder_only: bool = False, target_flag: str = TARGET_POSITIONS) -> MechanismOptions:
+def mechanism_options(cfg, decoder_only: bool = False, target_flag: str = TARGET_POSITIONS) -> AttentionOptions:
     """The options of a ``TransformerConfig``; ``--max-relative-position`` is
     bounded by the longest sequence the model accepts (a decoder-only model
     has no source side, whatever ``max_source_positions`` says), and each
     stack's checks by its own (:func:`encoder_plans`, :func:`decoder_plans`).
     ``target_flag``: the flag that set ``max_target_positions``."""
     if decoder_only:
-        return MechanismOptions.from_args(cfg, cfg.max_target_positions or None, target_flag)
+        return AttentionOptions.from_args(cfg, cfg.max_target_positions or None, target_flag)
     positions = [cfg.max_source_positions, cfg.max_target_positions]
-    return MechanismOptions.from_args(cfg, max(p or 0 for p in positions) or None)
+    return AttentionOptions.from_args(cfg, max(p or 0 for p in positions) or None)
 
 
-def encoder_plans(cfg, new_model: bool = False):
-    """``new_model``: the plans of a model fairseq-train's flags describe (True), or of one
+def encoder_plans(cfg, options: AttentionOptions, new_model: bool = False) -> Tuple[LayerAttentionPlan, ...]:
+    """Each encoder layer's plan, its SPEC parsed and ``options`` checked against the stack.
+    ``new_model``: the plans of a model fairseq-train's flags describe (True), or of one
     being built, which may be a checkpoint's, trained before a check was added (False)."""
-    options = mechanism_options(cfg)
     layers = parse_spec(ENCODER_SELF, getattr(cfg, "encoder_self_attention", None), cfg.encoder.layers)
     head_dim = cfg.encoder.embed_dim // cfg.encoder.attention_heads
     options.check_kind(ENCODER_SELF, layers, cfg.max_source_positions or None, SOURCE_POSITIONS, new_model, head_dim)
     stack = Stack(ENCODER_SELF.description, cfg.max_source_positions or None)
-    return [LayerAttentionPlan(mechanism, "vanilla", options, self_stack=stack) for mechanism in layers]
+    return tuple(LayerAttentionPlan(mechanism, "vanilla", options, self_stack=stack) for mechanism in layers)
 
 
 def decoder_plans(
     cfg,
+    options: AttentionOptions,
     no_encoder_attn: bool,
-    decoder_only: bool = False,
     target_flag: str = TARGET_POSITIONS,
     new_model: bool = False,
-):
-    """``target_flag``: the flag that set ``max_target_positions`` (a language
-    model takes it from ``--tokens-per-sample`` when it is not given); ``new_model``
-    as for :func:`encoder_plans`."""
-    options = mechanism_options(cfg, decoder_only, target_flag)
+) -> Tuple[LayerAttentionPlan, ...]:
+    """Each decoder layer's plan, as :func:`encoder_plans`; ``target_flag``: the flag that
+    set ``max_target_positions`` (a language model takes it from ``--tokens-per-sample``
+    when it is not given)."""
     self_layers = parse_spec(DECODER_SELF, getattr(cfg, "decoder_self_attention", None), cfg.decoder.layers)
     head_dim = cfg.decoder.embed_dim // cfg.decoder.attention_heads
     options.check_kind(DECODER_SELF, self_layers, cfg.max_target_positions or None, target_flag, new_model, head_dim)
@@ -66,16 +70,53 @@ def decoder_plans(
     options.check_kind(CROSS, cross_layers, head_dim=head_dim)
     self_stack = Stack(DECODER_SELF.description, cfg.max_target_positions or None)
     cross_stack = Stack(CROSS.description, cfg.max_source_positions or None)
-    return [
+    return tuple(
         LayerAttentionPlan(mine, cross, options, self_stack=self_stack, cross_stack=cross_stack)
         for mine, cross in zip(self_layers, cross_layers)
-    ]
+    )
+
+
+@dataclass(frozen=True)
+class ModelAttentionPlans:
+    """The attention of one model, read from its configuration once: the options, each
+    flag converted once, and every layer's plan, each stack's SPEC parsed once."""
+
+    options: AttentionOptions
+    encoder: Tuple[LayerAttentionPlan, ...] = ()
+    decoder: Tuple[LayerAttentionPlan, ...] = ()
+
+    def mechanisms(self) -> List[str]:
+        """The mechanisms some layer uses, sorted (vanilla, fairseq's own, left out)."""
+        names = {plan.self_attention for plan in (*self.encoder, *self.decoder)}
+        names |= {plan.cross_attention for plan in self.decoder}
+        return sorted(names - {"vanilla"})
+
+
+def translation_plans(cfg: TransformerConfig, new_model: bool = False) -> ModelAttentionPlans:
+    """The plans of an encoder-decoder model (``new_model`` as for :func:`encoder_plans`)."""
+    options = mechanism_options(cfg)
+    return ModelAttentionPlans(
+        options,
+        encoder=encoder_plans(cfg, options, new_model),
+        decoder=decoder_plans(cfg, options, no_encoder_attn=cfg.no_cross_attention, new_model=new_model),
+    )
+
+
+def language_model_plans(
+    cfg: TransformerConfig, target_flag: str = TARGET_POSITIONS, new_model: bool = False
+) -> ModelAttentionPlans:
+    """The plans of a decoder-only model (``target_flag`` as for :func:`decoder_plans`)."""
+    options = mechanism_options(cfg, decoder_only=True, target_flag=target_flag)
+    plans = decoder_plans(cfg, options, no_encoder_attn=True, target_flag=target_flag, new_model=new_model)
+    return ModelAttentionPlans(options, decoder=plans)
 
 
 class DistAttnTransformerEncoder(TransformerEncoderBase):
-    def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
+    """fairseq's encoder whose layers follow ``layer_plans`` (:attr:`ModelAttentionPlans.encoder`)."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, return_fc=False, *, layer_plans: Sequence[LayerAttentionPlan]):
         cfg = TransformerConfig.from_namespace(cfg)
-        self.layer_plans = encoder_plans(cfg)
+        self.layer_plans = tuple(layer_plans)
         self._plans_to_build = iter(self.layer_plans)
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
 
@@ -84,12 +125,21 @@ class DistAttnTransformerEncoder(TransformerEncoderBase):
 
 
 class DistAttnTransformerDecoder(TransformerDecoderBase):
-    decoder_only = False  # True for a language model's decoder
+    """fairseq's decoder whose layers follow ``layer_plans`` (:attr:`ModelAttentionPlans.decoder`)."""
 
-    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
+    def __init__(
+        self,
+        cfg,
+        dictionary,
+        embed_tokens,
+        no_encoder_attn=False,
+        output_projection=None,
+        *,
+        layer_plans: Sequence[LayerAttentionPlan],
+    ):
         self.args = cfg  # fairseq's legacy decoder exposes its args; some callers read them
         cfg = TransformerConfig.from_namespace(cfg)
-        self.layer_plans = decoder_plans(cfg, no_encoder_attn, self.decoder_only)
+        self.layer_plans = tuple(layer_plans)
         self._plans_to_build = iter(self.layer_plans)
         super().__init__(
             cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn, output_projection=output_projection

@@ -9,7 +9,7 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 from ..mechanisms import Stack
-from ..spec import MechanismOptions
+from ..spec import AttentionOptions
 from .multihead_attention import DistanceAwareMultiheadAttention
 
 
@@ -19,7 +19,7 @@ class LayerAttentionPlan:
 
     self_attention: str
     cross_attention: str
-    options: MechanismOptions
+    options: AttentionOptions
     # the stacks the layer's attentions belong to (what a mechanism shares across layers)
     self_stack: Optional[Stack] = field(default=None, compare=False, repr=False)
     cross_stack: Optional[Stack] = field(default=None, compare=False, repr=False)
@@ -28,7 +28,7 @@ class LayerAttentionPlan:
 def build_distance_aware_attention(
     layer,
     mechanism: str,
-    options: MechanismOptions,
+    options: AttentionOptions,
     embed_dim: int,
     num_heads: int,
     cfg,

@@ -22,15 +22,14 @@ saved before revisions were recorded is read from the options it records, and
 refused, naming the override that says which it is, where those cannot tell.
 """
 
-import dataclasses
 import logging
-from typing import Dict, List, Optional
+from typing import Dict, Iterable, List, Optional
 
 import torch
 
 from ..checkpoint_configuration import model_config, model_name
 from ..registry import REGISTRY, option_flag
-from ..spec import MechanismOptions, exit_with_error, parse_spec, specs_name
+from ..spec import AttentionOptions, exit_with_error, option_fields, parse_spec, specs_name
 from ..trained_configuration import PLUGIN_MODELS, attention_kinds, trained_settings
 
 logger = logging.getLogger(__name__)
@@ -43,7 +42,7 @@ class CheckpointRefused(ValueError):
 # attribute -> value for the options whose checkpoints from before them were trained with another value
 CHANGED_DEFAULTS = {
     option_flag(field).attr: option_flag(field).unrecorded_value
-    for field in dataclasses.fields(MechanismOptions)
+    for field in option_fields()
     if option_flag(field).has_unrecorded
 }
 
@@ -110,7 +109,12 @@ def used_mechanisms(config, model: str) -> List[str]:
 
 def arithmetic_record(config, model: str) -> str:
     """What ``config``'s mechanisms compute with today's code, as a checkpoint records it."""
-    return ",".join(f"{name}:{REGISTRY[name].revision}" for name in used_mechanisms(config, model))
+    return revisions_of(used_mechanisms(config, model))
+
+
+def revisions_of(mechanisms: Iterable[str]) -> str:
+    """What ``mechanisms`` (sorted, vanilla left out) compute with today's code, as a checkpoint records it."""
+    return ",".join(f"{name}:{REGISTRY[name].revision}" for name in mechanisms)
 
 
 def parse_record(text) -> Dict[str, int]:
@@ -127,11 +131,12 @@ def parse_record(text) -> Dict[str, int]:
     return record
 
 
-def record_arithmetic(config, model: str) -> None:
-    """Write into a model configuration built now what its mechanisms compute, unless it
-    records it already (a checkpoint's, which :func:`check_arithmetic` has made current)."""
+def record_arithmetic(config, mechanisms: Iterable[str]) -> None:
+    """Write into a model configuration built now what its ``mechanisms`` (those its layers
+    use, sorted: ``ModelAttentionPlans.mechanisms``) compute, unless it records it already (a
+    checkpoint's, which :func:`check_arithmetic` has made current)."""
     if getattr(config, REVISIONS_ATTR, None) is None:
-        _set(config, REVISIONS_ATTR, arithmetic_record(config, model))
+        _set(config, REVISIONS_ATTR, revisions_of(mechanisms))
 
 
 def inferred_revision(config, info) -> Optional[int]:
@@ -181,7 +186,7 @@ def _ambiguous(info) -> str:
 
 
 def _reorder_query_key_rows(weights, config, model: str, name: str, info, rows_of) -> None:
-    options = info.own_options(MechanismOptions.from_args(config))
+    options = AttentionOptions.from_args(config).for_mechanism(name)
     for kind in attention_kinds(model):
         stack = _STACKS.get(kind.description)
         spec, num_layers = getattr(config, kind.attr, None), getattr(config, kind.layers_attr, None)

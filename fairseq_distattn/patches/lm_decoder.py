@@ -1,4 +1,4 @@
-"""fairseq's ``TransformerLanguageModel.build_model`` with another decoder class."""
+"""fairseq's ``TransformerLanguageModel.build_model`` with another decoder class (or factory)."""
 
 from contextlib import contextmanager
 
@@ -9,7 +9,9 @@ from fairseq.models import transformer_lm as fairseq_lm
 def language_model_decoder(decoder_class):
     """fairseq's LM ``build_model`` names its decoder class at module level and has
     no build hook; swapping that name for the build keeps all of fairseq's
-    embedding/adaptive-input logic without copying it."""
+    embedding/adaptive-input logic without copying it. ``decoder_class``: anything
+    called as fairseq calls ``TransformerDecoder(args, dictionary, embed_tokens,
+    no_encoder_attn=True)``."""
     fairseq_decoder = fairseq_lm.TransformerDecoder
     fairseq_lm.TransformerDecoder = decoder_class
     try:

@@ -15,7 +15,6 @@ stderr says why), 2 for a bad command line.
 import argparse
 import ast
 import copy
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from ..patches.checkpoint_guards import PLUGIN_MODELS, check_model_overrides, co
 from ..patches.checkpoint_loading import read_checkpoint
 from ..patches.checkpoint_upgrade import CheckpointRefused, upgrade_plugin_state
 from ..registry import EVALUATION, RUNTIME, TRAINED, SpecError, option_flag
-from ..spec import MechanismOptions
+from ..spec import option_fields
 from ..trained_configuration import MODEL, attention_kinds, option_value, shown
 
 PLUGIN_DIR = Path(__file__).resolve().parents[1]  # the package: what --user-dir names
@@ -54,7 +53,7 @@ def layer_lines(config):
         )
     )
     by_role = {TRAINED: [], EVALUATION: [], RUNTIME: []}
-    for field in dataclasses.fields(MechanismOptions):
+    for field in option_fields():
         flag = option_flag(field)
         if flag.role == RUNTIME:
             by_role[RUNTIME].append(f"{flag.flag} {shown(option_value(config, flag.attr))}")

@@ -7,13 +7,12 @@ per line, the mechanisms that every given attention kind accepts (what
 ``scripts/quickstart.sh`` offers as MECH)."""
 
 import argparse
-import dataclasses
 import re
 import sys
 
 from ..functional.paths import DECLARED_PATHS, Path
 from ..registry import EVALUATION, KINDS, RUNTIME, TRAINED, option_flag, registered
-from ..spec import MECHANISMS, OPTION_CLASSES, accepted_by
+from ..spec import MECHANISMS, accepted_by, option_fields
 from .generated_blocks import REPO_ROOT, update_pages
 
 MECHANISM_TABLE = "docs/mechanisms.md"  # relative to the repository; copied into README.md
@@ -155,16 +154,15 @@ def flag_table() -> str:
             f"| `{kind.flag} SPEC` | `vanilla` | mechanism per layer of {kind.description} "
             f"({_models_with(kind)}; the SPEC grammar below) | {ON_A_TRAINED_MODEL[TRAINED]} |"
         )
-    for options_class in OPTION_CLASSES:
-        for field in dataclasses.fields(options_class):
-            flag = option_flag(field)
-            switch = flag.argparse.get("action") == "store_true"
-            metavar = flag.argparse.get("metavar") or ("" if switch else field.name.split("_")[-1].upper())
-            usage = f"{flag.flag} {metavar}".strip()
-            default = "off" if switch else f"`{flag.arg_default}`"
-            meaning = _DEFAULT_IN_HELP.sub("", flag.help)
-            cells = (f"`{usage}`", default, meaning, ON_A_TRAINED_MODEL[flag.role])
-            rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    for field in option_fields():
+        flag = option_flag(field)
+        switch = flag.argparse.get("action") == "store_true"
+        metavar = flag.argparse.get("metavar") or ("" if switch else field.name.split("_")[-1].upper())
+        usage = f"{flag.flag} {metavar}".strip()
+        default = "off" if switch else f"`{flag.arg_default}`"
+        meaning = _DEFAULT_IN_HELP.sub("", flag.help)
+        cells = (f"`{usage}`", default, meaning, ON_A_TRAINED_MODEL[flag.role])
+        rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     return "\n".join(rows) + "\n"
 
 
