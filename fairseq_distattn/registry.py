@@ -9,7 +9,6 @@ A mechanism declares everything about itself in its own module file
                                convert=positive_integer("--my-width"), type=int, metavar="W")
 
     @register_attention("my-mech", MyOptions, op=my_attention,  # from ..functional.my_mech
-                        example=lambda draw, options: ((options.my_width,), {}),
                         kinds=SELF_ATTENTION, unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
                         paths={Path.FUSED: Capability(keeps=Keeps.BIAS)},  # functional.paths
                         description="...", paper="Authors 2024, *Title*")
@@ -21,7 +20,8 @@ attention kind allows, and the model-wide options (one instance of each options
 dataclass) and their validation (:mod:`fairseq_distattn.spec`); the
 command-line flags and ``--help`` (:mod:`fairseq_distattn.models.arguments`), the generated docs
 (:mod:`fairseq_distattn.tools.docs`), and the lists of the tests and
-benchmarks, which run every op through its ``example``. The attention kinds
+benchmarks, which run every mechanism's module on drawn inputs
+(:mod:`fairseq_distattn.mechanisms.examples`). The attention kinds
 are one table here too (:class:`AttentionKind`). The execution paths a
 mechanism's op may take besides the eager one are data too (``paths``: a
 :class:`~fairseq_distattn.functional.paths.Capability` per
@@ -251,12 +251,8 @@ class MechanismInfo:
     name: str
     module: type  # the nn.Module (a fairseq_distattn.mechanisms.Mechanism)
     options: Optional[type]  # its options dataclass (shared by names of one family), or None
-    # The functional op the module calls, and example arguments for it: example(draw, options)
-    # -> (args, kwargs), so that op(q, k, v, *args, **kwargs, **shared) runs it, where draw makes
-    # random tensors (mechanisms.examples.ExampleDraw) and options is this mechanism's options
-    # (None without an options class). The tests and benchmarks that run every op use these.
+    # the functional op the module calls, on what its op_arguments supplies (mechanisms.base)
     op: Callable[..., Any]
-    example: Callable[[Any, Any], Tuple[tuple, Dict[str, Any]]]
     kinds: FrozenSet[str]  # the attention kinds it applies to
     unsupported: Mapping[str, str]  # kind -> why it does not apply there
     row_wise: bool  # every query row depends on that row's queries alone (recomputable in row blocks)
@@ -344,11 +340,6 @@ class MechanismInfo:
         return None if self.options is None else options.of(self.options)
 
 
-def no_example_arguments(draw, options) -> Tuple[tuple, Dict[str, Any]]:
-    """The example of an op that takes nothing beyond q, k, v and the shared arguments."""
-    return (), {}
-
-
 REGISTRY: Dict[str, MechanismInfo] = {}
 
 
@@ -359,7 +350,6 @@ def register_attention(
     op: Callable[..., Any],
     description: str,
     paper: str,
-    example: Callable[[Any, Any], Tuple[tuple, Dict[str, Any]]] = no_example_arguments,
     kinds: FrozenSet[str] = ALL_KINDS,
     unsupported: Optional[Mapping[str, str]] = None,
     row_wise: bool = True,
@@ -390,8 +380,8 @@ def register_attention(
             raise ValueError(f"{name}: revisions must be numbered 1, 2, ... oldest first")
         if PAPER_PATTERN.fullmatch(paper) is None:
             raise ValueError(f"{name}: paper must read 'Authors YEAR, *Title*', got {paper!r}")
-        if not callable(op) or not callable(example):
-            raise TypeError(f"{name}: op and example must be callables")
+        if not callable(op):
+            raise TypeError(f"{name}: op must be callable")
         _check_paths(name, options, paths)
         if options is not None:
             if not dataclasses.is_dataclass(options):
@@ -414,7 +404,6 @@ def register_attention(
             module=cls,
             options=options,
             op=op,
-            example=example,
             kinds=frozenset(kinds),
             unsupported=unsupported,
             row_wise=row_wise,

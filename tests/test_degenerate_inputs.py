@@ -1,5 +1,5 @@
-"""Degenerate inputs to every registered mechanism's op (its registration's
-example call): empty sequences give what vanilla attention (and
+"""Degenerate inputs to every registered mechanism's op (its module's example
+call, mechanisms.examples): empty sequences give what vanilla attention (and
 ``F.scaled_dot_product_attention``) gives, and NaN or infinite inputs come out
 as NaN, never as a traceback from inside an op.
 
@@ -23,7 +23,7 @@ import torch
 import fairseq_distattn.mechanisms  # noqa: F401 (registers every mechanism)
 from fairseq_distattn import functional as DF
 from fairseq_distattn.functional import position_tables
-from fairseq_distattn.mechanisms.examples import ExampleDraw
+from fairseq_distattn.mechanisms.examples import ExampleDraw, example_call
 from fairseq_distattn.registry import REGISTRY, OptionContext, SpecError, option_flag, registered
 
 B, H, D = 2, 2, 4
@@ -39,12 +39,11 @@ SHARED = {
 }
 
 
-def arguments(info, tgt_len, src_len, seed=0):
-    """``(q, k, v, args, kwargs)`` of ``info``'s example call (mechanisms.examples)."""
-    draw = ExampleDraw(B, H, tgt_len, src_len, D, seed=seed)
-    q, k, v = draw.query(), draw.key(), draw.key()
-    args, kwargs = info.example(draw, info.default_options())
-    return q, k, v, args, kwargs
+def example(info, tgt_len, src_len, seed=0):
+    """``(call, q, k, v)``: ``info``'s example call (mechanisms.examples) and its q, k, v,
+    which the call reads when it runs (so a value set in them after this is seen)."""
+    call = example_call(info, ExampleDraw(B, H, tgt_len, src_len, D, seed=seed))
+    return call, call.queries["query"], call.keys["key"], call.keys["value"]
 
 
 def shared_arguments(label, src_len, need_weights):
@@ -63,9 +62,9 @@ def test_every_registered_op_is_tested():
 @pytest.mark.parametrize("tgt_len, src_len", [(0, 0), (0, 5)], ids=["Tq=Tk=0", "Tq=0,Tk=5"])
 @pytest.mark.parametrize("info", INFOS, ids=IDS)
 def test_no_queries_give_an_empty_output_as_vanilla_attention(info, tgt_len, src_len, label, need_weights):
-    q, k, v, args, kwargs = arguments(info, tgt_len, src_len)
+    call, q, k, v = example(info, tgt_len, src_len)
     shared = shared_arguments(label, src_len, need_weights)
-    out, probs = info.op(q, k, v, *args, **kwargs, **shared)
+    out, probs = call(**shared)
     vanilla, vanilla_probs = DF.softmax_attention(q, k, v, **shared)
     assert out.shape == vanilla.shape == (B, H, 0, D)
     assert out.dtype == q.dtype
@@ -85,12 +84,12 @@ def no_key_cases():
 @pytest.mark.parametrize("info, label", list(no_key_cases()))
 def test_no_keys_give_zero_rows_as_vanilla_attention_or_a_value_error_naming_the_keys(info, label, need_weights):
     tgt_len, src_len = 5, 0
-    q, k, v, args, kwargs = arguments(info, tgt_len, src_len)
+    call, q, k, v = example(info, tgt_len, src_len)
     shared = shared_arguments(label, src_len, need_weights)
     vanilla, vanilla_probs = DF.softmax_attention(q, k, v, **shared)
     assert vanilla.shape == (B, H, tgt_len, D) and (vanilla == 0).all()
     try:
-        out, probs = info.op(q, k, v, *args, **kwargs, **shared)
+        out, probs = call(**shared)
     except ValueError as error:  # an op whose queries must be among its keys says so
         assert "keys" in str(error) and "src_len" in str(error), str(error)
         return
@@ -106,11 +105,11 @@ def test_empty_sequences_still_reach_the_parameters_of_an_op():
     gradient (as for any other output that does not depend on them), not an error."""
     info = REGISTRY["kerple"]
     for tgt_len, src_len in ((0, 0), (0, 5), (5, 0)):
-        draw = ExampleDraw(B, H, tgt_len, src_len, D, requires_grad=True)
-        q, k, v = draw.query(), draw.key(), draw.key()
-        args, kwargs = info.example(draw, info.default_options())
-        out, _ = info.op(q, k, v, *args, **kwargs)
-        grads = torch.autograd.grad(out.sum(), draw.leaves[3:])
+        call = example_call(info, ExampleDraw(B, H, tgt_len, src_len, D, requires_grad=True))
+        out, _ = call()
+        parameters = list(call.mechanism.parameters())
+        assert len(parameters) == 2  # r1, r2
+        grads = torch.autograd.grad(out.sum(), parameters)
         assert all(grad is not None and (grad == 0).all() for grad in grads)
 
 
@@ -138,11 +137,11 @@ def test_offset_tables_of_empty_sequences_are_empty_matrices(tgt_len, src_len, q
 @pytest.mark.parametrize("label", list(SHARED))
 @pytest.mark.parametrize("info", INFOS, ids=IDS)
 def test_a_nan_query_gives_nan_in_its_row_not_a_traceback(info, label, need_weights):
-    q, k, v, args, kwargs = arguments(info, T, T)
+    call, q, _, _ = example(info, T, T)
     row = 3
     q[0, 0, row] = float("nan")
     shared = shared_arguments(label, T, need_weights)
-    out, probs = info.op(q, k, v, *args, **kwargs, **shared)  # no RuntimeError from inside the op
+    out, probs = call(**shared)  # no RuntimeError from inside the op
     assert out.shape == (B, H, T, D)
     assert out[0, 0, row].isnan().all(), out[0, 0, row]
     assert torch.isfinite(out[1]).all(), "NaN leaked into another sequence of the batch"
@@ -154,10 +153,10 @@ def test_a_nan_query_gives_nan_in_its_row_not_a_traceback(info, label, need_weig
 @pytest.mark.parametrize("label", list(SHARED))
 @pytest.mark.parametrize("info", INFOS, ids=IDS)
 def test_an_infinite_key_gives_nan_out_not_a_traceback(info, label, need_weights):
-    q, k, v, args, kwargs = arguments(info, T, T)
+    call, _, k, _ = example(info, T, T)
     k[0, 0, 2] = float("inf")
     shared = shared_arguments(label, T, need_weights)
-    out, _ = info.op(q, k, v, *args, **kwargs, **shared)  # no RuntimeError from inside the op
+    out, _ = call(**shared)  # no RuntimeError from inside the op
     assert out.shape == (B, H, T, D)
     assert out[0, 0].isnan().any()  # q . inf is +-inf or NaN: at least one row meets inf - inf
     assert torch.isfinite(out[1]).all(), "NaN leaked into another sequence of the batch"
@@ -169,15 +168,14 @@ def test_a_diverging_cope_gives_nan_forward_and_backward():
     stops training with its FloatingPointError), instead of raising from inside."""
     info = REGISTRY["cope"]
     for bad in ("query", "table"):
-        draw = ExampleDraw(B, H, T, T, D, requires_grad=True)
-        q, k, v = draw.query(), draw.key(), draw.key()
-        (table,), kwargs = info.example(draw, info.default_options())
+        call = example_call(info, ExampleDraw(B, H, T, T, D, requires_grad=True))
+        q, table = call.queries["query"], call.mechanism.position_embeddings
         with torch.no_grad():
             if bad == "query":
                 q[0, 0, 3] = float("nan")
             else:
                 table[:, 1] = float("inf")
-        out, _ = DF.cope_attention(q, k, v, table, causal=True, **kwargs)
+        out, _ = call(causal=True)
         loss = out.sum()
         assert loss.isnan(), bad
         loss.backward()
@@ -204,7 +202,7 @@ def command_line_refuses(value) -> bool:
 
 @pytest.mark.parametrize("npos", NPOS_VALUES, ids=[repr(value) for value in NPOS_VALUES])
 def test_cope_positions_refuses_the_npos_the_command_line_refuses(npos):
-    q, k, _, _, _ = arguments(REGISTRY["cope"], 4, 4)
+    _, q, k, _ = example(REGISTRY["cope"], 4, 4)
     if command_line_refuses(npos):
         with pytest.raises(ValueError) as error:
             DF.cope_positions(q, k, npos)
@@ -217,7 +215,7 @@ def test_cope_positions_refuses_the_npos_the_command_line_refuses(npos):
 
 def test_cope_positions_0_is_refused_not_a_table_of_minus_one():
     """The reported case: ``npos = 0`` gave positions of -1."""
-    q, k, _, _, _ = arguments(REGISTRY["cope"], 4, 4)
+    _, q, k, _ = example(REGISTRY["cope"], 4, 4)
     assert command_line_refuses(0)
     with pytest.raises(ValueError, match=r"^npos must be a positive integer"):
         DF.cope_positions(q, k, 0)
@@ -227,6 +225,6 @@ def test_qvi_queries_beyond_its_keys_with_padding_are_refused_naming_the_keys():
     """QVI reads its queries' padding from the keys' (eq. 7); queries past the last key have
     none, which the error names instead of an internal slice."""
     info = next(info for info in INFOS if info.name == "qvi")
-    q, k, v, args, kwargs = arguments(info, 5, 3)
+    call, _, _, _ = example(info, 5, 3)
     with pytest.raises(ValueError, match=r"queries are among its keys.*src_len 3 keys"):
-        info.op(q, k, v, *args, **kwargs, key_padding_mask=torch.zeros(B, 3, dtype=torch.bool))
+        call(key_padding_mask=torch.zeros(B, 3, dtype=torch.bool))

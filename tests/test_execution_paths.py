@@ -11,10 +11,8 @@ import torch
 
 from fairseq_distattn import functional as DF
 from fairseq_distattn.functional import paths as P
-from fairseq_distattn.mechanisms import build_mechanism
 from fairseq_distattn.mechanisms.examples import ExampleDraw, example_call
 from fairseq_distattn.registry import registered
-from fairseq_distattn.spec import AttentionOptions
 
 from .test_fused_paths import option_variants
 
@@ -54,7 +52,7 @@ def declared(info, options):
 
 
 def run(info, options, **shared):
-    """The op's example call, drawn afresh (same seed: same tensors) for each call."""
+    """The mechanism's example call, drawn afresh (same seed: same tensors) for each call."""
     return example_call(info, ExampleDraw(B, H, T, T, D), options)(**shared)
 
 
@@ -92,13 +90,12 @@ def test_every_declared_path_is_taken_and_equals_the_eager_path(info, label, opt
 def test_the_attention_module_plans_the_path_its_op_takes(info, label, options, need_weights, flex, chosen):
     """``Mechanism.path`` (what the attention module's recompute decision reads) is
     a path the op takes for the same call, and one the registration declares."""
-    model_options = AttentionOptions() if options is None else AttentionOptions(options)  # the others at defaults
-    mechanism = build_mechanism(info.name, H, D, model_options)
+    example = example_call(info, ExampleDraw(B, H, T, T, D), options)
+    mechanism = example.mechanism
     assert set(mechanism.paths()) == declared(info, options)
-    draw = ExampleDraw(B, H, T, T, D)
     with torch.no_grad():  # flex's CPU form: inference only
-        example_call(info, draw, options)(key_padding_mask=padding(), need_weights=need_weights, flex=flex)
-        q = draw.leaves[0]
+        example(key_padding_mask=padding(), need_weights=need_weights, flex=flex)
+        q = example.queries["query"]
         planned = mechanism.path(P.Call.of(q, q, key_padding_mask=padding(), need_weights=need_weights, flex=flex))
     assert planned in {P.declared_as(each) for each in chosen}, (planned, chosen)
 

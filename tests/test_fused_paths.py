@@ -1,8 +1,8 @@
 """The fused ``need_weights=False`` path (F.scaled_dot_product_attention with
 an additive bias, or flex_attention on CUDA) computes exactly what the
 explicit path computes, values and gradients, including padded rows with no
-visible key: for every registered mechanism's op (its registration's example
-call), at its default options and at every other choice of each of its
+visible key: for every registered mechanism's op (its module's example call,
+mechanisms.examples), at its default options and at every other choice of each of its
 options (where a choice decides the path, e.g. rpr's ``--no-relative-values``)."""
 
 import dataclasses

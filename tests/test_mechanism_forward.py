@@ -9,6 +9,7 @@ import torch
 import fairseq_distattn.mechanisms  # noqa: F401 (registers every mechanism)
 from fairseq_distattn.mechanisms import build_mechanism
 from fairseq_distattn.mechanisms.base import Mechanism, shared_arguments
+from fairseq_distattn.mechanisms.examples import ExampleDraw, example_call
 from fairseq_distattn.registry import DECODER_SELF_KIND, ENCODER_SELF_KIND, registered
 from fairseq_distattn.spec import AttentionOptions
 
@@ -48,6 +49,23 @@ def test_the_layer_computes_its_registered_op_with_its_op_arguments(info):
         out, probs = module(encoded_queries, encoded_keys, padding, causal, 0, 0.0, True, None)
     torch.testing.assert_close(out, expected[0], rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(probs, expected[1], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("info", INFOS, ids=[info.name for info in INFOS])
+def test_the_example_call_of_the_tests_and_benchmarks_is_the_layer_on_drawn_parameters(info):
+    """What the tests and benchmarks that run every mechanism call (mechanisms.examples) is
+    its layer, with each parameter one of the draw's leaves, in the draw's dtype, so that
+    gradient checks reach every parameter and a half call sees half parameters."""
+    draw = ExampleDraw(dtype=torch.float32, requires_grad=True)
+    example = example_call(info, draw)
+    parameters = list(example.mechanism.parameters())
+    assert type(example.mechanism) is info.module and example.mechanism.config.name == info.name
+    assert len(draw.leaves) == 3 + len(info.extra_queries) + len(info.extra_keys) + len(parameters)
+    assert all(any(parameter is leaf for leaf in draw.leaves) for parameter in parameters)
+    assert all(leaf.dtype == torch.float32 and leaf.requires_grad for leaf in draw.leaves)
+    out, _ = example(causal=ENCODER_SELF_KIND not in info.kinds)
+    out.square().sum().backward()
+    assert all(parameter.grad is not None for parameter in parameters), info.name
 
 
 @pytest.mark.parametrize("info", INFOS, ids=[info.name for info in INFOS])

@@ -217,7 +217,7 @@ def test_shared_arguments_are_keyword_only_and_identical(name):
 @pytest.mark.parametrize("name", [info.name for info in registered()])
 @pytest.mark.parametrize("causal", [False, True])
 def test_need_weights_false_returns_no_probabilities_and_the_same_output(name, causal):
-    """Every registered op, called as its registration's example says."""
+    """Every registered op, called by its module (mechanisms.examples)."""
     call = example_call(REGISTRY[name], ExampleDraw(batch=2, heads=2, tgt_len=4, head_dim=3, dtype=torch.float32))
     padding = torch.zeros(2, 4, dtype=torch.bool)
     padding[1, 0] = True
@@ -233,7 +233,7 @@ def test_a_registration_says_where_its_paper_puts_it_and_what_its_op_is():
 
     with pytest.raises(ValueError, match="paper must read 'Authors YEAR, \\*Title\\*'"):
         register_attention("nameless", op=DF.softmax_attention, description="d", paper="somebody")(Mechanism)
-    with pytest.raises(TypeError, match="op and example must be callables"):
+    with pytest.raises(TypeError, match="op must be callable"):
         register_attention("opless", op=None, description="d", paper="A 2001, *T*")(Mechanism)
     assert "nameless" not in REGISTRY and "opless" not in REGISTRY
 

@@ -1,9 +1,10 @@
 """Half-precision error of every mechanism: ``python -m benchmarks.diagnostics.precision``.
 
-For each registered mechanism's functional op (called as its registration's
-``example`` says), float16 and bfloat16 outputs are compared with the same op
-in float64 on the same (half-rounded) inputs, with the queries scaled
-so the logits grow by 1, 100 and 1e4. Prints the relative error
+For each registered mechanism's functional op (called by its module as the
+model calls it, on drawn parameters and inputs:
+``fairseq_distattn.mechanisms.examples``), float16 and bfloat16 outputs are
+compared with the same op in float64 on the same (half-rounded) inputs, with
+the queries scaled so the logits grow by 1, 100 and 1e4. Prints the relative error
 ``||out - out64|| / ||out64||`` (``nan``/``inf`` when the half result is not
 finite) and its ratio to vanilla softmax attention's error on the same
 inputs; then the same for a whole tiny translation model (one mechanism in
@@ -39,9 +40,10 @@ def op_call(
     requires_grad: bool = False,
     seed: int = 0,
 ):
-    """``(call(**shared) -> (out, probs), draw)``: the op of mechanism ``name`` on its
-    registration's example arguments (the same values for every dtype; ``rounded_to``
-    rounds them first), the queries scaled by ``scale``; ``draw.leaves`` are its tensors."""
+    """``(call(**shared) -> (out, probs), draw)``: the op of mechanism ``name`` called by its
+    module on drawn parameters and inputs (its example call; the same values for every dtype,
+    ``rounded_to`` rounds them first), the queries scaled by ``scale``; ``draw.leaves`` are its
+    tensors, parameters included."""
     import fairseq_distattn.functional as DF
     from fairseq_distattn.mechanisms.examples import ExampleDraw, example_call
     from fairseq_distattn.registry import REGISTRY

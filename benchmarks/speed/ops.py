@@ -1,5 +1,6 @@
 """Attention-op microbenchmarks: every registered mechanism's functional op
-(called as its registration's ``example`` says, at the default options) and
+(called by its module as the model calls it, on drawn parameters and inputs at
+the default options: ``fairseq_distattn.mechanisms.examples``) and
 the plugin's softmax attention (``vanilla``) against
 ``torch.nn.functional.scaled_dot_product_attention`` on the same
 ``[B, H, L, D]`` inputs, at several lengths L, forward only and forward +
@@ -26,8 +27,8 @@ MODES = ("fwd", "fwd+bwd")
 
 def _op_table(flex: str = "auto") -> Dict[str, Callable]:
     """name -> make(B, H, L, D, device, seed) returning (leaves, fn); fn() -> output tensor: the
-    baseline, the plugin's softmax attention (vanilla), and every registered mechanism's op on
-    its registration's example arguments at their default options; ``flex``: the ops' own argument."""
+    baseline, the plugin's softmax attention (vanilla), and every registered mechanism's op, called
+    by its module (its example call) at the default options; ``flex``: the ops' own argument."""
     import fairseq_distattn.functional as DF
     from fairseq_distattn.mechanisms.examples import ExampleDraw, example_call
     from fairseq_distattn.registry import registered

@@ -239,6 +239,22 @@ class Mechanism(nn.Module):
         as the model does. By default none: the op needs nothing but the tensors."""
         return (), {}
 
+    def example_distribution(self, name: str) -> Dict[str, Any]:
+        """How the tests and benchmarks that run every mechanism (:mod:`.examples`) draw
+        its parameter ``name`` (a ``named_parameters`` name): ``mean`` (a number, or a
+        tensor that broadcasts) and ``std`` of a normal distribution. Values a trained
+        layer may hold, where the initial ones would hide a term (DA's w = 0 makes f = 1
+        at every distance) or leave the domain the op is meant for. By default N(0, 1)."""
+        return {}
+
+    @classmethod
+    def example_options(cls, options, src_len: int):
+        """The options an example call over ``src_len`` keys runs with, given ``options``
+        (its options dataclass, which the tests vary one field at a time): where a choice
+        works only with others that the flags' checks would ask for, those. By default
+        ``options`` as they are."""
+        return options
+
     def forward(
         self,
         queries: Dict[str, Tensor],

@@ -45,7 +45,6 @@ COPE_CAUSAL_ONLY = (
     "cope",
     CopeOptions,
     op=cope_attention,
-    example=lambda draw, options: ((draw(draw.head_dim, options.cope_max_positions, std=0.5),), {}),
     kinds=frozenset({DECODER_SELF_KIND}),
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES, ENCODER_SELF_KIND: COPE_CAUSAL_ONLY},
     description="contextual positions: `p_ij = sum_{t=j..i} sigmoid(q_i k_t)`, learned embeddings interpolated at "
@@ -98,3 +97,7 @@ class Cope(Mechanism):
 
     def op_arguments(self, queries, keys, causal):
         return (self.position_embeddings,), {}
+
+    def example_distribution(self, name):
+        # a learned table: its zero start would leave the positions out of every logit
+        return dict(std=0.5)

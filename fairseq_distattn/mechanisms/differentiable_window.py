@@ -50,18 +50,6 @@ POINTERS = ("left", "right")
 UNFINISHED_SEGMENTS = {DECODER_SELF_KIND: "segments are undefined for keys that are still being generated"}
 
 
-def _example(additive: bool, segments: bool):
-    """Example arguments of :func:`~fairseq_distattn.functional.differentiable_window_attention`."""
-
-    def example(draw, options):
-        pointers = (draw.query(), draw.key(), draw.query(), draw.key())
-        local = (draw.query(), draw.key()) if additive else ()
-        segment_size = options.window_segment_size if segments else 0
-        return (*pointers, *local), dict(segment_size=segment_size, expected=options.window_expected_mask)
-
-    return example
-
-
 MW_FLEX = "M as log M in score_mod, times each row's window mass"
 
 
@@ -71,7 +59,6 @@ def _window(name, additive, segments, description):
         name,
         WindowOptions,
         op=differentiable_window_attention,
-        example=_example(additive, segments),
         kinds=ALL_KINDS - set(UNFINISHED_SEGMENTS) if segments else ALL_KINDS,
         unsupported=UNFINISHED_SEGMENTS if segments else {},
         # AW: its masked local scores are an additive bias; MW: the weights' product with M through flex

@@ -66,16 +66,6 @@ DA_FLEX = "early-multiply as eq. 6's score modification"
     "da",
     DistanceAwareOptions,
     op=distance_aware_attention,
-    example=lambda draw, options: (
-        (draw(draw.heads, std=0.5), draw(draw.heads, mean=1.0) if options.da_mapping == "learnable-sigmoid" else None),
-        dict(
-            mapping=options.da_mapping,
-            adjusting=options.da_adjusting,
-            linear_slope=draw(draw.heads, mean=1.0, std=0.1) if options.da_mapping == "linear" else None,
-            linear_intercept=draw(draw.heads, mean=1.0, std=0.1) if options.da_mapping == "linear" else None,
-            clip_threshold=options.da_clip_threshold if options.da_mapping == "clip" else None,
-        ),
-    ),
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     # early-add is an additive bias, eq. 6 a score modification: both a table read by j - i; the late
@@ -153,3 +143,14 @@ class DistanceAware(Mechanism):
 
     def op_arguments(self, queries, keys, causal):
         return (self.distance_weight, self.sharpness), {"adjusting": self.adjusting, **self._mapping_arguments()}
+
+    # the parameters' start, w = v = 0 (and k = b = 1), is f = 1 at every distance: values that weigh them
+    EXAMPLE_DISTRIBUTIONS = {
+        "distance_weight": dict(std=0.5),
+        "sharpness": dict(mean=1.0),
+        "linear_slope": dict(mean=1.0, std=0.1),
+        "linear_intercept": dict(mean=1.0, std=0.1),
+    }
+
+    def example_distribution(self, name):
+        return self.EXAMPLE_DISTRIBUTIONS[name]

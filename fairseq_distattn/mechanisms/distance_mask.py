@@ -60,10 +60,6 @@ class DistanceMaskOptions:
     "distance-mask",
     DistanceMaskOptions,
     op=distance_mask_attention,
-    example=lambda draw, options: (
-        (options.distance_mask_alpha,),
-        dict(direction=options.distance_mask_direction),
-    ),
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     # the fused path keeps only the [Tq, Tk] bias, the flex path only its table

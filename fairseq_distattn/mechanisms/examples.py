@@ -1,14 +1,18 @@
-"""Example calls of every registered mechanism's functional op, for the tests
-and benchmarks that run them all (op contracts, fused paths, half precision,
-op cost): ``MechanismInfo.example(draw, options)`` names the op's arguments
-beyond q, k and v, and :class:`ExampleDraw` makes the random tensors."""
+"""Example calls of every registered mechanism, for the tests and benchmarks that
+run them all (op contracts, fused paths, half precision, op cost): each is the
+mechanism's module, built as the model builds it, with its parameters drawn
+(:meth:`Mechanism.example_distribution <fairseq_distattn.mechanisms.base.Mechanism.example_distribution>`),
+called as the attention module calls it on drawn projections, so that its op
+gets what :meth:`~fairseq_distattn.mechanisms.base.Mechanism.op_arguments`
+hands it in the model. :class:`ExampleDraw` makes the random tensors."""
 
-from typing import Any, Callable, List, Optional, Tuple, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..registry import MechanismInfo
+from .base import Mechanism, MechanismConfig
 
 
 class ExampleDraw:
@@ -21,7 +25,8 @@ class ExampleDraw:
     half-precision call sees the half call's inputs), then returned in ``dtype``
     on ``device``. Queries (and every query-side tensor) are scaled by
     ``query_scale``. With ``requires_grad`` each tensor is a leaf that requires
-    grad; every tensor drawn is in :attr:`leaves`."""
+    grad; every tensor drawn is in :attr:`leaves` (a module's parameter as the
+    parameter, :meth:`parameter`)."""
 
     def __init__(
         self,
@@ -47,7 +52,7 @@ class ExampleDraw:
 
     def __call__(self, *shape: int, std: float = 1.0, mean: Union[float, Tensor] = 0.0) -> Tensor:
         """``mean + std * N(0, 1)`` of this shape (``mean`` may be a tensor that broadcasts)."""
-        values = torch.randn(*shape, generator=self.generator, dtype=torch.float64) * std
+        values = torch.randn(shape, generator=self.generator, dtype=torch.float64) * std
         values = values + (mean.double() if isinstance(mean, Tensor) else mean)
         if self.rounded_to is not None:
             values = values.to(self.rounded_to)
@@ -65,19 +70,56 @@ class ExampleDraw:
         """A per-head key-side tensor ``[B, H, Tk, D]``."""
         return self(self.batch, self.heads, self.src_len, self.head_dim)
 
+    def parameter(self, values: Tensor) -> nn.Parameter:
+        """``values`` (drawn here) as a module's parameter, in their place among the leaves."""
+        parameter = nn.Parameter(values.detach(), requires_grad=self.requires_grad)
+        self.leaves = [parameter if leaf is values else leaf for leaf in self.leaves]
+        return parameter
 
-OpCall = Callable[..., Tuple[Tensor, Optional[Tensor]]]
+
+class ExampleCall:
+    """A mechanism's module (:attr:`mechanism`, its parameters drawn) and drawn per-head
+    projections (:attr:`queries`: ``"query"`` and its extra query projections;
+    :attr:`keys`: ``"key"``, ``"value"`` and its extra key projections). Calling it runs
+    the module as the attention module does on a call without incremental state: its
+    ``encode_positions``, then its ``forward`` (the registered op on ``op_arguments``)
+    with the shared keyword arguments, whose defaults are the ops'. Returns
+    ``(out [B,H,Tq,D], probs [B,H,Tq,Tk] or None)``."""
+
+    def __init__(self, mechanism: Mechanism, queries: Dict[str, Tensor], keys: Dict[str, Tensor]):
+        self.mechanism, self.queries, self.keys = mechanism, queries, keys
+
+    def __call__(
+        self,
+        *,
+        key_padding_mask: Optional[Tensor] = None,
+        causal: bool = False,
+        query_offset: int = 0,
+        dropout_p: float = 0.0,
+        need_weights: bool = True,
+        flex: str = "auto",
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        queries, keys = self.mechanism.encode_positions(self.queries, self.keys, key_padding_mask, query_offset)
+        return self.mechanism(
+            queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, None, flex
+        )
 
 
-def example_call(info: MechanismInfo, draw: ExampleDraw, options: Any = None) -> OpCall:
-    """Draws q, k, v and the example arguments of mechanism ``info`` (with
-    ``options``, its options dataclass; None: the defaults) and returns
-    ``call(**shared)`` that runs its op on them with the shared keyword
-    arguments (``key_padding_mask``, ``causal``, ...)."""
-    q, k, v = draw.query(), draw.key(), draw.key()
-    args, kwargs = info.example(draw, info.default_options() if options is None else options)
-
-    def call(**shared):
-        return info.op(q, k, v, *args, **kwargs, **shared)
-
-    return call
+def example_call(info: MechanismInfo, draw: ExampleDraw, options=None) -> ExampleCall:
+    """Mechanism ``info``'s module, built with ``options`` (its options dataclass; None:
+    the defaults) made runnable on ``draw``'s lengths (:meth:`Mechanism.example_options`),
+    ``draw.heads`` heads of ``draw.head_dim``, and q, k, v, its extra projections and its
+    parameters drawn by ``draw``, in that order."""
+    options = info.module.example_options(info.default_options() if options is None else options, draw.src_len)
+    # building initialises parameters from the global generator, which the draws never touch
+    with torch.random.fork_rng(devices=[]):
+        mechanism = info.module(MechanismConfig(info.name, draw.heads, draw.head_dim, options))
+    queries = {"query": draw.query()}
+    keys = {"key": draw.key(), "value": draw.key()}
+    queries.update((name, draw.query()) for name in mechanism.extra_queries)
+    keys.update((name, draw.key()) for name in mechanism.extra_keys)
+    for name, parameter in list(mechanism.named_parameters()):
+        values = draw(*parameter.shape, **mechanism.example_distribution(name))
+        owner, _, attribute = name.rpartition(".")
+        setattr(mechanism.get_submodule(owner), attribute, draw.parameter(values))
+    return ExampleCall(mechanism, queries, keys)

@@ -75,26 +75,10 @@ class FireFunction(nn.Module):
         )
 
 
-def _example(draw, options):
-    width = 5
-    return (
-        (
-            draw(1, mean=0.1, std=0.02)[0],
-            draw(1, mean=3.0, std=0.5)[0],  # a threshold inside the example's lengths
-            draw(width),
-            draw(width),
-            draw(draw.heads, width, std=0.5),
-            draw(draw.heads),
-        ),
-        {},
-    )
-
-
 @register_attention(
     "fire",
     FireOptions,
     op=fire_attention,
-    example=_example,
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     paths={Path.FUSED: Capability()},  # its bias is [B, H, Tq, Tk]: it depends on each sentence's lengths
@@ -147,3 +131,12 @@ class Fire(Mechanism):
 
     def op_arguments(self, queries, keys, causal):
         return tuple(self._arguments()), {}
+
+    def example_distribution(self, name):
+        # c near its start; L = |m L0| around 3, inside the examples' lengths, so that some queries
+        # normalise by psi(L) and others by their own position; f's output O(1) whatever its width
+        return {
+            "function.c": dict(mean=FIRE_INITIAL_C, std=0.02),
+            "function.threshold_multiplier": dict(mean=3.0 / self.initial_threshold, std=0.5 / self.initial_threshold),
+            "function.output.weight": dict(std=self.function.hidden.out_features**-0.5),
+        }.get(name, {})

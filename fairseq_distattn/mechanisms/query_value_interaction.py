@@ -37,16 +37,6 @@ class QueryValueInteractionOptions:
     "qvi",
     QueryValueInteractionOptions,
     op=query_value_interaction_attention,
-    example=lambda draw, options: (
-        (
-            draw(draw.heads, draw.head_dim, draw.head_dim, std=0.2, mean=torch.eye(draw.head_dim))
-            if options.qvi_interaction != "values-only"
-            else None,
-            draw(draw.heads, 2 * draw.head_dim, std=0.3) if options.qvi_interaction == "gated" else None,
-            draw(draw.heads, std=0.3) if options.qvi_interaction == "gated" else None,
-        ),
-        dict(interaction=options.qvi_interaction),
-    ),
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     row_wise=False,  # eq. 7 mixes every query into each value: no row-wise blocks
@@ -84,6 +74,12 @@ class QueryValueInteraction(Mechanism):
 
     def op_arguments(self, queries, keys, causal):
         return (self.value_projection, self.gate_weight, self.gate_bias), {"interaction": self.interaction}
+
+    def example_distribution(self, name):
+        # W around its identity start, and a gate away from its even start, so that g mixes unevenly
+        if name == "value_projection":
+            return dict(mean=torch.eye(self.config.head_dim), std=0.2)
+        return dict(std=0.3)
 
     overrides_forward_because = (
         "a decoding step's eq. 7 mixes the values with every query so far, which the op is not given: "

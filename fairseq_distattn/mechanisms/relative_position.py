@@ -57,14 +57,6 @@ class RelativePositionOptions:
     "rpr",
     RelativePositionOptions,
     op=relative_position_attention,
-    example=lambda draw, options: (
-        (
-            draw(2 * options.max_relative_position + 1, draw.head_dim),
-            draw(2 * options.max_relative_position + 1, draw.head_dim) if options.relative_values else None,
-            options.max_relative_position,
-        ),
-        {},
-    ),
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     # keys only, eq. 4's second term is an additive bias; eq. 3's value term needs the weights,

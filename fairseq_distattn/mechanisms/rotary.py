@@ -2,6 +2,7 @@
 length-extrapolatable form (Sun et al. 2023), with RoPE's context-length
 scaling at evaluation time."""
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import List, Optional
@@ -138,20 +139,6 @@ class RotaryOptions:
     )
 
 
-def _example(xpos: bool):
-    def example(draw, options):
-        arguments = _op_arguments(options, xpos)
-        if arguments["scaling"] != "none":
-            # a scaling that scales: by 2 where the options leave it at 1; yarn's training length from half
-            # the drawn length where unset (the other scalings refuse one, as their flags do)
-            arguments["scaling_factor"] = max(arguments["scaling_factor"], 2.0)
-            if arguments["scaling"] in YARN_MODES:
-                arguments["original_length"] = arguments["original_length"] or max(1, draw.src_len // 2)
-        return (), arguments
-
-    return example
-
-
 def _op_arguments(options, xpos: bool):
     return dict(
         base=options.rope_base,
@@ -207,7 +194,6 @@ XPOS_CAUSAL_ONLY = (
     RotaryOptions,
     op=rotary_attention,
     revisions=ROTARY_REVISIONS,
-    example=_example(xpos=True),
     kinds=SELF_ATTENTION - {ENCODER_SELF_KIND},
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES, ENCODER_SELF_KIND: XPOS_CAUSAL_ONLY},
     paths={Path.FUSED: Capability(keeps=Keeps.NOTHING)},  # rotated q and k, then vanilla's own SDPA call
@@ -220,7 +206,6 @@ XPOS_CAUSAL_ONLY = (
     RotaryOptions,
     op=rotary_attention,
     revisions=ROTARY_REVISIONS,
-    example=_example(xpos=False),
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     paths={Path.FUSED: Capability(keeps=Keeps.NOTHING)},  # rotated q and k, then vanilla's own SDPA call
@@ -269,6 +254,19 @@ class Rotary(Mechanism):
                     positions_note=f" of the longest sequence {kind.flag} attends over{source}",
                 )
             )
+
+    @classmethod
+    def example_options(cls, options, src_len):
+        if options.rope_scaling == "none":
+            return options
+        # a scaling that scales: by 2 where the options leave it at 1; yarn's training length from half the
+        # keys where unset (the other scalings refuse one, as their flags do)
+        yarn = options.rope_scaling in YARN_MODES
+        return dataclasses.replace(
+            options,
+            rope_scaling_factor=max(options.rope_scaling_factor, 2.0),
+            rope_original_length=(options.rope_original_length or max(1, src_len // 2)) if yarn else 0,
+        )
 
     def extra_repr(self) -> str:
         rotated = rotary_dims(self.config.head_dim, self.arguments["fraction"])

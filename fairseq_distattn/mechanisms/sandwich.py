@@ -52,7 +52,6 @@ class SandwichOptions:
     "sandwich",
     SandwichOptions,
     op=sandwich_attention,
-    example=lambda draw, options: ((options.sandwich_dim,), {}),
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     # the fused path keeps only the [H, Tq, Tk] bias, the flex path only its table

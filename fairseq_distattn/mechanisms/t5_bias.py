@@ -66,10 +66,6 @@ class T5BiasOptions:
     "t5-bias",
     T5BiasOptions,
     op=t5_bias_attention,
-    example=lambda draw, options: (
-        (draw(options.t5_bias_buckets, draw.heads),),
-        dict(max_distance=options.t5_bias_max_distance),
-    ),
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     # the fused path keeps only the [H, Tq, Tk] bias, the flex path only its table

@@ -41,7 +41,6 @@ class LogDistanceOptions:
     "log-distance",
     LogDistanceOptions,
     op=log_distance_attention,
-    example=lambda draw, options: ((draw(draw.heads, mean=options.log_distance_init, std=0.1),), {}),
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     paths={Path.FUSED: Capability(keeps=Keeps.BIAS)},  # its bias is [H, Tq, Tk]: nothing per batch
