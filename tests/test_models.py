@@ -310,3 +310,19 @@ def test_a_language_model_build_reads_its_spec_and_the_options_once(readings):
     # the decoder's plans say its cross-attention is vanilla, read from no SPEC (the LM has none)
     assert readings == {DECODER_SELF.flag: 1, CROSS.flag: 1, "options": 1}
     assert [plan.self_attention for plan in model.decoder.layer_plans] == ["rope", "alibi"]
+
+
+def test_a_pruned_language_model_reads_its_spec_for_the_layers_it_keeps():
+    """fairseq's LM build keeps ``--decoder-layers-to-keep`` of ``--decoder-layers``: the SPEC
+    describes the kept layers, so one naming a layer past them is refused, as before plans were
+    read once."""
+    from fairseq.tasks.language_modeling import LanguageModelingTask
+
+    pruned = [*TINY_LM, "--decoder-layers", "4", "--decoder-layers-to-keep", "0,2"]
+    args = parse("language_modeling", "distattn_lm", [*pruned, "--decoder-self-attention", "rope@0,alibi@1"])
+    model = LanguageModelingTask(args, dictionary()).build_model(args)
+    assert [plan.self_attention for plan in model.decoder.layer_plans] == ["rope", "alibi"]
+    assert len(model.decoder.layers) == 2
+    with pytest.raises(SystemExit):
+        args = parse("language_modeling", "distattn_lm", [*pruned, "--decoder-self-attention", "rpr@3"])
+        LanguageModelingTask(args, dictionary()).build_model(args)

@@ -61,9 +61,10 @@ class DistAttnLanguageModel(TransformerLanguageModel):
         positions_flag = "--max-target-positions"
         if not max_target_positions:
             max_target_positions, positions_flag = getattr(args, "tokens_per_sample", None), "--tokens-per-sample"
-        cfg = TransformerConfig.from_namespace(
-            Namespace(**{**vars(args), "max_target_positions": max_target_positions})
-        )
+        geometry = {"max_target_positions": max_target_positions}
+        if getattr(args, "decoder_layers_to_keep", None):  # fairseq's LM build_model keeps only these layers
+            geometry["decoder_layers"] = len(args.decoder_layers_to_keep.split(","))
+        cfg = TransformerConfig.from_namespace(Namespace(**{**vars(args), **geometry}))
         return language_model_plans(cfg, target_flag=positions_flag, new_model=new_model)
 
     @classmethod
