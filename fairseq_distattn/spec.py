@@ -278,6 +278,10 @@ class AttentionOptions:
     def __hash__(self):
         return hash(tuple(self._by_class.values()))
 
+    def __reduce__(self):
+        # copy, deepcopy and pickle rebuild it through __init__ (its __setattr__ refuses them)
+        return (AttentionOptions, tuple(self._by_class.values()))
+
     def __repr__(self):
         return f"AttentionOptions({', '.join(map(repr, self._by_class.values()))})"
 

@@ -312,6 +312,25 @@ def test_a_language_model_build_reads_its_spec_and_the_options_once(readings):
     assert [plan.self_attention for plan in model.decoder.layer_plans] == ["rope", "alibi"]
 
 
+def test_a_model_and_its_options_survive_copy_and_pickle():
+    """The window diagnostics deep-copy a model, fairseq's checkpoints pickle what they hold: the
+    immutable options must rebuild through their constructor."""
+    import pickle
+
+    from fairseq_distattn.mechanisms.kerple import KerpleOptions
+
+    options = AttentionOptions(KerpleOptions(kerple_kernel="log"))
+    for rebuilt in (copy.copy(options), copy.deepcopy(options), pickle.loads(pickle.dumps(options))):
+        assert rebuilt == options and rebuilt.of(KerpleOptions).kerple_kernel == "log"
+    model, d = translation_model(extra=["--encoder-self-attention", "kerple", "--decoder-self-attention", "rpr"])
+    twin = copy.deepcopy(model)
+    assert twin.encoder.layer_plans[0].options == model.encoder.layer_plans[0].options
+    tokens = random_tokens(d, 2, 5, seed=0)
+    lengths = torch.full((2,), 5)
+    with torch.no_grad():
+        torch.testing.assert_close(twin(tokens, lengths, tokens)[0], model(tokens, lengths, tokens)[0])
+
+
 def test_a_pruned_language_model_reads_its_spec_for_the_layers_it_keeps():
     """fairseq's LM build keeps ``--decoder-layers-to-keep`` of ``--decoder-layers``: the SPEC
     describes the kept layers, so one naming a layer past them is refused, as before plans were
