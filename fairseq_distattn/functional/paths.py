@@ -17,7 +17,7 @@ module's ``--attention-flex``): nothing here holds a mode of its own.
 
 import enum
 from dataclasses import dataclass
-from typing import AbstractSet, Any, Mapping, Optional, Tuple
+from typing import AbstractSet, Any, Mapping, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -38,6 +38,10 @@ class Path(enum.Enum):
     SDPA_CAUSAL = "sdpa-causal"
     # flex_attention on a table read by j - i (functional.flex), or MW's two flex calls
     FLEX = "flex"
+
+    # Enum's own __hash__ is a Python function hashing the name; every attention call tests
+    # paths in sets (choose_path), so members hash by identity, as they compare
+    __hash__ = object.__hash__
 
 
 # the paths that are one F.scaled_dot_product_attention call: what a declared FUSED covers
@@ -92,9 +96,9 @@ class Capability:
 EAGER_CAPABILITY = Capability()
 
 
-@dataclass(frozen=True)
-class Call:
-    """What one attention call is, as far as its path depends on it."""
+class Call(NamedTuple):
+    """What one attention call is, as far as its path depends on it (a tuple: one is
+    made per attention call, and a tuple is cheaper to build than a frozen dataclass)."""
 
     on_cuda: bool
     head_size: int

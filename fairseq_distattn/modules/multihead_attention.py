@@ -156,18 +156,9 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
         # the path is chosen by functional.paths.choose_path, for the op and for the recompute decision alike;
         # off flex_attention where --attention-flex says so (op_flex)
         flex = op_flex(self.attention_flex, self.flex_when_taken, keys["key"].size(2), self.recompute_length)
-        call = Call.of(
-            queries["query"],
-            keys["key"],
-            key_padding_mask=key_padding_mask,
-            causal=self.causal,
-            query_offset=query_offset,
-            dropout_p=dropout_p,
-            need_weights=need_weights,
-            flex=flex,
-            recompute_length=self.recompute_length,
-        )
-        if saved_state is None and self.mechanism.recomputes_in_row_blocks(call):
+        if saved_state is None and self._recomputes_in_row_blocks(
+            queries, keys, key_padding_mask, dropout_p, need_weights, flex
+        ):
             out, probs = self._attend_in_recomputed_chunks(
                 queries, keys, key_padding_mask, dropout_p, need_weights, flex
             )
@@ -185,6 +176,21 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
             if not need_head_weights:
                 weights = weights.mean(dim=0)
         return out, weights
+
+    def _recomputes_in_row_blocks(self, queries, keys, key_padding_mask, dropout_p, need_weights, flex) -> bool:
+        """Whether this full-sequence call runs in recomputed row blocks (the
+        mechanism decides, from the call: :func:`functional.paths.recomputes_in_row_blocks`)."""
+        call = Call.of(
+            queries["query"],
+            keys["key"],
+            key_padding_mask=key_padding_mask,
+            causal=self.causal,
+            dropout_p=dropout_p,
+            need_weights=need_weights,
+            flex=flex,
+            recompute_length=self.recompute_length,
+        )
+        return self.mechanism.recomputes_in_row_blocks(call)
 
     def _attend_in_recomputed_chunks(
         self,
