@@ -33,7 +33,7 @@ from torch.autograd import gradcheck
 from torch.testing import assert_close
 
 from benchmarks.quality.ablations import ABLATION_NAMES, REFERENCE_CONFIGS, ablations, partial_layers
-from fairseq_distattn import functional as DF
+from fairseq_distattn import functional
 from fairseq_distattn.functional.distance_aware import DA_ADJUSTINGS, DA_MAPPINGS, distance_coefficients
 from fairseq_distattn.functional.query_value_interaction import QVI_INTERACTIONS
 from fairseq_distattn.mechanisms.differentiable_window import WindowOptions
@@ -147,7 +147,7 @@ def mapping_parameters(mapping, heads, generator, requires_grad=False):
 
 
 def call_distance_aware(q, k, v, params, padding, causal, query_offset, mapping, adjusting):
-    return DF.distance_aware_attention(
+    return functional.distance_aware_attention(
         q,
         k,
         v,
@@ -202,7 +202,7 @@ def test_distance_aware_variant_matches_the_paper(mapping, adjusting, case):
 def test_the_defaults_are_eq5_and_eq6():
     q, k, v, padding, causal, query_offset, generator = case_inputs(CASES[0], seed=5)
     params = mapping_parameters("learnable-sigmoid", HEADS, generator)
-    default = DF.distance_aware_attention(
+    default = functional.distance_aware_attention(
         q, k, v, params["distance_weight"], params["sharpness"], key_padding_mask=padding
     )
     explicit = call_distance_aware(q, k, v, params, padding, False, 0, "learnable-sigmoid", "early-multiply")
@@ -268,7 +268,7 @@ def da_call(**overrides):
         distance_weight=torch.zeros(HEADS, dtype=torch.float64), sharpness=torch.zeros(HEADS, dtype=torch.float64)
     )
     arguments.update(overrides)
-    return lambda: DF.distance_aware_attention(q, k, v, **arguments)
+    return lambda: functional.distance_aware_attention(q, k, v, **arguments)
 
 
 ZEROS = torch.zeros(HEADS, dtype=torch.float64)
@@ -364,7 +364,7 @@ QVI_CASES = [case for case in CASES if case[1] + case[3] == case[2]]
 def test_query_value_interaction_variant_matches_the_paper(interaction, case):
     q, k, v, padding, causal, query_offset, generator = case_inputs(case, seed=13)
     params = interaction_parameters(interaction, generator)
-    out, probs = DF.query_value_interaction_attention(
+    out, probs = functional.query_value_interaction_attention(
         q,
         k,
         v,
@@ -392,7 +392,7 @@ def test_query_value_interaction_variant_gradients(interaction):
 
     def run(q, k, v, *values):
         given = {**params, **dict(zip(names, values))}
-        return DF.query_value_interaction_attention(
+        return functional.query_value_interaction_attention(
             q,
             k,
             v,
@@ -411,10 +411,10 @@ def test_query_value_interaction_variant_gradients(interaction):
 def test_values_only_is_plain_attention(dtype):
     q, k, v, padding, *_ = case_inputs(CASES[0], seed=6)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    out, probs = DF.query_value_interaction_attention(
+    out, probs = functional.query_value_interaction_attention(
         q, k, v, None, None, None, key_padding_mask=padding, interaction="values-only"
     )
-    plain_out, plain_probs = DF.softmax_attention(q, k, v, key_padding_mask=padding)
+    plain_out, plain_probs = functional.softmax_attention(q, k, v, key_padding_mask=padding)
     assert torch.equal(out, plain_out) and torch.equal(probs, plain_probs)
 
 
@@ -437,7 +437,10 @@ def test_query_value_interaction_refuses_a_bad_variant_argument(overrides, messa
     q, k, v = q.float(), k.float(), v.float()
     arguments = dict(value_projection=W, gate_weight=torch.zeros(HEADS, 2 * DIM), gate_bias=torch.zeros(HEADS))
     arguments.update(overrides)
-    for call in (DF.query_value_interaction_attention, lambda q, k, v, **kw: DF.query_aware_values(q, v, **kw)):
+    for call in (
+        functional.query_value_interaction_attention,
+        lambda q, k, v, **kw: functional.query_aware_values(q, v, **kw),
+    ):
         with pytest.raises(ValueError, match=re.escape(message)):
             call(q, k, v, **arguments)
 

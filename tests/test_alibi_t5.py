@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from fairseq_distattn import functional as DF
+from fairseq_distattn import functional
 from fairseq_distattn.functional.t5_bias import relative_position_bucket_table
 from fairseq_distattn.registry import DECODER_SELF, ENCODER_SELF
 from fairseq_distattn.spec import AttentionOptions, SpecError
@@ -28,18 +28,18 @@ TOLERANCE = dict(rtol=1e-5, atol=1e-6)
 
 def test_alibi_slopes_for_8_heads_are_the_papers():
     """Sec. 3: "For our models with 8 heads, the slopes that we used are the geometric sequence 1/2^1, ..., 1/2^8"."""
-    assert DF.alibi_slopes(8) == tuple(2.0**-h for h in range(1, 9))
-    assert DF.alibi_slopes(16)[:2] == pytest.approx((2**-0.5, 2**-1.0), rel=1e-15)
+    assert functional.alibi_slopes(8) == tuple(2.0**-h for h in range(1, 9))
+    assert functional.alibi_slopes(16)[:2] == pytest.approx((2**-0.5, 2**-1.0), rel=1e-15)
 
 
 @pytest.mark.parametrize("heads", range(1, 33))
 def test_alibi_slopes_follow_the_papers_rule_for_any_head_count(heads):
-    assert DF.alibi_slopes(heads) == pytest.approx(paper_alibi_slopes(heads), rel=1e-15)
+    assert functional.alibi_slopes(heads) == pytest.approx(paper_alibi_slopes(heads), rel=1e-15)
 
 
 def test_alibi_bias_is_minus_slope_times_distance():
-    bias = DF.alibi_bias(3, 5, 4, 2, "cpu", torch.float64)  # queries at positions 2..4
-    for h, slope in enumerate(DF.alibi_slopes(4)):
+    bias = functional.alibi_bias(3, 5, 4, 2, "cpu", torch.float64)  # queries at positions 2..4
+    for h, slope in enumerate(functional.alibi_slopes(4)):
         for i in range(3):
             for j in range(5):
                 assert bias[h, i, j] == -slope * abs(2 + i - j)
@@ -48,11 +48,13 @@ def test_alibi_bias_is_minus_slope_times_distance():
 def test_explicit_slopes_equal_the_default_and_are_checked():
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 4, 5, generator=g, dtype=torch.float64) for _ in range(3))
-    default = DF.alibi_attention(q, k, v, causal=True)
-    explicit = DF.alibi_attention(q, k, v, torch.tensor(DF.alibi_slopes(3), dtype=torch.float64), causal=True)
+    default = functional.alibi_attention(q, k, v, causal=True)
+    explicit = functional.alibi_attention(
+        q, k, v, torch.tensor(functional.alibi_slopes(3), dtype=torch.float64), causal=True
+    )
     torch.testing.assert_close(explicit[0], default[0], rtol=0, atol=1e-14)
     with pytest.raises(ValueError, match="slopes"):
-        DF.alibi_attention(q, k, v, torch.ones(2))
+        functional.alibi_attention(q, k, v, torch.ones(2))
 
 
 def test_alibi_has_no_parameters_and_the_lm_preset_drops_positions():
@@ -146,7 +148,7 @@ def test_t5_bias_checks_its_arguments():
         (torch.zeros(32, 2), dict(bidirectional=1), "bidirectional"),
     ]:
         with pytest.raises(ValueError, match=name):
-            DF.t5_bias_attention(q, q, q, table, **kwargs)
+            functional.t5_bias_attention(q, q, q, table, **kwargs)
 
 
 # ----------------------------------------------------------------------------- T5 table sharing

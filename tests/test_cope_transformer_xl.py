@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from fairseq_distattn import functional as DF
+from fairseq_distattn import functional
 from fairseq_distattn.mechanisms import build_mechanism
 from fairseq_distattn.mechanisms.cope import CopeOptions
 from fairseq_distattn.registry import CROSS, DECODER_SELF, ENCODER_SELF
@@ -51,7 +51,7 @@ def test_cope_is_the_papers_attention_with_contextual_positions(npos, case):
     g = torch.Generator().manual_seed(11)
     table = torch.randn(case.dim, npos, generator=g, dtype=torch.float64)
     padding = make_padding_mask(case.padding, case.batch, case.src_len)
-    out, probs = DF.cope_attention(
+    out, probs = functional.cope_attention(
         q, k, v, table, key_padding_mask=padding, causal=True, query_offset=case.query_offset
     )
     qn, kn, vn, pad = q.numpy(), k.numpy(), v.numpy(), None if padding is None else padding.numpy()
@@ -73,7 +73,7 @@ def test_cope_positions_count_tokens_when_every_gate_is_open():
     """With gates of 1 (large scores) p_ij is the number of tokens from j to i: the
     token positions counted backwards, clamped to npos - 1."""
     q = torch.full((1, 1, 6, 2), 10.0, dtype=torch.float64)
-    positions = DF.cope_positions(q, q, 4, causal=True)[0, 0]
+    positions = functional.cope_positions(q, q, 4, causal=True)[0, 0]
     for i in range(6):
         for j in range(6):
             want = min(i - j + 1, 3) if j <= i else 0.0
@@ -83,8 +83,8 @@ def test_cope_positions_count_tokens_when_every_gate_is_open():
 def test_cope_with_a_zero_table_is_attention_without_positions():
     case = SELF_CASES[4]  # causal
     q, k, v = draw_qkv(case)
-    cope = DF.cope_attention(q, k, v, torch.zeros(case.dim, 8, dtype=torch.float64), causal=True)
-    plain = DF.softmax_attention(q, k, v, causal=True)
+    cope = functional.cope_attention(q, k, v, torch.zeros(case.dim, 8, dtype=torch.float64), causal=True)
+    plain = functional.softmax_attention(q, k, v, causal=True)
     torch.testing.assert_close(cope[0], plain[0], rtol=0, atol=1e-14)
 
 
@@ -92,7 +92,9 @@ def test_cope_gradients_reach_the_table_and_through_the_gates():
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 2, 4, 3, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
     table = torch.randn(3, 5, generator=g, dtype=torch.float64, requires_grad=True)
-    torch.autograd.gradcheck(lambda *x: DF.cope_attention(*x, causal=True)[0], (q, k, v, table), eps=1e-6, atol=1e-6)
+    torch.autograd.gradcheck(
+        lambda *x: functional.cope_attention(*x, causal=True)[0], (q, k, v, table), eps=1e-6, atol=1e-6
+    )
 
 
 def test_cope_is_decoder_only_and_starts_from_a_zero_table():
@@ -169,7 +171,7 @@ def test_transformer_xl_is_the_papers_four_terms(case):
     q, k, v = draw_qkv(case)
     xl = PaperTransformerXL(case.heads, case.dim, 6, seed=5)
     padding = make_padding_mask(case.padding, case.batch, case.src_len)
-    out, probs = DF.transformer_xl_attention(
+    out, probs = functional.transformer_xl_attention(
         q, k, v, *xl.tensors(), key_padding_mask=padding, causal=case.causal, query_offset=case.query_offset
     )
     want_out, want_probs = reference(
@@ -187,7 +189,7 @@ def test_transformer_xl_is_the_papers_four_terms(case):
 
 def test_transformer_xl_sinusoids_are_the_authors_layout():
     distances = torch.tensor([0.0, 3.0, -2.0], dtype=torch.float64)
-    got = DF.relative_sinusoids(distances, 8)
+    got = functional.relative_sinusoids(distances, 8)
     for row, distance in enumerate(distances.tolist()):
         assert got[row].tolist() == pytest.approx(paper_sinusoid(distance, 8), abs=1e-15)
 
@@ -198,7 +200,10 @@ def test_transformer_xl_gradients_reach_every_parameter():
     params = [t.clone().requires_grad_() for t in PaperTransformerXL(2, 3, 4, seed=7).tensors()]
     mask = torch.tensor([[True, False, False, False], [False] * 4])
     torch.autograd.gradcheck(
-        lambda *x: DF.transformer_xl_attention(*x, key_padding_mask=mask)[0], (q, k, v, *params), eps=1e-6, atol=1e-6
+        lambda *x: functional.transformer_xl_attention(*x, key_padding_mask=mask)[0],
+        (q, k, v, *params),
+        eps=1e-6,
+        atol=1e-6,
     )
 
 

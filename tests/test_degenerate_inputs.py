@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import fairseq_distattn.mechanisms  # noqa: F401 (registers every mechanism)
-from fairseq_distattn import functional as DF
+from fairseq_distattn import functional
 from fairseq_distattn.functional import position_tables
 from fairseq_distattn.mechanisms.examples import ExampleDraw, example_call
 from fairseq_distattn.registry import REGISTRY, OptionContext, SpecError, option_flag, registered
@@ -65,7 +65,7 @@ def test_no_queries_give_an_empty_output_as_vanilla_attention(info, tgt_len, src
     call, q, k, v = example(info, tgt_len, src_len)
     shared = shared_arguments(label, src_len, need_weights)
     out, probs = call(**shared)
-    vanilla, vanilla_probs = DF.softmax_attention(q, k, v, **shared)
+    vanilla, vanilla_probs = functional.softmax_attention(q, k, v, **shared)
     assert out.shape == vanilla.shape == (B, H, 0, D)
     assert out.dtype == q.dtype
     if need_weights:
@@ -86,7 +86,7 @@ def test_no_keys_give_zero_rows_as_vanilla_attention_or_a_value_error_naming_the
     tgt_len, src_len = 5, 0
     call, q, k, v = example(info, tgt_len, src_len)
     shared = shared_arguments(label, src_len, need_weights)
-    vanilla, vanilla_probs = DF.softmax_attention(q, k, v, **shared)
+    vanilla, vanilla_probs = functional.softmax_attention(q, k, v, **shared)
     assert vanilla.shape == (B, H, tgt_len, D) and (vanilla == 0).all()
     try:
         out, probs = call(**shared)
@@ -123,14 +123,18 @@ def test_offset_tables_of_empty_sequences_are_empty_matrices(tgt_len, src_len, q
     table = position_tables.OffsetTable(relative[None].double(), tgt_len)
     dense = table.dense()
     assert dense.shape == (1, tgt_len, src_len)
-    expected = DF.relative_distance(tgt_len, src_len, query_offset, "cpu")
+    expected = functional.relative_distance(tgt_len, src_len, query_offset, "cpu")
     assert dense[0].long().tolist() == expected.tolist()
-    assert DF.alibi_bias(tgt_len, src_len, 4, query_offset, "cpu", torch.float32).shape == (4, tgt_len, src_len)
-    assert DF.sandwich_bias(tgt_len, src_len, 2, D, query_offset, "cpu", torch.float32).shape == (2, tgt_len, src_len)
+    assert functional.alibi_bias(tgt_len, src_len, 4, query_offset, "cpu", torch.float32).shape == (4, tgt_len, src_len)
+    assert functional.sandwich_bias(tgt_len, src_len, 2, D, query_offset, "cpu", torch.float32).shape == (
+        2,
+        tgt_len,
+        src_len,
+    )
     t5_table = torch.zeros(8, 2)
-    assert DF.t5_relative_bias(t5_table, tgt_len, src_len, 6, True, query_offset).shape == (2, tgt_len, src_len)
+    assert functional.t5_relative_bias(t5_table, tgt_len, src_len, 6, True, query_offset).shape == (2, tgt_len, src_len)
     r = torch.ones(2)
-    assert DF.kerple_bias(r, r, "log", tgt_len, src_len, query_offset).shape == (2, tgt_len, src_len)
+    assert functional.kerple_bias(r, r, "log", tgt_len, src_len, query_offset).shape == (2, tgt_len, src_len)
 
 
 @pytest.mark.parametrize("need_weights", [True, False], ids=["weights", "fused"])
@@ -205,10 +209,10 @@ def test_cope_positions_refuses_the_npos_the_command_line_refuses(npos):
     _, q, k, _ = example(REGISTRY["cope"], 4, 4)
     if command_line_refuses(npos):
         with pytest.raises(ValueError) as error:
-            DF.cope_positions(q, k, npos)
+            functional.cope_positions(q, k, npos)
         assert str(error.value).startswith("npos "), str(error.value)
     else:
-        positions = DF.cope_positions(q, k, npos)
+        positions = functional.cope_positions(q, k, npos)
         assert positions.shape == (B, H, 4, 4)
         assert ((positions >= 0) & (positions <= npos - 1)).all()
 
@@ -218,7 +222,7 @@ def test_cope_positions_0_is_refused_not_a_table_of_minus_one():
     _, q, k, _ = example(REGISTRY["cope"], 4, 4)
     assert command_line_refuses(0)
     with pytest.raises(ValueError, match=r"^npos must be a positive integer"):
-        DF.cope_positions(q, k, 0)
+        functional.cope_positions(q, k, 0)
 
 
 def test_qvi_queries_beyond_its_keys_with_padding_are_refused_naming_the_keys():

@@ -9,7 +9,7 @@ path it plans for is one its op takes. On CPU, flex_attention runs only when for
 import pytest
 import torch
 
-from fairseq_distattn import functional as DF
+from fairseq_distattn import functional
 from fairseq_distattn.functional import paths as P
 from fairseq_distattn.mechanisms.examples import ExampleDraw, example_call
 from fairseq_distattn.registry import registered
@@ -39,8 +39,8 @@ def chosen(monkeypatch):
         taken.append(path)
         return path
 
-    askers = [module for module in vars(DF).values() if getattr(module, "choose_path", None) is real]
-    assert {DF.attention, DF.differentiable_window} <= set(askers)
+    askers = [module for module in vars(functional).values() if getattr(module, "choose_path", None) is real]
+    assert {functional.attention, functional.differentiable_window} <= set(askers)
     for module in askers:
         monkeypatch.setattr(module, "choose_path", spy)
     return taken

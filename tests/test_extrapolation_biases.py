@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from fairseq_distattn import functional as DF
+from fairseq_distattn import functional
 from fairseq_distattn.mechanisms import build_mechanism
 from fairseq_distattn.mechanisms.kerple import KerpleOptions
 from fairseq_distattn.registry import DECODER_SELF, ENCODER_SELF
@@ -72,7 +72,7 @@ def paper_kerple(kernel, r1, r2, distance):
     return -r1 * distance**r2
 
 
-@pytest.mark.parametrize("kernel", DF.KERPLE_KERNELS)
+@pytest.mark.parametrize("kernel", functional.KERPLE_KERNELS)
 @pytest.mark.parametrize("case", SELF_CASES, ids=str)
 def test_kerple_is_the_papers_kernel_bias(kernel, case):
     q, k, v = draw_qkv(case)
@@ -80,7 +80,7 @@ def test_kerple_is_the_papers_kernel_bias(kernel, case):
     r1 = torch.tensor([0.7, -0.3], dtype=torch.float64)[: case.heads]
     r2 = torch.tensor([2.6, 0.4], dtype=torch.float64)[: case.heads]
     padding = make_padding_mask(case.padding, case.batch, case.src_len)
-    out, probs = DF.kerple_attention(
+    out, probs = functional.kerple_attention(
         q, k, v, r1, r2, kernel=kernel, key_padding_mask=padding, causal=case.causal, query_offset=case.query_offset
     )
     want_out, want_probs = reference(
@@ -96,16 +96,19 @@ def test_kerple_is_the_papers_kernel_bias(kernel, case):
     torch.testing.assert_close(probs, want_probs, **TIGHT)
 
 
-@pytest.mark.parametrize("kernel", DF.KERPLE_KERNELS)
+@pytest.mark.parametrize("kernel", functional.KERPLE_KERNELS)
 def test_kerple_gradients_reach_both_parameters(kernel):
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(2, 2, 4, 3, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
     r1 = torch.tensor([0.5, 1.2], dtype=torch.float64, requires_grad=True)
     r2 = torch.tensor([0.8, 1.5], dtype=torch.float64, requires_grad=True)
     torch.autograd.gradcheck(
-        lambda *x: DF.kerple_attention(*x, kernel=kernel, causal=True)[0], (q, k, v, r1, r2), eps=1e-6, atol=1e-7
+        lambda *x: functional.kerple_attention(*x, kernel=kernel, causal=True)[0],
+        (q, k, v, r1, r2),
+        eps=1e-6,
+        atol=1e-7,
     )
-    DF.kerple_attention(q, k, v, r1, r2, kernel=kernel, causal=True)[0].sum().backward()
+    functional.kerple_attention(q, k, v, r1, r2, kernel=kernel, causal=True)[0].sum().backward()
     assert torch.isfinite(r2.grad).all() and (r2.grad != 0).all()  # 0 ** r2 at distance 0 gives no NaN
 
 
@@ -113,8 +116,10 @@ def test_kerple_power_with_exponent_1_is_alibi_with_learned_slopes():
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 4, 5, 3, generator=g, dtype=torch.float64) for _ in range(3))
     slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], dtype=torch.float64)  # above the 0.01 bound
-    kerple = DF.kerple_attention(q, k, v, slopes, torch.ones(4, dtype=torch.float64), kernel="power", causal=True)
-    alibi = DF.alibi_attention(q, k, v, slopes, causal=True)
+    kerple = functional.kerple_attention(
+        q, k, v, slopes, torch.ones(4, dtype=torch.float64), kernel="power", causal=True
+    )
+    alibi = functional.alibi_attention(q, k, v, slopes, causal=True)
     torch.testing.assert_close(kerple[0], alibi[0], rtol=0, atol=1e-15)
 
 
@@ -147,7 +152,7 @@ def test_kerple_clamp_passes_the_gradient_at_the_bound():
     must still reach it (else it could never leave)."""
     r1 = torch.full((2,), 0.01, dtype=torch.float64, requires_grad=True)
     r2 = torch.full((2,), 0.01, dtype=torch.float64, requires_grad=True)
-    DF.kerple_bias(r1, r2, "log", 4, 4).sum().backward()
+    functional.kerple_bias(r1, r2, "log", 4, 4).sum().backward()
     assert (r1.grad != 0).all() and (r2.grad != 0).all()
 
 
@@ -172,7 +177,7 @@ def paper_sandwich(distance, head, heads, dim):
 def test_sandwich_is_the_inner_product_of_sinusoids(dim, case):
     q, k, v = draw_qkv(case)
     padding = make_padding_mask(case.padding, case.batch, case.src_len)
-    out, probs = DF.sandwich_attention(
+    out, probs = functional.sandwich_attention(
         q, k, v, dim, key_padding_mask=padding, causal=case.causal, query_offset=case.query_offset
     )
     width = dim or case.dim
@@ -191,7 +196,7 @@ def test_sandwich_is_the_inner_product_of_sinusoids(dim, case):
 
 def test_sandwich_bias_at_a_glance():
     """0 at distance 0, about logarithmic decay with ripples, head n at 1/n of head 1."""
-    bias = DF.sandwich_bias(1, 1001, 8, 64, 1000, "cpu", torch.float64)[:, 0].flip(-1)  # by distance
+    bias = functional.sandwich_bias(1, 1001, 8, 64, 1000, "cpu", torch.float64)[:, 0].flip(-1)  # by distance
     assert bias[:, 0].abs().max() == 0
     for distance in (1, 10, 50, 100, 1000):
         assert bias[0, distance].item() == pytest.approx(paper_sandwich(distance, 0, 8, 64), abs=1e-9)
@@ -202,7 +207,7 @@ def test_sandwich_bias_at_a_glance():
 
 def test_sandwich_refuses_odd_widths_and_defaults_to_the_presets_head_size():
     with pytest.raises(ValueError, match="even"):
-        DF.sandwich_bias(2, 2, 1, 3, 0, "cpu", torch.float64)
+        functional.sandwich_bias(2, 2, 1, 3, 0, "cpu", torch.float64)
     assert build_mechanism("sandwich", 2, 3, AttentionOptions()).dim == 64
     for arch in ("distattn_lm_sandwich_gbw",):
         model, _ = language_model(arch=arch, extra=[*TINY_LM])
@@ -241,7 +246,7 @@ def test_fire_is_the_papers_bias_from_each_sentences_first_token(threshold, case
     q, k, v = draw_qkv(case)
     fire = PaperFire(case.heads, 5, seed=3, threshold=threshold)
     padding = make_padding_mask(case.padding, case.batch, case.src_len)
-    out, probs = DF.fire_attention(
+    out, probs = functional.fire_attention(
         q, k, v, *fire.tensors(), key_padding_mask=padding, causal=case.causal, query_offset=case.query_offset
     )
 
@@ -258,10 +263,12 @@ def test_fire_normaliser_follows_the_query_beyond_the_threshold():
     """Within L a query's bias depends on the distance alone; beyond it the same distance
     maps to a smaller input, psi(i - j) / psi(i): the interpolation."""
     fire = PaperFire(2, 5, seed=4, threshold=4)
-    bias = DF.fire_bias(*fire.tensors(), 10, 10)[0]
+    bias = functional.fire_bias(*fire.tensors(), 10, 10)[0]
     assert bias[:, 3, 2].tolist() == pytest.approx(bias[:, 2, 1].tolist(), abs=1e-12)  # both within L
     assert bias[:, 9, 8].tolist() != pytest.approx(bias[:, 2, 1].tolist(), abs=1e-6)
-    normalised = DF.fire.normalized_distance(fire.c, fire.threshold, torch.arange(10)[None], torch.arange(10)[None])
+    normalised = functional.fire.normalized_distance(
+        fire.c, fire.threshold, torch.arange(10)[None], torch.arange(10)[None]
+    )
     causal_half = normalised[0].tril()  # keys up to the query: inputs within [0, 1]
     assert causal_half.max().item() <= 1.0 and normalised[0, 9, 0].item() == pytest.approx(1.0, abs=1e-5)
 
@@ -273,7 +280,10 @@ def test_fire_gradients_reach_every_parameter():
     params = [t.clone().requires_grad_() for t in fire.tensors()]
     mask = torch.tensor([[True, False, False, False, False], [False] * 5])
     torch.autograd.gradcheck(
-        lambda *x: DF.fire_attention(*x, key_padding_mask=mask, causal=True)[0], (q, k, v, *params), eps=1e-6, atol=1e-7
+        lambda *x: functional.fire_attention(*x, key_padding_mask=mask, causal=True)[0],
+        (q, k, v, *params),
+        eps=1e-6,
+        atol=1e-7,
     )
 
 

@@ -9,10 +9,10 @@ import importlib
 import pytest
 import torch
 
-from fairseq_distattn import functional as DF
+from fairseq_distattn import functional
 from fairseq_distattn.functional import flex, paths, position_tables
 
-# the core's module (DF.attend is the function the package exports under its name)
+# the core's module (functional.attend is the function the package exports under its name)
 CORE = importlib.import_module("fairseq_distattn.functional.attention")
 
 pytestmark = pytest.mark.skipif(flex._flex_module() is None, reason="this torch has no flex_attention")
@@ -48,41 +48,45 @@ def _ops(device, dtype, head_size=8):
         def op(q, k, v, **kw):
             # pointer projections of their own: scaled copies of q and k
             positions = {name: kw[name] for name in ("key_padding_mask", "causal", "query_offset") if name in kw}
-            mask = DF.window_mask(q * 0.5, k * 0.3, q * -0.4, k * 0.7, segment_size, **positions)
-            return DF.multiplicative_window_attention(q, k, v, mask, **kw)
+            mask = functional.window_mask(q * 0.5, k * 0.3, q * -0.4, k * 0.7, segment_size, **positions)
+            return functional.multiplicative_window_attention(q, k, v, mask, **kw)
 
         return op
 
     return {
         "window-mw": window(0),
         "window-mw-seg": window(3),
-        "rpr-keys-only": lambda q, k, v, **kw: DF.relative_position_attention(q, k, v, relative_keys, None, 3, **kw),
-        "rpr": lambda q, k, v, **kw: DF.relative_position_attention(q, k, v, relative_keys, relative_values, 3, **kw),
-        "rpr-k-beyond-the-sequence": lambda q, k, v, **kw: DF.relative_position_attention(
+        "rpr-keys-only": lambda q, k, v, **kw: functional.relative_position_attention(
+            q, k, v, relative_keys, None, 3, **kw
+        ),
+        "rpr": lambda q, k, v, **kw: functional.relative_position_attention(
+            q, k, v, relative_keys, relative_values, 3, **kw
+        ),
+        "rpr-k-beyond-the-sequence": lambda q, k, v, **kw: functional.relative_position_attention(
             q, k, v, far_keys, far_values, 40, **kw
         ),
-        "alibi": lambda q, k, v, **kw: DF.alibi_attention(q, k, v, **kw),
-        "alibi-learned-slopes": lambda q, k, v, **kw: DF.alibi_attention(q, k, v, slopes, **kw),
-        "distance-mask": lambda q, k, v, **kw: DF.distance_mask_attention(q, k, v, 0.7, **kw),
-        "distance-mask-forward": lambda q, k, v, **kw: DF.distance_mask_attention(
+        "alibi": lambda q, k, v, **kw: functional.alibi_attention(q, k, v, **kw),
+        "alibi-learned-slopes": lambda q, k, v, **kw: functional.alibi_attention(q, k, v, slopes, **kw),
+        "distance-mask": lambda q, k, v, **kw: functional.distance_mask_attention(q, k, v, 0.7, **kw),
+        "distance-mask-forward": lambda q, k, v, **kw: functional.distance_mask_attention(
             q, k, v, 0.7, direction="forward", **kw
         ),
-        "distance-mask-backward": lambda q, k, v, **kw: DF.distance_mask_attention(
+        "distance-mask-backward": lambda q, k, v, **kw: functional.distance_mask_attention(
             q, k, v, 0.7, direction="backward", **kw
         ),
-        "t5-bias": lambda q, k, v, **kw: DF.t5_bias_attention(q, k, v, t5_table, **kw),
-        "da": lambda q, k, v, **kw: DF.distance_aware_attention(q, k, v, distance_weight, sharpness, **kw),
-        "da-early-add": lambda q, k, v, **kw: DF.distance_aware_attention(
+        "t5-bias": lambda q, k, v, **kw: functional.t5_bias_attention(q, k, v, t5_table, **kw),
+        "da": lambda q, k, v, **kw: functional.distance_aware_attention(q, k, v, distance_weight, sharpness, **kw),
+        "da-early-add": lambda q, k, v, **kw: functional.distance_aware_attention(
             q, k, v, distance_weight, sharpness, adjusting="early-add", **kw
         ),
-        "da-sigmoid": lambda q, k, v, **kw: DF.distance_aware_attention(
+        "da-sigmoid": lambda q, k, v, **kw: functional.distance_aware_attention(
             q, k, v, distance_weight, None, mapping="sigmoid", **kw
         ),
-        "kerple-log": lambda q, k, v, **kw: DF.kerple_attention(q, k, v, kerple_scale, kerple_rate, **kw),
-        "kerple-power": lambda q, k, v, **kw: DF.kerple_attention(
+        "kerple-log": lambda q, k, v, **kw: functional.kerple_attention(q, k, v, kerple_scale, kerple_rate, **kw),
+        "kerple-power": lambda q, k, v, **kw: functional.kerple_attention(
             q, k, v, kerple_scale, kerple_rate, kernel="power", **kw
         ),
-        "sandwich": lambda q, k, v, **kw: DF.sandwich_attention(q, k, v, **kw),
+        "sandwich": lambda q, k, v, **kw: functional.sandwich_attention(q, k, v, **kw),
     }
 
 
@@ -102,7 +106,7 @@ def flex_calls(monkeypatch):
             calls.append(kwargs.get("min_offset"))
         return real(q, k, v, table, **kwargs)
 
-    for module in (CORE, DF.differentiable_window):
+    for module in (CORE, functional.differentiable_window):
         monkeypatch.setattr(module, "flex_attend", spy)
     return calls
 
@@ -156,7 +160,7 @@ def test_a_block_mask_is_built_once_per_mask_tensor_and_again_after_it_changes(b
 
     def eager(padding):
         with torch.no_grad():
-            return DF.attend(q, k, v, key_padding_mask=padding, need_weights=False, flex="never")[0]
+            return functional.attend(q, k, v, key_padding_mask=padding, need_weights=False, flex="never")[0]
 
     first = attend(key_padding_mask=padding)
     again = attend(key_padding_mask=padding)
@@ -242,7 +246,7 @@ def test_relative_values_from_the_log_sum_exp_take_every_parameter_gradient(dens
         results = {}
         for mode in ("never", "always"):
             relative_keys, relative_values = (t.clone().requires_grad_() for t in tables)
-            out, _ = DF.relative_position_attention(
+            out, _ = functional.relative_position_attention(
                 *inputs,
                 relative_keys,
                 relative_values,
@@ -292,7 +296,7 @@ def test_a_window_that_underflows_to_zero_keeps_its_gradient(dtype, dense_flex_k
     results = {}
     for mode in ("never", "always"):
         q, k, v, mask = (t.clone().requires_grad_() for t in (*inputs, window))
-        out, _ = DF.multiplicative_window_attention(q, k, v, mask, need_weights=False, flex=mode)
+        out, _ = functional.multiplicative_window_attention(q, k, v, mask, need_weights=False, flex=mode)
         results[mode] = (out, *torch.autograd.grad(out.square().sum(), (q, k, v, mask)))
     assert float(results["never"][-1][0, 0, 2, :4].abs().min()) > 1e-3
     tolerance = 1e-12 if dtype == torch.float64 else 1e-5
@@ -306,7 +310,7 @@ def test_the_log_window_of_half_inputs_is_formed_in_float32(dtype):
     limit too, not at float16's sqrt(tiny) = 0.0078, which would lift every
     window tail below it; its gradient comes back in M's dtype."""
     mask = torch.tensor([1.0, 0.5, 1e-3, 1e-5, 0.0], dtype=dtype, requires_grad=True)
-    log_mask = DF.differentiable_window._FlooredLog.apply(mask)
+    log_mask = functional.differentiable_window._FlooredLog.apply(mask)
     floor = torch.finfo(torch.float32).tiny ** 0.5
     assert log_mask.dtype == torch.float32
     torch.testing.assert_close(log_mask, mask.detach().float().clamp_min(floor).log(), rtol=0, atol=0)
@@ -346,7 +350,7 @@ def test_routing(flex_calls):
         assert len(calls) == 1
     op(q, k, v, need_weights=False, flex="always")  # gradients on CPU: flex has no CPU backward
     assert len(calls) == 1
-    for bad_call in (op, DF.softmax_attention):  # an op that builds no table refuses it too
+    for bad_call in (op, functional.softmax_attention):  # an op that builds no table refuses it too
         with pytest.raises(ValueError, match="flex must be one of auto, always, never, got 'sometimes'"):
             bad_call(q, k, v, need_weights=False, flex="sometimes")
 
@@ -426,7 +430,7 @@ def test_score_mods_capture_tensors_not_python_numbers(name, monkeypatch):
             score_mods.append(table.score_mod())
         return real(q, k, v, table, **kwargs)
 
-    for module in (CORE, DF.differentiable_window):
+    for module in (CORE, functional.differentiable_window):
         monkeypatch.setattr(module, "flex_attend", spy)
     q, k, v = _inputs(3, 11, 8, torch.float64)
     with torch.no_grad():
@@ -738,7 +742,7 @@ def test_the_functional_ops_keep_no_mode_of_their_own():
     import ast
     from pathlib import Path
 
-    folder = Path(DF.__file__).parent
+    folder = Path(functional.__file__).parent
     rebinding = [
         f"{path.name}:{node.lineno}"
         for path in sorted(folder.glob("*.py"))

@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from fairseq_distattn import functional as DF
+from fairseq_distattn import functional
 
 B, H, T, D = 2, 2, 5, 4
 
@@ -34,47 +34,49 @@ def meta(tensor):
 
 
 def softmax(**kw):
-    return DF.softmax_attention(kw.pop("q", Q), kw.pop("k", K), kw.pop("v", V), **kw)
+    return functional.softmax_attention(kw.pop("q", Q), kw.pop("k", K), kw.pop("v", V), **kw)
 
 
 def rpr(max_distance=2, rel_keys=TABLE, q=Q, **kw):
-    return DF.relative_position_attention(q, K, V, rel_keys, TABLE if rel_keys is TABLE else None, max_distance, **kw)
+    return functional.relative_position_attention(
+        q, K, V, rel_keys, TABLE if rel_keys is TABLE else None, max_distance, **kw
+    )
 
 
 def da(distance_weight=HEAD_PARAMETER, q=Q, **kw):
-    return DF.distance_aware_attention(q, K, V, distance_weight, HEAD_PARAMETER, **kw)
+    return functional.distance_aware_attention(q, K, V, distance_weight, HEAD_PARAMETER, **kw)
 
 
 def window(segment_size=0, q_left=Q, q_right=Q, **kw):
-    return DF.window_mask(q_left, K, q_right, K, segment_size, **kw)
+    return functional.window_mask(q_left, K, q_right, K, segment_size, **kw)
 
 
 def mw(mask=WINDOW, q=Q, **kw):
-    return DF.multiplicative_window_attention(q, K, V, mask, **kw)
+    return functional.multiplicative_window_attention(q, K, V, mask, **kw)
 
 
 def aw(mask=WINDOW, q_global=Q, q_local=Q, **kw):
-    return DF.additive_window_attention(q_global, K, q_local, K, V, mask, **kw)
+    return functional.additive_window_attention(q_global, K, q_local, K, V, mask, **kw)
 
 
 def qvi(q=Q, value_projection=QVI_PARAMETERS[0], gate_weight=QVI_PARAMETERS[1], gate_bias=QVI_PARAMETERS[2], **kw):
-    return DF.query_value_interaction_attention(q, K, V, value_projection, gate_weight, gate_bias, **kw)
+    return functional.query_value_interaction_attention(q, K, V, value_projection, gate_weight, gate_bias, **kw)
 
 
 def query_aware_values(queries=Q, **kw):
-    return DF.query_aware_values(queries, V, *QVI_PARAMETERS, **kw)
+    return functional.query_aware_values(queries, V, *QVI_PARAMETERS, **kw)
 
 
 def distance_mask(alpha=1.0, q=Q, **kw):
-    return DF.distance_mask_attention(q, K, V, alpha, **kw)
+    return functional.distance_mask_attention(q, K, V, alpha, **kw)
 
 
 def alibi(slopes=None, q=Q, **kw):
-    return DF.alibi_attention(q, K, V, slopes, **kw)
+    return functional.alibi_attention(q, K, V, slopes, **kw)
 
 
 def t5(table=T5_TABLE, q=Q, **kw):
-    return DF.t5_bias_attention(q, K, V, table, max_distance=6, **kw)
+    return functional.t5_bias_attention(q, K, V, table, max_distance=6, **kw)
 
 
 # (call, keyword arguments, the argument the message must name)
@@ -196,7 +198,7 @@ def test_the_same_calls_with_good_arguments_work(call):
 
 
 def test_a_float64_call_works_when_every_tensor_is_float64():
-    out, probs = DF.relative_position_attention(
+    out, probs = functional.relative_position_attention(
         Q.double(), K.double(), V.double(), TABLE.double(), TABLE.double(), 2, key_padding_mask=PADDING
     )
     assert out.dtype == probs.dtype == torch.float64 and torch.isfinite(out).all()
@@ -204,27 +206,27 @@ def test_a_float64_call_works_when_every_tensor_is_float64():
 
 # The exported position helpers: lengths and offsets are integers >= 0.
 def relative_distance(tgt_len=3, src_len=5, query_offset=0):
-    return DF.relative_distance(tgt_len, src_len, query_offset, "cpu")
+    return functional.relative_distance(tgt_len, src_len, query_offset, "cpu")
 
 
 def alibi_bias(tgt_len=3, src_len=5, num_heads=4, query_offset=0, dtype=torch.float32):
-    return DF.alibi_bias(tgt_len, src_len, num_heads, query_offset, "cpu", dtype)
+    return functional.alibi_bias(tgt_len, src_len, num_heads, query_offset, "cpu", dtype)
 
 
 def t5_relative_bias(table=T5_TABLE, tgt_len=3, src_len=5, max_distance=6, query_offset=0):
-    return DF.t5_relative_bias(table, tgt_len, src_len, max_distance, True, query_offset)
+    return functional.t5_relative_bias(table, tgt_len, src_len, max_distance, True, query_offset)
 
 
 def relative_position_bucket_table(num_buckets=8, max_distance=6, bidirectional=True):
-    return DF.relative_position_bucket_table(num_buckets, max_distance, bidirectional)
+    return functional.relative_position_bucket_table(num_buckets, max_distance, bidirectional)
 
 
 def offsets(tgt_len=3, src_len=5, query_offset=0):
-    return DF.offsets(tgt_len, src_len, query_offset, "cpu")
+    return functional.offsets(tgt_len, src_len, query_offset, "cpu")
 
 
 def logit_mask(tgt_len=3, src_len=5, query_offset=0):
-    return DF.logit_mask(None, True, query_offset, tgt_len, src_len, "cpu", torch.float32)
+    return functional.logit_mask(None, True, query_offset, tgt_len, src_len, "cpu", torch.float32)
 
 
 POSITION_CALLS = [
@@ -264,8 +266,8 @@ def test_the_same_position_helpers_with_good_arguments_work(call):
 
 
 def test_relative_distance_is_still_cached():
-    first = DF.relative_distance(3, 5, 1, "cpu")
-    assert DF.relative_distance(3, 5, 1, "cpu") is first
+    first = functional.relative_distance(3, 5, 1, "cpu")
+    assert functional.relative_distance(3, 5, 1, "cpu") is first
     assert first.tolist()[0] == [-1, 0, 1, 2, 3]
 
 
@@ -285,12 +287,12 @@ X86_FLOAT32_LANES = {"AVX2": 8}
 def test_a_nan_query_row_on_the_weights_and_the_fused_path(length, causal):
     q, k, v = tensors(B, H, length, D, count=3)
     q[0, 0, 1] = float("nan")
-    out, probs = DF.softmax_attention(q, k, v, causal=causal)
+    out, probs = functional.softmax_attention(q, k, v, causal=causal)
     assert probs[0, 0, 1].isnan().all() and out[0, 0, 1].isnan().all()
     padding = torch.zeros(B, length, dtype=torch.bool)  # a mask, though it hides nothing: SDPA gets attn_mask
-    masked, _ = DF.softmax_attention(q, k, v, causal=causal, key_padding_mask=padding, need_weights=False)
+    masked, _ = functional.softmax_attention(q, k, v, causal=causal, key_padding_mask=padding, need_weights=False)
     assert masked[0, 0, 1].isnan().all()
-    fused, _ = DF.softmax_attention(q, k, v, causal=causal, need_weights=False)
+    fused, _ = functional.softmax_attention(q, k, v, causal=causal, need_weights=False)
     for result in (out, masked, fused):  # the other rows are untouched
         assert torch.isfinite(result[1]).all() and torch.isfinite(result[0, 1]).all()
     lanes = X86_FLOAT32_LANES.get(torch.backends.cpu.get_cpu_capability())

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from fairseq_distattn import functional as DF
+from fairseq_distattn import functional
 from fairseq_distattn.mechanisms.examples import ExampleDraw, example_call
 from fairseq_distattn.registry import option_flag, registered
 
@@ -66,5 +66,5 @@ def test_fused_path_gives_zero_for_a_row_with_no_visible_key():
     generator = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 1, 3, D, generator=generator, dtype=torch.float64) for _ in range(3))
     everything_padded = torch.ones(1, 3, dtype=torch.bool)
-    out, _ = DF.softmax_attention(q, k, v, key_padding_mask=everything_padded, need_weights=False)
+    out, _ = functional.softmax_attention(q, k, v, key_padding_mask=everything_padded, need_weights=False)
     assert torch.equal(out, torch.zeros_like(out))

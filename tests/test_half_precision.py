@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from benchmarks.diagnostics import precision
-from fairseq_distattn import functional as DF
+from fairseq_distattn import functional
 from fairseq_distattn.spec import MECHANISMS
 
 from .model_helpers import TINY, everywhere, left_pad, random_tokens, right_pad, translation_model
@@ -82,9 +82,9 @@ def test_qvi_recomputes_half_inputs_in_float32_under_autocast_too(device, dtype)
     q, k, v = (torch.randn(2, 2, 6, 8, generator=generator).to(device, dtype) * 4 for _ in range(3))
     value_projection, gate_weight = torch.randn(2, 8, 8, generator=generator), torch.randn(2, 16, generator=generator)
     parameters = (value_projection.to(device), gate_weight.to(device), torch.zeros(2, device=device))
-    plain, _ = DF.query_value_interaction_attention(q, k, v, *parameters, causal=True)
+    plain, _ = functional.query_value_interaction_attention(q, k, v, *parameters, causal=True)
     with torch.autocast(device, dtype=dtype):
-        autocast, _ = DF.query_value_interaction_attention(q, k, v, *parameters, causal=True)
+        autocast, _ = functional.query_value_interaction_attention(q, k, v, *parameters, causal=True)
     assert autocast.dtype == plain.dtype == dtype
     torch.testing.assert_close(autocast, plain, rtol=0, atol=0)
 
@@ -93,7 +93,7 @@ def test_qvi_recomputes_half_inputs_in_float32_under_autocast_too(device, dtype)
 def test_padding_gets_exactly_zero_probability_in_half_precision(dtype):
     q, k, v = (torch.randn(2, 2, 4, 8).to(dtype) * 30 for _ in range(3))
     padding = torch.tensor([[True, False, False, False], [False, False, False, True]])
-    _, probs = DF.distance_mask_attention(q, k, v, 1000.0, key_padding_mask=padding)
+    _, probs = functional.distance_mask_attention(q, k, v, 1000.0, key_padding_mask=padding)
     assert torch.isfinite(probs).all()
     assert (probs[0, :, :, 0] == 0).all() and (probs[1, :, :, 3] == 0).all()
 
@@ -146,8 +146,8 @@ def test_distance_aware_logits_beyond_the_float16_range_stay_finite():
     q, k, v = (torch.randn(1, 2, 6, 16, generator=generator) for _ in range(3))
     q, k = (q * 100).half(), (k * 100).half()
     sharpness = torch.full((2,), 3.0).half()  # f up to 1 + e^3 = 21
-    assert torch.isfinite(DF.softmax_attention(q, k, v.half())[0]).all()
-    out, probs = DF.distance_aware_attention(q, k, v.half(), torch.zeros(2).half(), sharpness)
+    assert torch.isfinite(functional.softmax_attention(q, k, v.half())[0]).all()
+    out, probs = functional.distance_aware_attention(q, k, v.half(), torch.zeros(2).half(), sharpness)
     assert torch.isfinite(out).all() and torch.isfinite(probs).all()
 
 
@@ -160,7 +160,7 @@ def test_distance_mask_with_a_huge_alpha_gives_no_nan(dtype, alpha, need_weights
     on the diagonal)."""
     q, k, v = (torch.randn(2, 2, 5, 8).to(dtype) for _ in range(3))
     padding = torch.tensor([[True, True, False, False, False], [False] * 5])
-    out, probs = DF.distance_mask_attention(q, k, v, alpha, key_padding_mask=padding, need_weights=need_weights)
+    out, probs = functional.distance_mask_attention(q, k, v, alpha, key_padding_mask=padding, need_weights=need_weights)
     assert torch.isfinite(out).all()
     if need_weights:
         assert torch.isfinite(probs).all() and (probs[0, :, :, :2] == 0).all()
@@ -197,7 +197,7 @@ def test_fused_additive_window_keeps_bias_differences_beyond_half_of_the_range(d
     k_local = torch.tensor([400.0, 500.0], dtype=dtype).view(1, 1, 2, 1)
     v = torch.tensor([1.0, -1.0], dtype=dtype).view(1, 1, 2, 1)
     window = torch.ones(1, 1, 2, 2)
-    out, _ = DF.additive_window_attention(zeros, zeros, q_local, k_local, v, window, need_weights=False)
+    out, _ = functional.additive_window_attention(zeros, zeros, q_local, k_local, v, window, need_weights=False)
     assert torch.equal(out, torch.full_like(out, -1.0))
 
 
@@ -210,5 +210,5 @@ def test_fused_distance_mask_row_beyond_the_half_range_is_not_lost(dtype):
     q = torch.zeros(1, 1, 3, 1, dtype=dtype)
     v = torch.tensor([0.0, 3.0, 5.0], dtype=dtype).view(1, 1, 3, 1)
     padding = torch.tensor([[True, False, False]])
-    out, _ = DF.distance_mask_attention(q, q, v, 4e4, key_padding_mask=padding, need_weights=False)
+    out, _ = functional.distance_mask_attention(q, q, v, 4e4, key_padding_mask=padding, need_weights=False)
     assert torch.equal(out[0, 0, 0], torch.tensor([3.0], dtype=dtype))

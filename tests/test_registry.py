@@ -15,7 +15,7 @@ import textwrap
 import pytest
 import torch
 
-from fairseq_distattn import functional as DF
+from fairseq_distattn import functional
 from fairseq_distattn.mechanisms.examples import ExampleDraw, example_call
 from fairseq_distattn.registry import (
     CROSS,
@@ -36,6 +36,7 @@ from fairseq_distattn.tools.docs import (
     mechanism_table,
     spec_grammar,
 )
+from fairseq_distattn.tools.functional_exports import FUNCTIONAL_INIT, export_block, functional_init, module_exports
 
 from .conftest import REPO_ROOT
 
@@ -53,11 +54,11 @@ def test_the_functional_api_imports_without_fairseq_and_leaves_torch_alone():
         import torch
         safe_globals = list(torch.serialization.get_safe_globals())
         filters, device_count = list(warnings.filters), torch.cuda.device_count
-        import fairseq_distattn.functional as DF
+        from fairseq_distattn import functional
         import fairseq_distattn.spec, fairseq_distattn.registry, fairseq_distattn.mechanisms
         q = torch.randn(1, 2, 3, 4)
-        assert DF.alibi_attention(q, q, q, causal=True)[0].shape == q.shape
-        assert DF.t5_bias_attention(q, q, q, torch.zeros(32, 2))[1].shape == (1, 2, 3, 3)
+        assert functional.alibi_attention(q, q, q, causal=True)[0].shape == q.shape
+        assert functional.t5_bias_attention(q, q, q, torch.zeros(32, 2))[1].shape == (1, 2, 3, 3)
         assert list(torch.serialization.get_safe_globals()) == safe_globals, "safe globals changed"
         assert list(warnings.filters) == filters, "warning filters changed"
         assert torch.cuda.device_count is device_count
@@ -148,6 +149,28 @@ def test_the_generated_docs_are_the_registrys_and_shown_where_a_user_looks(path,
         assert "README.md" in showing, "the README shows the mechanism table"
 
 
+def test_the_functional_namespace_names_every_export_and_is_current():
+    """``functional/__init__.py`` imports each name explicitly (an editor follows
+    ``functional.alibi_attention`` to its module), and its block is what the modules'
+    ``__all__`` give: a new op's names appear after ``docs --write``, not by discovery."""
+    init = REPO_ROOT / FUNCTIONAL_INIT
+    text = init.read_text(encoding="utf-8")
+    assert text == functional_init(text, init.parent), (
+        f"{FUNCTIONAL_INIT} is stale: run python -m fairseq_distattn.docs --write"
+    )
+    assert "globals()" not in text and "import_module" not in text
+    exports = module_exports(init.parent)
+    assert sorted(functional.__all__) == sorted(name for names in exports.values() for name in names)
+    for module, names in exports.items():
+        for name in names:
+            assert getattr(functional, name) is getattr(sys.modules[f"fairseq_distattn.functional.{module}"], name)
+
+
+def test_the_functional_export_block_refuses_a_name_two_modules_export():
+    with pytest.raises(ValueError, match="more than one module of functional/ exports attend"):
+        export_block({"attention": ["attend"], "other": ["attend", "unique"]})
+
+
 def test_the_docs_command_and_its_older_name_print_the_same():
     outputs = [
         subprocess.run(
@@ -191,13 +214,13 @@ def test_the_generated_docs_say_what_each_flag_accepts_and_why_it_refuses():
 SHARED = ("key_padding_mask", "causal", "query_offset", "dropout_p", "need_weights")
 # every attention op of the functional API, and every registered mechanism's op (one added from outside too)
 OPS = {
-    **{name: getattr(DF, name) for name in DF.__all__ if name.endswith("_attention")},
+    **{name: getattr(functional, name) for name in functional.__all__ if name.endswith("_attention")},
     **{info.op.__name__: info.op for info in registered()},
 }
 
 
 def test_every_op_of_the_package_s_mechanisms_is_part_of_the_functional_api():
-    public = {getattr(DF, name) for name in DF.__all__}
+    public = {getattr(functional, name) for name in functional.__all__}
     for info in registered():
         if info.module.__module__.startswith("fairseq_distattn."):
             assert info.op in public, f"{info.name}'s op {info.op.__name__} is not in fairseq_distattn.functional"
@@ -232,7 +255,7 @@ def test_a_registration_says_where_its_paper_puts_it_and_what_its_op_is():
     from fairseq_distattn.registry import register_attention
 
     with pytest.raises(ValueError, match="paper must read 'Authors YEAR, \\*Title\\*'"):
-        register_attention("nameless", op=DF.softmax_attention, description="d", paper="somebody")(Mechanism)
+        register_attention("nameless", op=functional.softmax_attention, description="d", paper="somebody")(Mechanism)
     with pytest.raises(TypeError, match="op must be callable"):
         register_attention("opless", op=None, description="d", paper="A 2001, *T*")(Mechanism)
     assert "nameless" not in REGISTRY and "opless" not in REGISTRY

@@ -10,7 +10,7 @@ import argparse
 import pytest
 import torch
 
-from fairseq_distattn import functional as DF
+from fairseq_distattn import functional
 from fairseq_distattn.functional.relative_position import rows_within_reach
 from fairseq_distattn.registry import DECODER_SELF, ENCODER_SELF
 from fairseq_distattn.spec import AttentionOptions, SpecError
@@ -40,7 +40,7 @@ def run(tgt_len, src_len, query_offset, causal, padded, with_values, need_weight
         padding = torch.zeros(2, src_len, dtype=torch.bool)
         padding[1, :2] = True
     rel_keys, rel_values = (table.clone().requires_grad_() for table in tables)
-    out, probs = DF.relative_position_attention(
+    out, probs = functional.relative_position_attention(
         q,
         k,
         v,

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from fairseq_distattn import functional as DF
+from fairseq_distattn import functional
 from fairseq_distattn.registry import SpecError
 
 from .model_helpers import TINY_LM, language_model, random_tokens
@@ -164,7 +164,7 @@ def test_op_is_the_papers_attention(case):
     q, k, v = draw()
     positions = [list(range(T))] * B
     expected = paper_attention(q, k, v, positions, **case)
-    out, _ = DF.rotary_attention(
+    out, _ = functional.rotary_attention(
         q,
         k,
         v,
@@ -183,32 +183,32 @@ def test_the_rotate_half_layout_is_the_same_attention_on_permuted_projections(fr
     """GPT-NeoX/LLaMA-HF pair dimension i with i + d/2: given q and k with their dimensions
     permuted that way, that layout computes exactly what the op computes."""
     q, k, v = draw(4)
-    dims = DF.rotary_dims(D, fraction)
-    ours, _ = DF.rotary_attention(q, k, v, fraction=fraction, causal=True)
+    dims = functional.rotary_dims(D, fraction)
+    ours, _ = functional.rotary_attention(q, k, v, fraction=fraction, causal=True)
     theirs = rotate_half_attention(half_layout(q, dims), half_layout(k, dims), v, dims)
     torch.testing.assert_close(theirs, ours, rtol=1e-10, atol=1e-10)
 
 
 def test_scalings_change_the_attention_and_linear_is_position_interpolation():
     q, k, v = draw(1)
-    plain = DF.rotary_attention(q, k, v, causal=True)[0]
+    plain = functional.rotary_attention(q, k, v, causal=True)[0]
     for scaling in ("linear", "ntk", "yarn"):
         # only yarn reads the training length (the others refuse one)
         arguments = dict(scaling=scaling, original_length=8 if scaling == "yarn" else 0, causal=True)
-        scaled = DF.rotary_attention(q, k, v, scaling_factor=4.0, **arguments)[0]
+        scaled = functional.rotary_attention(q, k, v, scaling_factor=4.0, **arguments)[0]
         assert (scaled - plain).abs().max() > 1e-3, scaling
-        same = DF.rotary_attention(q, k, v, scaling_factor=1.0, **arguments)[0]
+        same = functional.rotary_attention(q, k, v, scaling_factor=1.0, **arguments)[0]
         torch.testing.assert_close(same, plain, rtol=1e-12, atol=1e-12)
     # position interpolation: the angles of position m / s exactly
-    theta, factor = DF.rotary_frequencies(D, scaling="linear", scaling_factor=4.0)
-    original, _ = DF.rotary_frequencies(D)
+    theta, factor = functional.rotary_frequencies(D, scaling="linear", scaling_factor=4.0)
+    original, _ = functional.rotary_frequencies(D)
     torch.testing.assert_close(theta * 4.0, original)
     assert factor == 1.0
 
 
 def test_yarn_keeps_high_frequencies_and_interpolates_low_ones():
-    theta, factor = DF.rotary_frequencies(64, scaling="yarn", scaling_factor=8.0, original_length=2048)
-    original, _ = DF.rotary_frequencies(64)
+    theta, factor = functional.rotary_frequencies(64, scaling="yarn", scaling_factor=8.0, original_length=2048)
+    original, _ = functional.rotary_frequencies(64)
     wavelengths = 2 * math.pi / original
     assert torch.equal(theta[2048 / wavelengths > 32], original[2048 / wavelengths > 32])
     torch.testing.assert_close(theta[2048 / wavelengths < 1], original[2048 / wavelengths < 1] / 8)
@@ -221,10 +221,10 @@ def test_left_padding_shifts_positions_to_the_first_real_token():
     pad = 3
     mask = torch.zeros(B, T, dtype=torch.bool)
     mask[0, :pad] = True
-    batch, _ = DF.rotary_attention(q, k, v, key_padding_mask=mask, xpos_scale_base=None)
-    alone, _ = DF.rotary_attention(q[:1, :, pad:], k[:1, :, pad:], v[:1, :, pad:])
+    batch, _ = functional.rotary_attention(q, k, v, key_padding_mask=mask, xpos_scale_base=None)
+    alone, _ = functional.rotary_attention(q[:1, :, pad:], k[:1, :, pad:], v[:1, :, pad:])
     torch.testing.assert_close(batch[0, :, pad:], alone[0], rtol=1e-12, atol=1e-12)
-    positions = DF.sequence_positions(mask, T, 0, "cpu")
+    positions = functional.sequence_positions(mask, T, 0, "cpu")
     assert positions[0].tolist() == [0, 0, 0, 0, 1, 2, 3] and positions[1].tolist() == list(range(T))
 
 
@@ -238,7 +238,7 @@ def test_padded_rows_are_rotated_at_positions_from_their_first_real_token(xpos, 
     q = q[:, :, query_offset:]
     mask = torch.zeros(B, T, dtype=torch.bool)
     mask[0, :3] = True  # row 0 left-padded by 3: its key j sits at position max(j - 3, 0)
-    rotated_q, rotated_k = DF.rotary_query_key(
+    rotated_q, rotated_k = functional.rotary_query_key(
         q, k, key_padding_mask=mask, xpos_scale_base=xpos, query_offset=query_offset
     )
     thetas, _ = paper_theta(D)
@@ -264,19 +264,21 @@ def test_padded_rows_are_rotated_at_positions_from_their_first_real_token(xpos, 
 def test_rotation_is_relative_only():
     """(R_m q)^T (R_n k) depends on n - m alone: shifting every position changes no logit."""
     q, k, _ = draw(3)
-    theta, _ = DF.rotary_frequencies(D)
+    theta, _ = functional.rotary_frequencies(D)
     positions = torch.arange(T)[None]
-    logits = DF.rotate(q, positions, theta) @ DF.rotate(k, positions, theta).transpose(-1, -2)
-    shifted = DF.rotate(q, positions + 1000, theta) @ DF.rotate(k, positions + 1000, theta).transpose(-1, -2)
+    logits = functional.rotate(q, positions, theta) @ functional.rotate(k, positions, theta).transpose(-1, -2)
+    shifted = functional.rotate(q, positions + 1000, theta) @ functional.rotate(k, positions + 1000, theta).transpose(
+        -1, -2
+    )
     torch.testing.assert_close(shifted, logits, rtol=1e-9, atol=1e-9)
 
 
 def test_angles_are_formed_in_float32_for_half_inputs():
     q = torch.randn(1, 1, 3, D).half()
-    theta, _ = DF.rotary_frequencies(D, dtype=torch.float32)
+    theta, _ = functional.rotary_frequencies(D, dtype=torch.float32)
     positions = torch.tensor([[3000, 3001, 3002]])
-    expected = DF.rotate(q.double(), positions, theta.double()).half()
-    torch.testing.assert_close(DF.rotate(q, positions, theta), expected, rtol=0, atol=2e-3)
+    expected = functional.rotate(q.double(), positions, theta.double()).half()
+    torch.testing.assert_close(functional.rotate(q, positions, theta), expected, rtol=0, atol=2e-3)
 
 
 @pytest.mark.parametrize(
@@ -353,7 +355,7 @@ def test_language_model_incremental_matches_full_with_each_scaling(flags):
 def test_yarns_correction_range_is_the_authors(dims, base, original_length, expected):
     """The pair indices between which ``yarn`` ramps, as the authors' code finds them from
     beta_fast = 32 and beta_slow = 1 rotations over the training length (worked by hand)."""
-    assert DF.yarn_correction_range(dims, base, original_length) == expected
+    assert functional.yarn_correction_range(dims, base, original_length) == expected
     assert authors_yarn_range(dims, base, original_length) == expected
 
 
@@ -362,7 +364,7 @@ def test_yarn_frequencies_and_attention_factor_are_the_authors():
     original frequencies below the ramp, theta / s above it, linear over the pair index
     between (numbers from their formulas, dims 128, base 1e4, L 4096, s 4); the attention
     factor (0.1 ln 4 + 1)^2 = 1.29647...; ``yarn-paper`` differs inside the ramp only."""
-    theta, factor = DF.rotary_frequencies(128, 10000.0, "yarn", 4.0, 4096)
+    theta, factor = functional.rotary_frequencies(128, 10000.0, "yarn", 4.0, 4096)
     original = 10000.0 ** (-torch.arange(0, 128, 2, dtype=torch.float64) / 128)
     torch.testing.assert_close(theta[:21], original[:21], rtol=0, atol=0)
     torch.testing.assert_close(theta[46:], original[46:] / 4, rtol=1e-15, atol=0)
@@ -371,7 +373,7 @@ def test_yarn_frequencies_and_attention_factor_are_the_authors():
     assert theta[33].item() == pytest.approx(expected, rel=1e-14)
     assert factor == pytest.approx((0.1 * math.log(4.0) + 1) ** 2, rel=1e-15)
     assert factor == pytest.approx(1.296476, abs=1e-6)
-    paper, paper_factor = DF.rotary_frequencies(128, 10000.0, "yarn-paper", 4.0, 4096)
+    paper, paper_factor = functional.rotary_frequencies(128, 10000.0, "yarn-paper", 4.0, 4096)
     assert paper_factor == factor
     inside = (theta - paper).abs() > 1e-12 * original
     assert inside.any() and not inside[:10].any() and not inside[50:].any()

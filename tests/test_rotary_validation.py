@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from fairseq_distattn import functional as DF
+from fairseq_distattn import functional
 from fairseq_distattn.functional import rotary as rotary_module
 from fairseq_distattn.models.distattn_lm import DistAttnLanguageModel
 from fairseq_distattn.registry import SpecError
@@ -53,12 +53,12 @@ def test_xpos_scale_bases_whose_factors_leave_float32_are_refused_by_the_op(scal
     refused with the smallest scale base that fits, rather than NaN attention."""
     q, k, v = draw(128)
     for op in (
-        lambda: DF.rotary_attention(q, k, v, xpos_scale_base=scale_base, causal=True),
-        lambda: DF.rotary_query_key(q, k, xpos_scale_base=scale_base),
+        lambda: functional.rotary_attention(q, k, v, xpos_scale_base=scale_base, causal=True),
+        lambda: functional.rotary_query_key(q, k, xpos_scale_base=scale_base),
     ):
         with pytest.raises(ValueError, match=r"^xpos_scale_base .*float32.*allowed: a scale base >= 1\.83 "):
             op()
-    assert DF.smallest_xpos_scale_base(128) == 1.83
+    assert functional.smallest_xpos_scale_base(128) == 1.83
     assert 127 * math.log(3.5) / 1.83 <= rotary_module.XPOS_EXPONENT_LIMIT < 127 * math.log(3.5) / 1.82
 
 
@@ -71,12 +71,12 @@ def test_centred_xpos_is_the_uncentred_attention(scale_base, centre):
     q, k, v = draw(128, seed=1)
     mask = torch.zeros(1, 128, dtype=torch.bool)
     expected = uncentred_xpos_attention(q, k, v, scale_base)
-    out, _ = DF.rotary_attention(q, k, v, xpos_scale_base=scale_base, xpos_centre=centre, causal=True)
+    out, _ = functional.rotary_attention(q, k, v, xpos_scale_base=scale_base, xpos_centre=centre, causal=True)
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-9)
     single = [x.float() for x in (q, k, v)]
     for need_weights in (True, False):
         for key_padding_mask in (None, mask):
-            out32, _ = DF.rotary_attention(
+            out32, _ = functional.rotary_attention(
                 *single,
                 xpos_scale_base=scale_base,
                 xpos_centre=centre,
@@ -91,9 +91,9 @@ def test_centred_xpos_is_the_uncentred_attention(scale_base, centre):
 def test_a_centre_far_from_the_positions_is_refused():
     q, k, v = draw(128)
     with pytest.raises(ValueError, match=r"^xpos_centre .*such as 63\.5"):
-        DF.rotary_attention(q, k, v, xpos_scale_base=2.0, xpos_centre=10000.0, causal=True)
+        functional.rotary_attention(q, k, v, xpos_scale_base=2.0, xpos_centre=10000.0, causal=True)
     with pytest.raises(ValueError, match=r"^xpos_centre must be a finite number"):
-        DF.rotary_query_key(q, k, xpos_scale_base=2.0, xpos_centre=math.nan)
+        functional.rotary_query_key(q, k, xpos_scale_base=2.0, xpos_centre=math.nan)
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
@@ -107,13 +107,13 @@ def test_incremental_decoding_against_keys_cached_with_a_fixed_centre_is_the_ful
     if padded:
         mask[0, :3] = True
     arguments = dict(xpos_scale_base=scale_base, xpos_centre=centre, key_padding_mask=mask)
-    full_q, full_k = DF.rotary_query_key(q, k, **arguments)
+    full_q, full_k = functional.rotary_query_key(q, k, **arguments)
     full_logits = full_q @ full_k.transpose(-1, -2)
     cached = []
     for t in range(length):
         # step t sees the padding of the tokens so far, rotates its own query and key only
         step = dict(arguments, key_padding_mask=mask[:, : t + 1])
-        step_q, step_k = DF.rotary_query_key(
+        step_q, step_k = functional.rotary_query_key(
             q[:, :, t : t + 1], k[:, :, t : t + 1], query_offset=t, key_offset=t, **step
         )
         cached.append(step_k)
@@ -121,8 +121,8 @@ def test_incremental_decoding_against_keys_cached_with_a_fixed_centre_is_the_ful
         real = int(mask[0].sum())  # padded steps: their keys are masked, their outputs unused
         if t >= real:
             torch.testing.assert_close(logits[..., 0, real:], full_logits[..., t, real : t + 1], rtol=1e-10, atol=1e-10)
-    full, _ = DF.rotary_attention(q, k, v, xpos_scale_base=scale_base, causal=True, key_padding_mask=mask)
-    later, _ = DF.rotary_attention(
+    full, _ = functional.rotary_attention(q, k, v, xpos_scale_base=scale_base, causal=True, key_padding_mask=mask)
+    later, _ = functional.rotary_attention(
         q[:, :, 16:], k, v, xpos_scale_base=scale_base, causal=True, query_offset=16, key_padding_mask=mask
     )
     torch.testing.assert_close(later, full[:, :, 16:], rtol=1e-10, atol=1e-10)
@@ -136,13 +136,13 @@ def test_half_inputs_at_6000_tokens_with_the_default_scale_base_are_finite():
     rotated queries and keys stay finite in float16, and so does the (fused causal) attention."""
     length = 6000
     q, k, v = draw(length, seed=3, heads=1, dtype=torch.float16)
-    turn = DF.turns(torch.arange(length)[None], DF.rotary_frequencies(8, dtype=torch.float32)[0])
+    turn = functional.turns(torch.arange(length)[None], functional.rotary_frequencies(8, dtype=torch.float32)[0])
     assert turn.dtype == torch.complex64  # angles and scales in float32 for half inputs
-    rotated_q, rotated_k = DF.rotary_query_key(q, k, xpos_scale_base=512.0, xpos_centre=(length - 1) / 2)
+    rotated_q, rotated_k = functional.rotary_query_key(q, k, xpos_scale_base=512.0, xpos_centre=(length - 1) / 2)
     assert rotated_q.dtype == torch.float16 and rotated_q.isfinite().all() and rotated_k.isfinite().all()
-    out, _ = DF.rotary_attention(q, k, v, xpos_scale_base=512.0, causal=True, need_weights=False)
+    out, _ = functional.rotary_attention(q, k, v, xpos_scale_base=512.0, causal=True, need_weights=False)
     assert out.dtype == torch.float16 and out.isfinite().all()
-    single, _ = DF.rotary_attention(
+    single, _ = functional.rotary_attention(
         q.float(), k.float(), v.float(), xpos_scale_base=512.0, causal=True, need_weights=False
     )
     torch.testing.assert_close(out.float(), single, rtol=0, atol=2e-2)
@@ -183,9 +183,9 @@ def op_problem(arguments):
     """The op's ValueError (the tiny LM's heads: 16 / 2 = 8 dims)."""
     q, k, v = draw(5)
     with pytest.raises(ValueError) as raised:
-        DF.rotary_attention(q, k, v, causal=True, **arguments)
+        functional.rotary_attention(q, k, v, causal=True, **arguments)
     with pytest.raises(ValueError) as raised_again:
-        DF.rotary_query_key(q, k, **arguments)
+        functional.rotary_query_key(q, k, **arguments)
     assert str(raised_again.value) == str(raised.value)
     return str(raised.value)
 
@@ -234,7 +234,7 @@ def test_xpos_scale_bases_beyond_float32_are_refused_on_the_command_line(flags, 
     error = flag_problem(flags, mechanism="xpos")
     assert error.flag == "--xpos-scale-base"
     assert "beyond float32" in error.problem and f"--tokens-per-sample {positions}" in error.problem
-    assert error.allowed == f"a scale base >= {DF.smallest_xpos_scale_base(positions):g} at this length"
+    assert error.allowed == f"a scale base >= {functional.smallest_xpos_scale_base(positions):g} at this length"
     with pytest.raises(SystemExit):
         language_model(extra=[*TINY_LM, "--decoder-self-attention", "xpos", *flags])
     assert "--xpos-scale-base" in capsys.readouterr().err

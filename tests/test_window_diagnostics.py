@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from benchmarks.diagnostics import window as wd
-from fairseq_distattn import functional as DF
+from fairseq_distattn import functional
 from fairseq_distattn.modules.summary import attention_sites
 from fairseq_distattn.tools.inspection import WindowInternals
 
@@ -41,7 +41,7 @@ def test_within_row_std_is_the_population_std_of_the_visible_keys():
 def test_uniform_boundary_mask_is_eq_9_of_uniform_pointers(keys, segment_size):
     zeros = torch.zeros(1, 1, 3, 4, dtype=torch.float64)
     key_zeros = torch.zeros(1, 1, keys, 4, dtype=torch.float64)
-    package = DF.window_mask(zeros, key_zeros, zeros, key_zeros, segment_size)[0, 0]
+    package = functional.window_mask(zeros, key_zeros, zeros, key_zeros, segment_size)[0, 0]
     reference = wd.uniform_pointer_mask(keys, segment_size)
     torch.testing.assert_close(package, reference.expand(3, keys))
     if segment_size == 0:

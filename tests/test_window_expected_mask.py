@@ -13,7 +13,7 @@ import itertools
 import pytest
 import torch
 
-import fairseq_distattn.functional as DF
+from fairseq_distattn import functional
 from fairseq_distattn.functional.differentiable_window import _TokenWindowMask, key_segments
 
 from .model_helpers import TINY, left_pad, random_tokens, translation_model
@@ -107,7 +107,7 @@ def test_window_mask_equals_brute_force_enumeration(segment_size, padded, causal
     q_left, k_left, q_right, k_right = inputs(seed=segment_size * 10 + padded + 2 * causal + query_offset)
     tgt_len, src_len = q_left.size(2), k_left.size(2)
     key_padding_mask = padding_mask(src_len, [src_len, 4]) if padded else None
-    mask = DF.window_mask(
+    mask = functional.window_mask(
         q_left,
         k_left,
         q_right,
@@ -128,7 +128,7 @@ def test_window_mask_equals_brute_force_enumeration(segment_size, padded, causal
     # the autograd path (a closed-form backward for tokens) gives the same values
     with torch.enable_grad():
         grad_inputs = [t.clone().requires_grad_() for t in (q_left, k_left, q_right, k_right)]
-        tracked = DF.window_mask(
+        tracked = functional.window_mask(
             *grad_inputs,
             segment_size,
             key_padding_mask=key_padding_mask,
@@ -143,8 +143,8 @@ def test_window_mask_equals_brute_force_enumeration(segment_size, padded, causal
 def test_expected_is_eq9_minus_the_double_count(segment_size):
     args = inputs(seed=11)
     key_padding_mask = padding_mask(SHAPE[3], [SHAPE[3], 5])
-    eq9 = DF.window_mask(*args, segment_size, key_padding_mask=key_padding_mask)
-    expected = DF.window_mask(*args, segment_size, key_padding_mask=key_padding_mask, expected=True)
+    eq9 = functional.window_mask(*args, segment_size, key_padding_mask=key_padding_mask)
+    expected = functional.window_mask(*args, segment_size, key_padding_mask=key_padding_mask, expected=True)
     assert (eq9 - expected).min() >= -1e-15  # the removed term is a product of probabilities
     assert eq9.max() > 1  # eq. 9 as written leaves [0, 1] with these inputs (the finding)
     assert expected.max() <= 1 + 1e-12
@@ -155,23 +155,23 @@ def test_both_pointers_on_one_key_give_1_not_2(segment_size):
     """The finding's reproducer: one key, both pointers on it. Eq. 9 as written
     (the default, unchanged) gives 2; the discrete window [1, 1] and the expected mask give 1."""
     q = torch.zeros(1, 1, 1, 4, dtype=torch.float64)
-    assert DF.window_mask(q, q.clone(), q, q.clone(), segment_size).item() == 2.0
-    assert DF.window_mask(q, q.clone(), q, q.clone(), segment_size, expected=False).item() == 2.0
-    assert DF.window_mask(q, q.clone(), q, q.clone(), segment_size, expected=True).item() == 1.0
+    assert functional.window_mask(q, q.clone(), q, q.clone(), segment_size).item() == 2.0
+    assert functional.window_mask(q, q.clone(), q, q.clone(), segment_size, expected=False).item() == 2.0
+    assert functional.window_mask(q, q.clone(), q, q.clone(), segment_size, expected=True).item() == 1.0
     # near one-hot pointers on the same key of a longer sequence
     k = torch.zeros(1, 1, 6, 4, dtype=torch.float64)
     k[0, 0, 2, 0] = 60.0
     q = torch.zeros(1, 1, 1, 4, dtype=torch.float64)
     q[0, 0, 0, 0] = 2.0
-    eq9 = DF.window_mask(q, k, q, k.clone(), segment_size)
-    expected = DF.window_mask(q, k, q, k.clone(), segment_size, expected=True)
+    eq9 = functional.window_mask(q, k, q, k.clone(), segment_size)
+    expected = functional.window_mask(q, k, q, k.clone(), segment_size, expected=True)
     assert eq9.max().item() == pytest.approx(2.0, abs=1e-9)
     assert expected.max().item() == pytest.approx(1.0, abs=1e-9)
 
 
 def test_expected_must_be_a_bool():
     with pytest.raises(ValueError, match="expected"):
-        DF.window_mask(*inputs(seed=0), expected=1)
+        functional.window_mask(*inputs(seed=0), expected=1)
 
 
 @pytest.mark.parametrize("expected", [True, False], ids=["expected", "eq9"])
@@ -190,7 +190,7 @@ def test_gradcheck_through_the_pointer_softmaxes(segment_size, padded, causal):
     key_padding_mask = padding_mask(5, [3]) if padded else None
 
     def fn(*tensors):
-        return DF.window_mask(
+        return functional.window_mask(
             *tensors, segment_size, key_padding_mask=key_padding_mask, causal=causal, query_offset=2, expected=True
         )
 

@@ -44,7 +44,7 @@ def op_call(
     module on drawn parameters and inputs (its example call; the same values for every dtype,
     ``rounded_to`` rounds them first), the queries scaled by ``scale``; ``draw.leaves`` are its
     tensors, parameters included."""
-    import fairseq_distattn.functional as DF
+    from fairseq_distattn import functional
     from fairseq_distattn.mechanisms.examples import ExampleDraw, example_call
     from fairseq_distattn.registry import REGISTRY
 
@@ -63,7 +63,7 @@ def op_call(
     if name != "vanilla":
         return example_call(REGISTRY[name], draw), draw
     q, k, v = draw.query(), draw.key(), draw.key()
-    return (lambda **shared: DF.softmax_attention(q, k, v, **shared)), draw
+    return (lambda **shared: functional.softmax_attention(q, k, v, **shared)), draw
 
 
 def padding_mask() -> torch.Tensor:

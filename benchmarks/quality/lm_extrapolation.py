@@ -37,6 +37,7 @@ import statistics
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from fairseq_distattn.functional.rotary import SCALING_MODES
 from fairseq_distattn.tools.generated_blocks import update_pages
 
 from ..common import (
@@ -60,10 +61,12 @@ PROG = "python -m benchmarks.quality.lm_extrapolation"
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "lm_extrapolation"
 LENGTHS = (64, 128, 256, 512, 1024, 2048)
 MODES = ("blocks", "sliding")
-# RoPE's context-length scalings (--rope-scaling), each evaluated on the RoPE models as trained
-# beyond their training length (up to it they scale by 1, which changes nothing); xpos takes the
-# same flags, but its published comparisons do not scale it, and each scaling costs a full sweep
-ROPE_SCALINGS = ("linear", "ntk", "yarn")
+# RoPE's context-length scalings (every --rope-scaling choice but none, and but yarn-paper: the
+# paper's ramp is an option beside yarn, the authors' code users run), each evaluated on the RoPE
+# models as trained beyond their training length (up to it they scale by 1, which changes
+# nothing); xpos takes the same flags, but its published comparisons do not scale it, and each
+# scaling costs a full sweep
+ROPE_SCALINGS = tuple(mode for mode in SCALING_MODES if mode not in ("none", "yarn-paper"))
 ROTARY_MECHANISMS = ("rope",)
 
 

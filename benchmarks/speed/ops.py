@@ -29,7 +29,7 @@ def _op_table(flex: str = "auto") -> Dict[str, Callable]:
     """name -> make(B, H, L, D, device, seed) returning (leaves, fn); fn() -> output tensor: the
     baseline, the plugin's softmax attention (vanilla), and every registered mechanism's op, called
     by its module (its example call) at the default options; ``flex``: the ops' own argument."""
-    import fairseq_distattn.functional as DF
+    from fairseq_distattn import functional
     from fairseq_distattn.mechanisms.examples import ExampleDraw, example_call
     from fairseq_distattn.registry import registered
 
@@ -44,7 +44,7 @@ def _op_table(flex: str = "auto") -> Dict[str, Callable]:
     def softmax(B, H, L, D, device, seed):
         draw = draw_of(B, H, L, D, device, seed)
         q, k, v = draw.query(), draw.key(), draw.key()
-        return draw.leaves, lambda: DF.softmax_attention(q, k, v, flex=flex)[0]
+        return draw.leaves, lambda: functional.softmax_attention(q, k, v, flex=flex)[0]
 
     def mechanism(info):
         def make(B, H, L, D, device, seed):

@@ -96,7 +96,7 @@ def training_steps(args, device):
 
 
 def op_steps(args, device):
-    import fairseq_distattn.functional as DF
+    from fairseq_distattn import functional
 
     generator = torch.Generator().manual_seed(0)
 
@@ -110,7 +110,7 @@ def op_steps(args, device):
     for clipping in (SHORT_K, LONG_K):
         tables = [leaf(2 * clipping + 1, head_dim) for _ in range(2)]
         leaves = [q, k, v, *tables]
-        call = lambda t=tables, c=clipping: DF.relative_position_attention(q, k, v, t[0], t[1], c)[0]  # noqa: E731
+        call = lambda t=tables, c=clipping: functional.relative_position_attention(q, k, v, t[0], t[1], c)[0]  # noqa: E731
         steps[f"k={clipping}"] = lambda leaves=leaves, call=call: _call(call, leaves, "fwd+bwd", grad_out)
     return steps
 

@@ -2,7 +2,8 @@
 
 It prints the mechanism table, the flag table and the SPEC grammar; ``--write``
 writes them to docs/ and copies them into the pages of README.md and docs/
-that show them (between their markers); ``--accepted-by KIND ...`` prints, one
+that show them (between their markers), and rewrites the exports of
+``functional/__init__.py`` from its modules' ``__all__``; ``--accepted-by KIND ...`` prints, one
 per line, the mechanisms that every given attention kind accepts (what
 ``scripts/quickstart.sh`` offers as MECH)."""
 
@@ -13,6 +14,7 @@ import sys
 from ..functional.paths import DECLARED_PATHS, Path
 from ..registry import EVALUATION, KINDS, RUNTIME, TRAINED, option_flag, registered
 from ..spec import MECHANISMS, accepted_by, option_fields
+from .functional_exports import FUNCTIONAL_INIT, functional_init
 from .generated_blocks import REPO_ROOT, update_pages
 
 MECHANISM_TABLE = "docs/mechanisms.md"  # relative to the repository; copied into README.md
@@ -177,7 +179,8 @@ def main(argv=None, prog: str = "python -m fairseq_distattn.docs") -> int:
     action.add_argument(
         "--write",
         action="store_true",
-        help=f"write {MECHANISM_TABLE}, {FLAG_TABLE} and {SPEC_GRAMMAR} and their copies in README.md and docs/",
+        help=f"write {MECHANISM_TABLE}, {FLAG_TABLE} and {SPEC_GRAMMAR} and their copies in README.md and docs/, "
+        f"and the exports of {FUNCTIONAL_INIT}",
     )
     action.add_argument(
         "--accepted-by",
@@ -204,6 +207,9 @@ def main(argv=None, prog: str = "python -m fairseq_distattn.docs") -> int:
             return 1
         shown = ", ".join(page.relative_to(REPO_ROOT).as_posix() for page in pages)
         print(f"wrote {relative} and its copy in {shown}")
+    init = REPO_ROOT / FUNCTIONAL_INIT
+    init.write_text(functional_init(init.read_text(encoding="utf-8"), init.parent), encoding="utf-8")
+    print(f"wrote the exports of {FUNCTIONAL_INIT}")
     return 0
 
 
