@@ -47,6 +47,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from fairseq_distattn.registry import CROSS, DECODER_SELF
+from fairseq_distattn.registry import KINDS as ATTENTION_KINDS
+
 from ..common import REPO_ROOT, at_least, shown
 from ..harness.seeds import mean_std_text, seeds_cell
 from ..tiny_models import NO_DROPOUT, TINY_WIDTHS
@@ -59,7 +62,7 @@ DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "window_diagnostics"
 DEFAULT_QUALITY_RUNS = REPO_ROOT / "benchmarks" / "results" / "quality" / "runs"
 PROG = "python -m benchmarks.diagnostics.window"
 
-KINDS = ("encoder self", "decoder self", "cross")
+KINDS = tuple(kind.label for kind in ATTENTION_KINDS)  # the registry's column names: "encoder self", ...
 STATES = (("window", "trained"), ("window", "init"), ("vanilla", "trained"), ("vanilla", "init"))
 # M is profiled over key offsets j - (the query's diagonal key) in [-MAX_OFFSET, MAX_OFFSET]
 MAX_OFFSET = 12
@@ -98,14 +101,14 @@ def row_entropy(weights: Tensor) -> Tensor:
 def visible_keys(kind: str, tgt_len: int, src_len: int) -> Tensor:
     """``[Tq, Tk]`` bool, the keys each query may see in a one-sentence batch (no padding)."""
     visible = torch.ones(tgt_len, src_len, dtype=torch.bool)
-    return visible.tril() if kind == "decoder self" else visible
+    return visible.tril() if kind == DECODER_SELF.label else visible
 
 
 def diagonal_keys(kind: str, tgt_len: int, src_len: int) -> Tensor:
     """The key each query is "at": itself in self-attention, the proportional
     source position in cross-attention (a reference point for offsets, no alignment)."""
     rows = torch.arange(tgt_len, dtype=torch.float64)
-    if kind != "cross":
+    if kind != CROSS.label:
         return rows.long()
     return torch.round(rows * (src_len - 1) / max(tgt_len - 1, 1)).long()
 
@@ -198,9 +201,7 @@ class WindowInputRecorder:
 
 
 def kind_name(site) -> str:
-    return {"encoder self-attention": "encoder self", "decoder self-attention": "decoder self"}.get(
-        site.kind.description, "cross"
-    )
+    return site.kind.label
 
 
 def site_key(site) -> str:
@@ -663,7 +664,7 @@ def initial_window_finding(initial: Sequence[Dict], kind: str) -> Optional[str]:
         if fraction > 0.8
         else "a narrow window"
     )
-    key = "own" if kind != "cross" else "diagonal"
+    key = "own" if kind != CROSS.label else "diagonal"
     if abs(at_query - mean_m) <= NEAR * mean_m:
         centre = (
             f"M at the query's {key} key ({at_query:.3f}) is about the mean M ({mean_m:.3f}): the window "
@@ -689,7 +690,7 @@ def initial_window_finding(initial: Sequence[Dict], kind: str) -> Optional[str]:
         + (
             " (with uniform causal boundaries the newest key, the query's own, gets M = 2/n: the longer the "
             "prefix, the less the current token is seen)."
-            if kind == "decoder self" and uniform
+            if kind == DECODER_SELF.label and uniform
             else "."
         )
     )
@@ -827,7 +828,7 @@ def conclusion(results: Dict, worst_check: float) -> str:
             "all-visible mask."
         )
     if mw:
-        recent_suppressed = all(s["m_at_query"] < s["mean_m"] for s in mw if s["kind"] == "decoder self")
+        recent_suppressed = all(s["m_at_query"] < s["mean_m"] for s in mw if s["kind"] == DECODER_SELF.label)
         parts.append(
             f"Its cost is in MW: {statistics.fmean(s['mass'] for s in mw):.0%} of the attention mass "
             "survives at step 0"
@@ -1092,7 +1093,7 @@ def plot(results: Dict, out: Path) -> List[Path]:
                         color=f"C{s['layer']}",
                         label=f"layer {s['layer']} {state}",
                     )
-        ax.set_xlabel("key offset j - query's key" + (" (proportional)" if kind == "cross" else ""))
+        ax.set_xlabel("key offset j - query's key" + (" (proportional)" if kind == CROSS.label else ""))
         ax.set_ylabel("mean M")
         ax.set_title(kind, fontsize=10)
         ax.axvline(0, color="k", linewidth=0.5)

@@ -36,7 +36,7 @@ def encoder_plans(cfg, options: AttentionOptions, new_model: bool = False) -> Tu
     """Each encoder layer's plan, its SPEC parsed and ``options`` checked against the stack.
     ``new_model``: the plans of a model fairseq-train's flags describe (True), or of one
     being built, which may be a checkpoint's, trained before a check was added (False)."""
-    layers = parse_spec(ENCODER_SELF, getattr(cfg, "encoder_self_attention", None), cfg.encoder.layers)
+    layers = parse_spec(ENCODER_SELF, getattr(cfg, ENCODER_SELF.attr, None), cfg.encoder.layers)
     head_dim = cfg.encoder.embed_dim // cfg.encoder.attention_heads
     options.check_kind(ENCODER_SELF, layers, cfg.max_source_positions or None, SOURCE_POSITIONS, new_model, head_dim)
     stack = Stack(ENCODER_SELF.description, cfg.max_source_positions or None)
@@ -53,10 +53,10 @@ def decoder_plans(
     """Each decoder layer's plan, as :func:`encoder_plans`; ``target_flag``: the flag that
     set ``max_target_positions`` (a language model takes it from ``--tokens-per-sample``
     when it is not given)."""
-    self_layers = parse_spec(DECODER_SELF, getattr(cfg, "decoder_self_attention", None), cfg.decoder.layers)
+    self_layers = parse_spec(DECODER_SELF, getattr(cfg, DECODER_SELF.attr, None), cfg.decoder.layers)
     head_dim = cfg.decoder.embed_dim // cfg.decoder.attention_heads
     options.check_kind(DECODER_SELF, self_layers, cfg.max_target_positions or None, target_flag, new_model, head_dim)
-    cross_spec = getattr(cfg, "cross_attention", None)
+    cross_spec = getattr(cfg, CROSS.attr, None)
     if no_encoder_attn:
         if cross_spec not in (None, "vanilla"):
             raise SpecError(
