@@ -554,3 +554,16 @@ def test_check_shows_every_layer_and_every_option_it_runs_with(trained):
     assert "--distance-mask-alpha 0.5" in overridden.stdout
     refused = check(trained, "--model-overrides", "{'max_relative_position': 4}")
     assert refused.returncode == 2 and "--max-relative-position 2 -> 4" in refused.stderr.strip().splitlines()[-1]
+
+
+def test_the_model_lists_are_the_models_the_plugin_registers():
+    """``PLUGIN_MODELS`` and ``LANGUAGE_MODELS`` are spelt out because their module sits below
+    the models (it cannot import them); this holds them to fairseq's registry."""
+    from fairseq.models import MODEL_REGISTRY, FairseqLanguageModel
+
+    import fairseq_distattn  # noqa: F401 (registers the plugin's models)
+    from fairseq_distattn.trained_configuration import LANGUAGE_MODELS, PLUGIN_MODELS
+
+    plugin = {name: cls for name, cls in MODEL_REGISTRY.items() if cls.__module__.startswith("fairseq_distattn.")}
+    assert sorted(PLUGIN_MODELS) == sorted(plugin)
+    assert sorted(LANGUAGE_MODELS) == sorted(n for n, cls in plugin.items() if issubclass(cls, FairseqLanguageModel))
