@@ -61,11 +61,11 @@ PROG = "python -m benchmarks.quality.lm_extrapolation"
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "lm_extrapolation"
 LENGTHS = (64, 128, 256, 512, 1024, 2048)
 MODES = ("blocks", "sliding")
-# RoPE's context-length scalings (every --rope-scaling choice but none, and but yarn-paper: the
-# paper's ramp is an option beside yarn, the authors' code users run), each evaluated on the RoPE
-# models as trained beyond their training length (up to it they scale by 1, which changes
-# nothing); xpos takes the same flags, but its published comparisons do not scale it, and each
-# scaling costs a full sweep
+# RoPE's context-length scalings: every --rope-scaling choice except none and yarn-paper (the
+# paper's ramp, kept as an option beside yarn, the authors' code that users run). Each is evaluated
+# on the RoPE models as trained beyond their training length (up to it they scale by 1, which
+# changes nothing); xpos takes the same flags, but its published comparisons do not scale it, and
+# each scaling costs a full sweep
 ROPE_SCALINGS = tuple(mode for mode in SCALING_MODES if mode not in ("none", "yarn-paper"))
 ROTARY_MECHANISMS = ("rope",)
 
