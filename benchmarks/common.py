@@ -55,6 +55,36 @@ def add_out_argument(parser, default: Path) -> None:
     )
 
 
+def add_run_arguments(parser, default_work: Path, default_out: Path, retrain_help: str) -> None:
+    """The flags of a harness that trains its runs under ``--work`` and keeps one result
+    file a run under ``--out``: ``--work``, ``--out`` (:func:`add_out_argument`),
+    ``--threads``, ``--retrain`` (``retrain_help``: what a retrained run's log compares and
+    what retraining is for) and ``--report``."""
+    parser.add_argument(
+        "--work", type=Path, default=default_work, help=f"checkpoints and logs (default: {default_work})"
+    )
+    add_out_argument(parser, default_out)
+    parser.add_argument("--threads", type=at_least(1), default=1, help="OMP_NUM_THREADS of each run (default: 1)")
+    parser.add_argument(
+        "--retrain",
+        action="store_true",
+        help="train the selected runs again even where their run file exists (replacing it; " + retrain_help,
+    )
+    parser.add_argument("--report", action="store_true", help="only rebuild the table and plot from the run files")
+
+
+def add_quality_work_argument(parser, default: Path, harness: str) -> None:
+    """``--quality-work``: the ``--work`` of the training harness ``harness`` (e.g.
+    ``benchmarks.quality.lm``), whose checkpoints an evaluation harness reads."""
+    parser.add_argument("--quality-work", type=Path, default=default, help=f"{harness}'s --work (default: {default})")
+
+
+def check_quality_work(parser, work: Path, scale: str, harness: str) -> None:
+    """A parser error unless ``work`` holds ``harness``'s runs at ``scale``."""
+    if not (work / scale).is_dir():
+        parser.error(f"argument --quality-work: no {scale}-scale runs of {harness}: {work / scale} is not a directory")
+
+
 def check_same_budget(parser, out: Path, expected: Dict[str, object]) -> None:
     """The harnesses skip a run whose result file exists, and average the files of a
     configuration: both are right only if every file under ``out/runs`` has the budget

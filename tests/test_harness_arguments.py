@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.diagnostics import parameter_movement
 from benchmarks.quality import lm as lm_quality
-from benchmarks.quality import lm_extrapolation
+from benchmarks.quality import lm_extrapolation, lm_finetune
 from benchmarks.quality import mt as quality
 from benchmarks.quality import mt_extrapolation as extrapolation
 
@@ -42,6 +42,7 @@ CASES = [
         ["--quality-work", "{work}", "--configs", "nosuch"],
         "argument --configs: unknown nosuch; choose from transformer_lm",
     ),
+    (lm_finetune.parse_args, ["--quality-work", "{missing}"], "argument --quality-work: no small-scale runs of"),
     (parameter_movement.main, ["{missing}"], "argument checkpoint: no such file: {missing}"),
     (parameter_movement.main, ["{afile}", "--data", "{missing}"], "argument --data: no such directory: {missing}"),
 ]

@@ -48,7 +48,7 @@ from fairseq_distattn.tools.generated_blocks import update_pages
 
 from ..common import (
     REPO_ROOT,
-    add_out_argument,
+    add_run_arguments,
     at_least,
     check_same_budget,
     comma_separated_ints,
@@ -541,17 +541,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help=f"a folder with WikiText-2 valid.txt and test.txt (or .txt.gz) (default: {SHARED_DATA} "
         f"when present, else the shipped sample {SHIPPED_DATA.relative_to(REPO_ROOT)})",
     )
-    p.add_argument("--work", type=Path, default=DEFAULT_WORK, help=f"checkpoints and logs (default: {DEFAULT_WORK})")
-    add_out_argument(p, DEFAULT_OUT)
-    p.add_argument("--threads", type=at_least(1), default=1, help="OMP_NUM_THREADS of each run (default: 1)")
-    p.add_argument(
-        "--retrain",
-        action="store_true",
-        help="train the selected runs again even where their run file exists (replacing it; the log gives the "
-        "recorded and the new test ppl), e.g. to have their checkpoints for benchmarks.quality.lm_extrapolation "
-        "on a machine that lacks them; a run whose checkpoint is still here is evaluated again from it",
+    add_run_arguments(
+        p,
+        DEFAULT_WORK,
+        DEFAULT_OUT,
+        "the log gives the recorded and the new test ppl), e.g. to have their checkpoints for "
+        "benchmarks.quality.lm_extrapolation on a machine that lacks them; a run whose checkpoint is still here "
+        "is evaluated again from it",
     )
-    p.add_argument("--report", action="store_true", help="only rebuild the table and plot from the run files")
     args = p.parse_args(argv)
     args.out = args.out or scale_results(DEFAULT_OUT, args.scale)
     if args.report:

@@ -43,7 +43,9 @@ from fairseq_distattn.tools.generated_blocks import update_pages
 from ..common import (
     REPO_ROOT,
     add_out_argument,
+    add_quality_work_argument,
     at_least,
+    check_quality_work,
     check_same_budget,
     comma_separated_ints,
     comma_separated_names,
@@ -355,12 +357,7 @@ def plot(table: Dict, order: Sequence[str], trained: Sequence[int], path: Path) 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--quality-work",
-        type=Path,
-        default=DEFAULT_WORK,
-        help=f"benchmarks.quality.lm's --work (default: {DEFAULT_WORK})",
-    )
+    add_quality_work_argument(p, DEFAULT_WORK, "benchmarks.quality.lm")
     p.add_argument("--scale", default="small", help="the lm_quality runs' scale (default: small)")
     p.add_argument(
         "--configs",
@@ -391,11 +388,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if any(n % 2 for n in args.length_list):
         p.error("argument --lengths: each length must be an even number >= 2 (the sliding mode scores half)")
     if not args.report:
-        if not (args.quality_work / args.scale).is_dir():
-            p.error(
-                f"argument --quality-work: no {args.scale}-scale runs of benchmarks.quality.lm: "
-                f"{args.quality_work / args.scale} is not a directory"
-            )
+        check_quality_work(p, args.quality_work, args.scale, "benchmarks.quality.lm")
         args.configs = set(comma_separated_names(p, "--configs", args.configs, lm_configs()))
     return args
 

@@ -23,7 +23,14 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from ..common import at_least, comma_separated_names, scale_results, without_machine_paths
+from ..common import (
+    add_quality_work_argument,
+    at_least,
+    check_quality_work,
+    comma_separated_names,
+    scale_results,
+    without_machine_paths,
+)
 from ..harness.fingerprints import checkpoint_fingerprint
 from ..harness.process import log, run, tool_env
 from .lm import DEFAULT_WORK, SCALES, eval_lm, lm_configs, train_args
@@ -111,12 +118,7 @@ def finetune_run(run_dir: Path, scaling: str, factor: int, updates: int, out: Pa
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--quality-work",
-        type=Path,
-        default=DEFAULT_WORK,
-        help=f"benchmarks.quality.lm's --work (default: {DEFAULT_WORK})",
-    )
+    add_quality_work_argument(p, DEFAULT_WORK, "benchmarks.quality.lm")
     p.add_argument(
         "--scale", default="small", choices=sorted(SCALES), help="the lm_quality runs' scale (default: small)"
     )
@@ -128,6 +130,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--threads", type=at_least(1), default=1, help="OMP_NUM_THREADS (default: 1)")
     args = p.parse_args(argv)
     args.out = args.out or scale_results(DEFAULT_OUT, args.scale)
+    check_quality_work(p, args.quality_work, args.scale, "benchmarks.quality.lm")
     rotary = rotary_configs()
     args.configs = comma_separated_names(p, "--configs", args.configs, rotary) if args.configs else rotary
     args.scalings = comma_separated_names(p, "--scalings", args.scalings, SCALINGS)

@@ -37,7 +37,7 @@ from fairseq_distattn.tools.translation_scoring import read_text
 
 from ..common import (
     REPO_ROOT,
-    add_out_argument,
+    add_run_arguments,
     at_least,
     check_same_budget,
     comma_separated_ints,
@@ -399,8 +399,17 @@ def average_last_checkpoints(checkpoints: Path, averaged: Path, log_path: Path, 
     )
 
 
-def translate_test_set(data_bin: Path, model: Path, generated: Path, log_path: Path, env: Dict[str, str]) -> None:
-    """fairseq-generate's beam-5 translation of the test split into ``generated``."""
+def translate_test_set(
+    data_bin: Path,
+    model: Path,
+    generated: Path,
+    log_path: Path,
+    env: Dict[str, str],
+    batch_size: int = 64,
+    extra: Sequence[str] = (),
+) -> None:
+    """fairseq-generate's beam-5 translation of the test split into ``generated``
+    (``extra``: more fairseq-generate flags, e.g. a longer ``--max-len-a``)."""
     run(
         [
             tool("fairseq-generate"),
@@ -411,9 +420,10 @@ def translate_test_set(data_bin: Path, model: Path, generated: Path, log_path: P
             "5",
             "--remove-bpe",
             "--batch-size",
-            "64",
+            batch_size,
             "--required-batch-size-multiple",
             "1",
+            *extra,
             "--num-workers",
             "0",
         ],
@@ -801,18 +811,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "when present, else the shipped data/multi30k)",
     )
     p.add_argument("--merges", type=int, default=None, help="joint BPE merges (default: the scale's)")
-    p.add_argument("--work", type=Path, default=DEFAULT_WORK, help=f"checkpoints and logs (default: {DEFAULT_WORK})")
-    add_out_argument(p, DEFAULT_OUT)
     p.add_argument("--jobs", type=at_least(1), default=2, help="runs at a time (default: 2)")
-    p.add_argument("--threads", type=at_least(1), default=1, help="OMP_NUM_THREADS of each run (default: 1)")
-    p.add_argument(
-        "--retrain",
-        action="store_true",
-        help="train the selected runs again even where their run file exists (replacing it; the log gives the "
-        "recorded and the new BLEU), e.g. to have their models for benchmarks.quality.mt_extrapolation on a "
-        "machine that lacks them",
+    add_run_arguments(
+        p,
+        DEFAULT_WORK,
+        DEFAULT_OUT,
+        "the log gives the recorded and the new BLEU), e.g. to have their models for "
+        "benchmarks.quality.mt_extrapolation on a machine that lacks them",
     )
-    p.add_argument("--report", action="store_true", help="only rebuild the table and plot from the run files")
     args = p.parse_args(argv)
     args.out = args.out or scale_results(DEFAULT_OUT, args.scale)
     if not args.report and args.precision != "fp32":

@@ -27,7 +27,9 @@ from fairseq_distattn.tools.generated_blocks import update_pages
 from ..common import (
     REPO_ROOT,
     add_out_argument,
+    add_quality_work_argument,
     at_least,
+    check_quality_work,
     check_same_budget,
     comma_separated_ints,
     comma_separated_names,
@@ -38,7 +40,7 @@ from ..harness.process import log, run, tool, tool_env
 from ..harness.runs import load_runs
 from ..harness.seeds import mean_std, mean_std_text
 from .mt import DEFAULT_OUT as QUALITY_OUT
-from .mt import DEFAULT_WORK, default_configs, score_translation, translation_args
+from .mt import DEFAULT_WORK, default_configs, score_translation, translate_test_set
 
 PROG = "python -m benchmarks.quality.mt_extrapolation"
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "extrapolation"
@@ -100,30 +102,9 @@ def evaluate(model: Path, test_set: Path, out_dir: Path, env: Dict[str, str]) ->
     out_dir.mkdir(parents=True, exist_ok=True)
     generated = out_dir / "generate-test.txt"
     log_path = out_dir / "eval.log"
-    run(
-        [
-            tool("fairseq-generate"),
-            *translation_args(test_set / "data-bin", model),
-            "--gen-subset",
-            "test",
-            "--beam",
-            "5",
-            "--remove-bpe",
-            "--batch-size",
-            "32",
-            "--required-batch-size-multiple",
-            "1",
-            "--max-len-a",
-            "1.5",
-            "--max-len-b",
-            "10",
-            "--num-workers",
-            "0",
-        ],
-        log_path,
-        env,
-        stdout_path=generated,
-    )
+    # one length limit in proportion to the source at every factor (see check_one_model_per_run)
+    max_len = ("--max-len-a", "1.5", "--max-len-b", "10")
+    translate_test_set(test_set / "data-bin", model, generated, log_path, env, batch_size=32, extra=max_len)
     scores = score_translation(generated, test_set / "test", out_dir, log_path, env)
     sources = translation_scoring.read_text(test_set / "test.bpe.en")
     hyps_tok = translation_scoring.read_text(out_dir / "hyp.tok.de")
@@ -310,12 +291,7 @@ def bucket_table(records: Sequence[Dict], order: Sequence[str]) -> List[str]:
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--quality-work",
-        type=Path,
-        default=DEFAULT_WORK,
-        help=f"benchmarks.quality.mt's --work (default: {DEFAULT_WORK})",
-    )
+    add_quality_work_argument(p, DEFAULT_WORK, "benchmarks.quality.mt")
     p.add_argument("--scale", default="small", help="the quality runs' scale (default: small)")
     p.add_argument("--factors", default=",".join(map(str, FACTORS)), help="concatenation factors (default: 1,2,4,8)")
     p.add_argument(
@@ -348,11 +324,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         )
     else:
         args.config_names = set(default_configs())
-    if not args.report and not (args.quality_work / args.scale).is_dir():
-        p.error(
-            f"argument --quality-work: no {args.scale}-scale runs of benchmarks.quality.mt: "
-            f"{args.quality_work / args.scale} is not a directory"
-        )
+    if not args.report:
+        check_quality_work(p, args.quality_work, args.scale, "benchmarks.quality.mt")
     return args
 
 

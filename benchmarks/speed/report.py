@@ -10,7 +10,7 @@ import argparse
 import json
 import math
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from fairseq_distattn.tools.generated_blocks import update_pages
 
@@ -58,6 +58,16 @@ def fmt_sig(value, sig: int = 3) -> str:
         return fmt(value)
     digits = max(0, sig - 1 - int(math.floor(math.log10(abs(value)))))
     return f"{value:.{digits}f}"
+
+
+def spread_cells(summary: dict, digits: int) -> Tuple[str, str, str]:
+    """A measurement's median, min and max over the rounds."""
+    return fmt(summary["median"], digits), fmt(summary["min"], digits), fmt(summary["max"], digits)
+
+
+def ratio_cells(ratio: Optional[dict]) -> Tuple[str, str, str]:
+    """A candidate's ratio to its baseline (median, min, max); a baseline (no ratio) is 1 by definition."""
+    return spread_cells(ratio, 3) if ratio else ("1.000", "-", "-")
 
 
 def machine_section(machine: dict, meta: dict) -> str:
@@ -136,12 +146,8 @@ def train_section(results: Dict[str, dict]) -> str:
                 r["attention"],
                 f"{r['parameters']:,}",
                 fmt(r["tokens_per_measurement"], 0),
-                fmt(t["median"], 1),
-                fmt(t["min"], 1),
-                fmt(t["max"], 1),
-                fmt(ratio["median"]) if ratio else "1.000",
-                fmt(ratio["min"]) if ratio else "-",
-                fmt(ratio["max"]) if ratio else "-",
+                *spread_cells(t, 1),
+                *ratio_cells(ratio),
             )
         )
     return md_table(
@@ -172,13 +178,9 @@ def generation_section(results: Dict[str, dict]) -> str:
                 r["note"],
                 r["attention"],
                 fmt(r["tokens_per_sentence"], 1),
-                fmt(s["median"], 2),
-                fmt(s["min"], 2),
-                fmt(s["max"], 2),
+                *spread_cells(s, 2),
                 fmt(t["median"], 1),
-                fmt(ratio["median"]) if ratio else "1.000",
-                fmt(ratio["min"]) if ratio else "-",
-                fmt(ratio["max"]) if ratio else "-",
+                *ratio_cells(ratio),
             )
         )
     return md_table(
