@@ -9,8 +9,11 @@
 
 SHELL := /bin/bash
 
-# Prefer Python 3.11 (fairseq-fixed); fall back to whatever python3 is.
+# Prefer Python 3.11 (fairseq-fixed, what CI tests); fall back to whatever python3 is,
+# if it is at least MIN_PYTHON (pyproject's requires-python): the torch that
+# constraints.txt pins has no wheels for older ones.
 PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+MIN_PYTHON := 3.10
 VENV := .venv
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
@@ -25,6 +28,8 @@ install: $(STAMP)
 
 $(VENV)/bin/python:
 	@test -n "$(PYTHON)" || { echo "error: no python3.11 or python3 on PATH" >&2; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < tuple(map(int, "$(MIN_PYTHON)".split("."))))' || { \
+		echo "error: $(PYTHON) is Python $$($(PYTHON) -c 'import platform; print(platform.python_version())'), the package needs >= $(MIN_PYTHON) (torch 2.13 has no wheels for older ones); install python3.11, or give make PYTHON=/path/to/python3.11" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 
 # PIP_CONSTRAINT (an absolute path: it is also read by the isolated build of the
