@@ -14,7 +14,7 @@ import platform
 import re
 import subprocess
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,6 +35,22 @@ def at_least(least: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def size_flags(
+    dim: int, ffn: int, heads: int, layers: Optional[int] = None, sides: Sequence[str] = ("encoder", "decoder")
+) -> List[str]:
+    """fairseq's flags for a Transformer's size, each for every side in ``sides``
+    (``("decoder",)`` for a language model): ``--{side}-layers`` (unless None),
+    ``--{side}-embed-dim``, ``--{side}-ffn-embed-dim``, ``--{side}-attention-heads``."""
+    sizes = [("layers", layers), ("embed-dim", dim), ("ffn-embed-dim", ffn), ("attention-heads", heads)]
+    return [
+        item
+        for name, value in sizes
+        if value is not None
+        for side in sides
+        for item in (f"--{side}-{name}", str(value))
+    ]
 
 
 def scale_results(default: Path, scale: str) -> Path:

@@ -13,25 +13,10 @@ from fairseq.tasks.translation import TranslationTask
 import fairseq_distattn.models  # noqa: F401 (registers the models)
 from fairseq_distattn.registry import KINDS
 
+from .common import size_flags
+
 # a 2+2-layer translation model 16 wide with 2 heads, without dropout
-TINY_WIDTHS = [
-    "--encoder-layers",
-    "2",
-    "--decoder-layers",
-    "2",
-    "--encoder-embed-dim",
-    "16",
-    "--decoder-embed-dim",
-    "16",
-    "--encoder-ffn-embed-dim",
-    "32",
-    "--decoder-ffn-embed-dim",
-    "32",
-    "--encoder-attention-heads",
-    "2",
-    "--decoder-attention-heads",
-    "2",
-]
+TINY_WIDTHS = size_flags(dim=16, ffn=32, heads=2, layers=2)
 NO_DROPOUT = ["--dropout", "0", "--attention-dropout", "0"]
 # the same, with rpr's and the segment window's options at sizes such short sentences reach
 TINY = [*TINY_WIDTHS, "--max-relative-position", "3", "--window-segment-size", "2", *NO_DROPOUT]

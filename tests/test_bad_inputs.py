@@ -17,6 +17,8 @@ from typing import List
 import pytest
 import torch
 
+from benchmarks.common import size_flags
+
 try:  # tests/ is a package (tests/__init__.py)
     from .conftest import run_cli
 except ImportError:  # rootdir-relative import mode without the package
@@ -31,18 +33,7 @@ TINY_MT = [
     "en",
     "--target-lang",
     "de",
-    "--encoder-embed-dim",
-    "32",
-    "--decoder-embed-dim",
-    "32",
-    "--encoder-ffn-embed-dim",
-    "32",
-    "--decoder-ffn-embed-dim",
-    "32",
-    "--encoder-attention-heads",
-    "2",
-    "--decoder-attention-heads",
-    "2",
+    *size_flags(dim=32, ffn=32, heads=2),
 ]
 TINY_LM = [
     "--task",

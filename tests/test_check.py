@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from benchmarks.common import size_flags
+
 try:  # tests/ is a package (tests/__init__.py)
     from .conftest import REPO_ROOT, cli_env, run_cli
 except ImportError:  # rootdir-relative import mode without the package
@@ -16,22 +18,7 @@ except ImportError:  # rootdir-relative import mode without the package
 
 MT_TASK = ["--task", "translation", "--source-lang", "en", "--target-lang", "de"]
 TINY = [
-    "--encoder-layers",
-    "2",
-    "--decoder-layers",
-    "2",
-    "--encoder-embed-dim",
-    "32",
-    "--decoder-embed-dim",
-    "32",
-    "--encoder-ffn-embed-dim",
-    "32",
-    "--decoder-ffn-embed-dim",
-    "32",
-    "--encoder-attention-heads",
-    "2",
-    "--decoder-attention-heads",
-    "2",
+    *size_flags(dim=32, ffn=32, heads=2, layers=2),
     "--optimizer",
     "adam",
     "--lr",

@@ -4,6 +4,7 @@ fairseq 0.12's known start-up warnings (hydra deprecations, pin_memory, amp), an
 
 import re
 
+from benchmarks.common import size_flags
 from fairseq_distattn.patches.quiet_warnings import KNOWN_WARNINGS
 
 try:  # tests/ is a package (tests/__init__.py)
@@ -11,24 +12,7 @@ try:  # tests/ is a package (tests/__init__.py)
 except ImportError:  # rootdir-relative import mode without the package
     from conftest import run_cli
 
-TINY_MODEL = [
-    "--encoder-layers",
-    "1",
-    "--decoder-layers",
-    "1",
-    "--encoder-embed-dim",
-    "32",
-    "--decoder-embed-dim",
-    "32",
-    "--encoder-ffn-embed-dim",
-    "64",
-    "--decoder-ffn-embed-dim",
-    "64",
-    "--encoder-attention-heads",
-    "2",
-    "--decoder-attention-heads",
-    "2",
-]
+TINY_MODEL = size_flags(dim=32, ffn=64, heads=2, layers=1)
 
 
 def train(data_bin, save_dir, *args):

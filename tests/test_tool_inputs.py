@@ -17,6 +17,8 @@ from typing import List, Sequence
 
 import pytest
 
+from benchmarks.common import size_flags
+
 try:  # tests/ is a package (tests/__init__.py)
     from .conftest import REPO_ROOT, cli_env, read_lines, run_cli
 except ImportError:  # rootdir-relative import mode without the package
@@ -26,22 +28,7 @@ EVALUATE = REPO_ROOT / "scripts" / "evaluate.py"
 TINY_TRAINING = [
     "--arch",
     "distattn_transformer",
-    "--encoder-layers",
-    "1",
-    "--decoder-layers",
-    "1",
-    "--encoder-embed-dim",
-    "16",
-    "--decoder-embed-dim",
-    "16",
-    "--encoder-ffn-embed-dim",
-    "32",
-    "--decoder-ffn-embed-dim",
-    "32",
-    "--encoder-attention-heads",
-    "2",
-    "--decoder-attention-heads",
-    "2",
+    *size_flags(dim=16, ffn=32, heads=2, layers=1),
     "--optimizer",
     "adam",
     "--lr",

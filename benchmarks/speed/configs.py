@@ -13,52 +13,15 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..common import size_flags
+
 MT, LM = "translation", "language_modeling"
 
 # (flags shrinking the translation architecture, flags shrinking the LM architecture)
-_SMALL_MT = [
-    "--encoder-embed-dim",
-    "256",
-    "--decoder-embed-dim",
-    "256",
-    "--encoder-ffn-embed-dim",
-    "1024",
-    "--decoder-ffn-embed-dim",
-    "1024",
-    "--encoder-attention-heads",
-    "4",
-    "--decoder-attention-heads",
-    "4",
-]
-_SMALL_LM = ["--decoder-embed-dim", "256", "--decoder-ffn-embed-dim", "2048", "--decoder-attention-heads", "8"]
-_TINY_MT = [
-    "--encoder-layers",
-    "3",
-    "--decoder-layers",
-    "3",
-    "--encoder-embed-dim",
-    "32",
-    "--decoder-embed-dim",
-    "32",
-    "--encoder-ffn-embed-dim",
-    "64",
-    "--decoder-ffn-embed-dim",
-    "64",
-    "--encoder-attention-heads",
-    "2",
-    "--decoder-attention-heads",
-    "2",
-]
-_TINY_LM = [
-    "--decoder-layers",
-    "3",
-    "--decoder-embed-dim",
-    "32",
-    "--decoder-ffn-embed-dim",
-    "64",
-    "--decoder-attention-heads",
-    "2",
-]
+_SMALL_MT = size_flags(dim=256, ffn=1024, heads=4)
+_SMALL_LM = size_flags(dim=256, ffn=2048, heads=8, sides=("decoder",))
+_TINY_MT = size_flags(dim=32, ffn=64, heads=2, layers=3)
+_TINY_LM = size_flags(dim=32, ffn=64, heads=2, layers=3, sides=("decoder",))
 
 
 @dataclass(frozen=True)
