@@ -102,7 +102,7 @@ assert plots <= names, names
 from fairseq.models import ARCH_MODEL_INV_REGISTRY
 from fairseq_distattn.models.arguments import ARCHITECTURES
 from benchmarks.quality.lm import lm_configs
-from benchmarks.quality.mt import default_configs
+from benchmarks.quality.mt_grid import default_configs
 from benchmarks.quality.methods import method_rows
 PRESET = "distattn_lm_log_distance_gbw"
 assert PRESET in ARCH_MODEL_INV_REGISTRY["distattn_lm"]

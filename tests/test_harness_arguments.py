@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.diagnostics import parameter_movement
 from benchmarks.quality import lm as lm_quality
-from benchmarks.quality import lm_extrapolation, lm_finetune
+from benchmarks.quality import lm_extrapolation, lm_finetune, mt_grid
 from benchmarks.quality import mt as quality
 from benchmarks.quality import mt_extrapolation as extrapolation
 
@@ -165,9 +165,9 @@ def test_the_training_precision_reaches_fairseq_train_and_only_it(precision, fla
     base_env = {"OMP_NUM_THREADS": "1"}
     with pytest.raises(_Stop):
         quality.train_run(
-            quality.default_configs()["da"],
+            mt_grid.default_configs()["da"],
             1,
-            quality.SCALES["tiny"],
+            mt_grid.SCALES["tiny"],
             tmp_path,
             tmp_path,
             tmp_path,

@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks.harness import seeds
 from benchmarks.harness.runs import hypotheses_file, kept_hypotheses, load_lines, save_lines
-from benchmarks.quality import methods, paper_tables
+from benchmarks.quality import methods, mt_grid, paper_tables
 from benchmarks.quality import mt as quality
 from fairseq_distattn.tools import translation_scoring
 
@@ -203,7 +203,7 @@ def test_the_bootstrap_column_uses_the_lowest_seed_both_runs_kept_translations_o
     data = tmp_path / "multi30k"
     data.mkdir()
     (data / "test_2016_flickr.de").write_text("".join(line + "\n" for line in REFERENCES), encoding="utf-8")
-    assert quality.raw_references(data) == REFERENCES
+    assert mt_grid.raw_references(data) == REFERENCES
 
     markdown = methods.report(tmp_path / "out", results, data)
     expected = translation_scoring.paired_bootstrap(BETTER_SYSTEM, WORSE_SYSTEM, REFERENCES)

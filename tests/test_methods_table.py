@@ -5,7 +5,7 @@ import json
 
 from benchmarks.quality import methods
 from benchmarks.quality.lm import lm_configs
-from benchmarks.quality.mt import default_configs
+from benchmarks.quality.mt_grid import default_configs
 from fairseq_distattn.registry import registered
 
 

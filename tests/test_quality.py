@@ -15,7 +15,7 @@ except ImportError:  # rootdir-relative import mode without the package
 
 from benchmarks.harness.runs import hypotheses_file, load_lines
 from benchmarks.quality import mt as quality
-from benchmarks.quality import paper_tables
+from benchmarks.quality import mt_grid, mt_report, paper_tables
 from fairseq_distattn.tools import translation_scoring
 
 SPLITS = ("train", "val", "test_2016_flickr")
@@ -59,7 +59,7 @@ def test_quality_and_extrapolation_harnesses_write_one_json_per_run_skip_done_ru
         assert record["git_revision"] and record["machine"]
         # its detokenised test translations, kept beside the run file: sacreBLEU of them is the record's
         kept = load_lines(hypotheses_file(out / "runs" / f"{name}.json"))
-        references = quality.raw_references(data)
+        references = mt_grid.raw_references(data)
         assert len(kept) == len(references) == 120
         assert round(translation_scoring.detok_bleu(kept, references)[0].score, 2) == round(record["sacrebleu"], 2)
     assert records["vanilla-seed3"]["mechanism_parameters"] == {}
@@ -206,7 +206,7 @@ def write_run_records(out, runs, notes=None):
     """Run files as the harness writes them, for (config, seed, BLEU) triples."""
     (out / "runs").mkdir(parents=True, exist_ok=True)
     notes = {
-        **{name: config.note for name, config in {**quality.default_configs(), **quality.ablation_configs(3)}.items()},
+        **{name: config.note for name, config in {**mt_grid.default_configs(), **mt_grid.ablation_configs(3)}.items()},
         **(notes or {}),
     }
     for config, seed, bleu in runs:
@@ -231,7 +231,7 @@ def test_a_note_with_a_pipe_stays_in_its_table_cell(tmp_path):
     note = "Im & Cho: -|i-j| on the logits, positions kept"
     runs = (("vanilla", 1, 30.0), ("distance-mask", 1, 31.0), ("distance-mask", 2, 32.0))
     write_run_records(tmp_path, runs, {"distance-mask": note})
-    rows = [line for line in quality.report(tmp_path).splitlines() if line.startswith("| distance-mask ")]
+    rows = [line for line in mt_report.report(tmp_path).splitlines() if line.startswith("| distance-mask ")]
     assert len(rows) == 1
     cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", rows[0])[1:-1]]
     assert cells[:2] == ["distance-mask", "2 (1,2)"] and cells[2] == "31.50 +- 0.71" and cells[3] == "+1.50"
@@ -240,18 +240,18 @@ def test_a_note_with_a_pipe_stays_in_its_table_cell(tmp_path):
 
 def test_the_report_names_the_grid_configurations_without_a_run_or_with_one_seed(tmp_path):
     """A reader must be able to tell a configuration not run yet from one left out of the grid."""
-    names = list(quality.default_configs())
+    names = list(mt_grid.default_configs())
     write_run_records(tmp_path, [("vanilla", 1, 30.0), ("vanilla", 2, 31.0), ("rpr", 1, 32.0)])
-    lines = quality.report(tmp_path).splitlines()
+    lines = mt_report.report(tmp_path).splitlines()
     not_run = [line for line in lines if line.startswith("Not run yet: ")]
     assert len(not_run) == 1
     listed = [item.split(" (", 1)[0] for item in not_run[0].split(": ", 1)[1].split("; ")]
     assert listed == [name for name in names if name not in ("vanilla", "rpr")]
-    assert f"t5-bias ({quality.default_configs()['t5-bias'].note})" in not_run[0]
+    assert f"t5-bias ({mt_grid.default_configs()['t5-bias'].note})" in not_run[0]
     assert "One seed so far (no spread yet): rpr." in lines
 
     write_run_records(tmp_path, [(name, seed, 30.0) for name in names for seed in (1, 2)])
-    text = quality.report(tmp_path)
+    text = mt_report.report(tmp_path)
     assert "Not run yet" not in text and "One seed so far" not in text
     assert "ablations" not in text and not (tmp_path / "valid_loss_ablations.png").exists()
 
@@ -276,7 +276,7 @@ def test_ablation_runs_have_their_own_table_each_read_against_its_papers_choice(
             ("qvi-summation", 1, 30.0),
         ],
     )
-    main_table, ablation_section = quality.report(tmp_path).split("## The papers' ablations (`--grid ablations`)")
+    main_table, ablation_section = mt_report.report(tmp_path).split("## The papers' ablations (`--grid ablations`)")
     assert "| da-map-clip " not in main_table and "| qvi-summation " not in main_table
     assert table_cells(main_table, "da")[:4] == ["da", "1 (1)", "32.00", "+1.00"]
     clip = table_cells(ablation_section, "da-map-clip")
@@ -290,7 +290,7 @@ def test_ablation_runs_have_their_own_table_each_read_against_its_papers_choice(
         "within seed noise (opposite sign)",
         "+2.00",
     ]
-    assert clip[-1] == quality.ablation_configs(3)["da-map-clip"].note
+    assert clip[-1] == mt_grid.ablation_configs(3)["da-map-clip"].note
     # its reference has no run yet: no delta to claim
     assert table_cells(ablation_section, "qvi-summation")[:7] == [
         "qvi-summation",
@@ -323,7 +323,7 @@ def test_each_ablation_is_read_against_its_papers_finding_that_its_own_choice_is
             ("da-map-sigmoid", 1, 33.0),
         ],
     )
-    section = quality.report(tmp_path).split("## The papers' ablations (`--grid ablations`)")[1]
+    section = mt_report.report(tmp_path).split("## The papers' ablations (`--grid ablations`)")[1]
     readings = {
         name: table_cells(section, name)[4:6] for name in ("da-map-linear", "da-map-exponent", "da-map-sigmoid")
     }
@@ -357,7 +357,7 @@ def test_an_ablation_within_one_vanilla_std_of_its_reference_is_due_a_second_see
             ("qvi-summation", 1, 30.0),  # no qvi run to read it against
         ],
     )
-    text = quality.report(tmp_path)
+    text = mt_report.report(tmp_path)
     due = [line for line in text.splitlines() if line.startswith("One seed within one vanilla std")]
     assert len(due) == 1 and due[0].startswith("One seed within one vanilla std (1.41 BLEU over 2 seeds) ")
     assert due[0].endswith(
@@ -372,7 +372,7 @@ def test_an_ablation_within_one_vanilla_std_of_its_reference_is_due_a_second_see
     ).config_names == ["da-map-clip"]
     # vanilla with one seed has no spread: nothing is due yet
     (tmp_path / "runs" / "vanilla-seed2.json").unlink()
-    assert "One seed within one vanilla std" not in quality.report(tmp_path)
+    assert "One seed within one vanilla std" not in mt_report.report(tmp_path)
     assert quality.parse_args([*argv, "--out", str(tmp_path)]).config_names == []
 
 
@@ -404,7 +404,7 @@ def test_the_window_ablations_are_laid_out_as_the_papers_tables_and_each_orderin
             ("window-cross-aw-seg-partial", 1, 30.0),  # its token-based partner has no run
         ],
     )
-    section = paper_section(quality.report(tmp_path))
+    section = paper_section(mt_report.report(tmp_path))
     assert "here: Full = all 3 layers, Partial = layer 0)" in section
     expected = [
         "| Transformer | - | 31.00 +- 1.41 (2) | 27.46 | - | - |",
@@ -427,19 +427,19 @@ def test_the_window_ablations_are_laid_out_as_the_papers_tables_and_each_orderin
 
 def test_no_paper_table_without_a_window_ablation_and_no_reading_without_vanilla_seeds(tmp_path):
     write_run_records(tmp_path, [("vanilla", 1, 30.0), ("vanilla", 2, 32.0), ("da-map-clip", 1, 31.0)])
-    assert "ablation tables, here and in the paper" not in quality.report(tmp_path)
+    assert "ablation tables, here and in the paper" not in mt_report.report(tmp_path)
     write_run_records(tmp_path, [("window-aw-enc-full", 1, 33.0), ("window-mw-enc-full", 1, 32.0)])
     (tmp_path / "runs" / "vanilla-seed2.json").unlink()
-    section = paper_section(quality.report(tmp_path))
+    section = paper_section(mt_report.report(tmp_path))
     assert "| AW - MW, Encoder, Full | +0.52 | +1.00 | 1, 1 | - |" in section
 
 
 def test_the_paper_tables_name_every_window_ablation_and_only_harness_configurations():
     named = paper_tables.configs()
-    window = [name for name in quality.ablation_configs(3) if name.startswith("window-")]
+    window = [name for name in mt_grid.ablation_configs(3) if name.startswith("window-")]
     assert sorted(set(named) - {"vanilla"}) == sorted(window)
-    assert set(named) <= {*quality.default_configs(), *quality.ablation_configs(3)}
-    assert paper_tables.METRIC == quality.ABLATION_METRIC
+    assert set(named) <= {*mt_grid.default_configs(), *mt_grid.ablation_configs(3)}
+    assert paper_tables.METRIC == mt_report.ABLATION_METRIC
 
 
 PAPER_TEXT = SHARED_DATA.parent / "papers" / "differentiable-window-nguyen2020.txt"

@@ -114,7 +114,7 @@ def method_rows(
 
 def report(out: Path, results: Path = RESULTS, data: Optional[Path] = None) -> str:
     from .lm import lm_configs
-    from .mt import default_configs, raw_references
+    from .mt_grid import default_configs, raw_references
 
     columns, base_length = measured_columns(results)
     references = functools.lru_cache(maxsize=None)(lambda: raw_references(data))

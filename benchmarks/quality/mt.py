@@ -14,6 +14,9 @@ exists is skipped, and an interrupted run resumes from its ``checkpoint_last.pt`
 under ``--work``, so the grid can be spread over several sessions. ``--report``
 (and the end of every invocation) rebuilds ``<out>/quality.md`` (mean +- std per
 config, delta vs vanilla) and ``<out>/valid_loss.png`` from whatever JSON files exist.
+
+What is trained (the grids, scales, data) is :mod:`.mt_grid`; the report is
+:mod:`.mt_report`; this module trains, scores and holds the command line.
 """
 
 from __future__ import annotations
@@ -24,15 +27,12 @@ import json
 import os
 import re
 import shutil
-import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fairseq_distattn.tools.generated_blocks import update_pages
 from fairseq_distattn.tools.translation_scoring import read_text
 
 from ..common import (
@@ -45,193 +45,32 @@ from ..common import (
     device_model,
     git_revision,
     scale_results,
-    text_lines,
 )
 from ..harness.claims import claimed, file_version, train_unless_taken
 from ..harness.fingerprints import checkpoint_fingerprint
 from ..harness.process import BIN_DIR, log, run, tool, tool_env
-from ..harness.report import movement_table, pending_lines, plot_curves, table_row
 from ..harness.runs import hypotheses_file, load_runs, runs_by_config, save_lines
-from ..harness.seeds import mean_std, mean_std_text, seed_std, seeds_cell
 from ..harness.training import (
     backfill_mechanism_parameters,
     mechanism_parameters,
     optimizer_args,
     training_wall_seconds,
 )
-from .paper_tables import paper_table_lines, read_difference
-
-DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "quality"
-DEFAULT_WORK = REPO_ROOT / "work" / "quality"
-
-
-@dataclass(frozen=True)
-class QualityConfig:
-    """One model of the grid: attention flags on top of the shared recipe."""
-
-    name: str
-    attention: Tuple[str, ...]
-    absolute_positions: bool
-    note: str
-
-    def arch_args(self) -> List[str]:
-        if not self.attention and self.absolute_positions:
-            # the baseline is fairseq's own model, not the plugin's with vanilla layers
-            return ["--arch", "transformer_iwslt_de_en"]
-        positions = [] if self.absolute_positions else ["--no-token-positional-embeddings"]
-        return ["--arch", "distattn_transformer_iwslt_de_en", *self.attention, *positions]
-
-
-def both_self(mechanism: str) -> Tuple[str, ...]:
-    return ("--encoder-self-attention", mechanism, "--decoder-self-attention", mechanism)
-
-
-WINDOW_PAPER = (
-    "--encoder-self-attention",
-    "window-aw@0-2",
-    "--decoder-self-attention",
-    "window-mw@0-2",
-    "--cross-attention",
-    "window-aw-seg@0-2",
+from .mt_grid import (
+    CHECKPOINTS_AVERAGED,
+    DEFAULT_OUT,
+    DEFAULT_WORK,
+    GRIDS,
+    PRECISION,
+    SCALES,
+    TARGET_LANG,
+    QualityConfig,
+    ablation_references,
+    default_data,
+    grid_configs,
 )
-BASELINE = QualityConfig("vanilla", (), True, "fairseq transformer_iwslt_de_en, sinusoidal positions")
-# The papers' special configurations, each listed after the mechanism (or the family of
-# SPECIAL_FAMILIES, the name before its first "-") it belongs to.
-PAPER_CONFIGS = {
-    "rpr": (QualityConfig("rpr+abs", both_self("rpr"), True, "rpr with sinusoidal positions kept"),),
-    "da": (QualityConfig("da+abs", both_self("da"), True, "da with sinusoidal positions kept"),),
-    "window": (
-        QualityConfig(
-            "window",
-            WINDOW_PAPER,
-            True,
-            "Nguyen et al.'s best: Enc AW, Dec MW, Cross AW-seg (b = 5) in layers 0-2, positions kept",
-        ),
-        # the paper's configuration one attention kind at a time (its Table 2 reading, at this depth)
-        QualityConfig("window-enc-only", WINDOW_PAPER[:2], True, "the window configuration's encoder AW@0-2 alone"),
-        QualityConfig("window-dec-only", WINDOW_PAPER[2:4], True, "the window configuration's decoder MW@0-2 alone"),
-        QualityConfig("window-cross-only", WINDOW_PAPER[4:], True, "the window configuration's cross AW-seg@0-2 alone"),
-        QualityConfig(
-            "window-expected-mask",
-            (*WINDOW_PAPER, "--window-expected-mask"),
-            True,
-            "the window configuration with M = E[window indicator] in [0, 1] (departs from eq. 9: l = r counted once)",
-        ),
-        QualityConfig(
-            "window-mw",
-            (*both_self("window-mw"), "--cross-attention", "window-mw"),
-            True,
-            "MW in every layer of all three kinds",
-        ),
-    ),
-    "distance-mask": (
-        QualityConfig(
-            "distance-mask-noabs", both_self("distance-mask"), False, "distance-mask without position embeddings"
-        ),
-    ),
-    # decoder-only mechanisms: the encoder takes the mechanism each one extends
-    "xpos": (
-        QualityConfig(
-            "xpos",
-            ("--encoder-self-attention", "rope", "--decoder-self-attention", "xpos"),
-            False,
-            "Sun et al. 2023: xPos in decoder self-attention, rope in the encoder (xPos is RoPE with a decay, "
-            "which a bidirectional encoder cannot take), no position embeddings",
-        ),
-    ),
-    "cope": (
-        QualityConfig(
-            "cope",
-            ("--encoder-self-attention", "rpr", "--no-relative-values", "--decoder-self-attention", "cope"),
-            False,
-            "Golovneva et al. 2024: CoPE in decoder self-attention, rpr keys-only in the encoder (the relative PE "
-            "CoPE generalises: with every gate at 1 its positions count i - j + 1), no position embeddings",
-        ),
-    ),
-}
+from .mt_report import report, undecided_ablations
 
-
-SPECIAL_FAMILIES = ("window",)  # the paper's layer choices are the configurations: none derived
-
-
-def derived_config(info) -> Optional[QualityConfig]:
-    """A registered mechanism in every encoder and decoder self-attention layer, without
-    the position embeddings it replaces (kept where its papers keep them); None for
-    one that does not apply to both."""
-    from fairseq_distattn.registry import DECODER_SELF_KIND, ENCODER_SELF_KIND
-
-    if not {ENCODER_SELF_KIND, DECODER_SELF_KIND} <= info.kinds:
-        return None
-    positions = "positions kept" if info.keeps_position_embeddings else "no position embeddings"
-    paper = info.paper.split(", *")[0]
-    return QualityConfig(
-        info.name,
-        both_self(info.name),
-        info.keeps_position_embeddings,
-        f"{paper}: {info.name} in every self-attention layer, {positions}",
-    )
-
-
-def default_configs() -> Dict[str, QualityConfig]:
-    """The default grid: vanilla, then per registered mechanism (the papers' order) its
-    derived configuration and its papers' special ones (:data:`PAPER_CONFIGS`; a
-    special one of the mechanism's own name replaces the derived one)."""
-    import fairseq_distattn.mechanisms  # noqa: F401  discovers the registry
-    from fairseq_distattn.registry import registered
-
-    configs = {BASELINE.name: BASELINE}
-    for info in registered():
-        family = info.name.split("-")[0]
-        if family in SPECIAL_FAMILIES:
-            candidates = PAPER_CONFIGS[family]
-        else:
-            special = PAPER_CONFIGS.get(info.name, ())
-            derived = derived_config(info)
-            own_name = derived is not None and any(config.name == derived.name for config in special)
-            candidates = (() if derived is None or own_name else (derived,)) + special
-        for config in candidates:
-            configs.setdefault(config.name, config)
-    return configs
-
-
-GRIDS = ("default", "ablations")
-
-
-def ablation_configs(layers: int) -> Dict[str, QualityConfig]:
-    """The papers' ablations (:mod:`.ablations`) for a model of ``layers``
-    encoder and decoder layers; the DA ones drop the position embeddings as the
-    default grid's ``da`` does."""
-    from .ablations import ablations  # imports fairseq_distattn: only for this grid
-
-    configs = {}
-    for ablation in ablations(layers):
-        flags = tuple(flag for flag in ablation.train_args if flag != "--no-token-positional-embeddings")
-        configs[ablation.name] = QualityConfig(
-            ablation.name, flags, len(flags) == len(ablation.train_args), ablation.note
-        )
-    return configs
-
-
-def grid_configs(grid: str, layers: int) -> Dict[str, QualityConfig]:
-    """Every configuration a grid can run (``--configs`` picks from these)."""
-    return default_configs() if grid == "default" else ablation_configs(layers)
-
-
-# Model size and budget. small: the quickstart's CPU model; base: IWSLT-size for a GPU.
-SCALES = {
-    "tiny": dict(layers=3, dim=16, ffn=32, heads=2, updates=6, max_tokens=512, merges=None),  # a smoke test
-    "small": dict(layers=3, dim=256, ffn=512, heads=4, updates=2000, max_tokens=2048, merges=6000),
-    "base": dict(layers=6, dim=512, ffn=1024, heads=4, updates=20000, max_tokens=4096, merges=10000),
-}
-# Training precision on a GPU, as (fairseq-train flags, environment). fairseq 0.12's --bf16
-# implies --tpu, so it is not offered; amp is fairseq's --amp (fp16 autocast, loss scaling);
-# tf32 keeps fp32 weights and activations and lets cuBLAS matmuls use TF32 tensor cores.
-PRECISION = {
-    "fp32": ([], {}),
-    "tf32": ([], {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1"}),
-    "amp": (["--amp"], {}),
-}
-CHECKPOINTS_AVERAGED = 5
 # an update checkpoint every 1/20 of training: the 5 averaged span its last quarter
 CHECKPOINT_FRACTION = 20
 
@@ -521,10 +360,6 @@ def train_run(
     }
 
 
-TARGET_LANG = "de"
-TEST_SET = "test_2016_flickr"
-
-
 def keep_hypotheses(run_dir: Path, run_file: Path) -> None:
     """The run's detokenised test hypotheses, what sacreBLEU scored (``scripts/evaluate.py``'s
     ``eval/hyp.detok.de``), gzipped beside its run file (:func:`..harness.runs.hypotheses_file`):
@@ -536,235 +371,6 @@ def keep_hypotheses(run_dir: Path, run_file: Path) -> None:
         save_lines(kept, read_text(scored))
     else:
         kept.unlink(missing_ok=True)
-
-
-def default_data() -> Path:
-    """The Multi30k folder the harness trains on: ``../shared/data/multi30k`` where it is,
-    else the sample shipped in ``data/multi30k``."""
-    shared = REPO_ROOT.parent / "shared" / "data" / "multi30k"
-    return shared if (shared / "train.en").is_file() else REPO_ROOT / "data" / "multi30k"
-
-
-def raw_references(data: Optional[Path] = None) -> List[str]:
-    """The raw target side of the test set (``test_2016_flickr.de`` or its ``.gz``), the
-    references sacreBLEU scores the kept hypotheses against (``quickstart.sh``'s
-    ``test.raw.de``)."""
-    return text_lines(data or default_data(), f"{TEST_SET}.{TARGET_LANG}")
-
-
-# ------------------------------------------------------------------ report
-
-VALID_LOSS_LABEL = "validation loss (label-smoothed, base 2)"
-VALID_LOSS_TITLE = "Multi30k En-De validation loss, one line per seed"
-
-
-def ablation_references() -> Dict[str, str]:
-    """``{ablation: the default grid's configuration it is read against}``."""
-    from .ablations import ablations  # imports fairseq_distattn: only when ablations ran
-
-    return {ablation.name: ablation.reference for ablation in ablations(6)}  # neither depends on the depth
-
-
-def mean_cell(records: Sequence[Dict], metric: str) -> str:
-    return mean_std_text([r[metric] for r in records])
-
-
-def delta_cell(records: Sequence[Dict], against: Optional[Sequence[Dict]], metric: str) -> str:
-    if not against:
-        return "-"
-    return f"{mean_std([r[metric] for r in records])[0] - mean_std([r[metric] for r in against])[0]:+.2f}"
-
-
-def report(out: Path) -> str:
-    """Rebuild ``quality.md``, ``valid_loss.png`` and, once ablations ran,
-    ``valid_loss_ablations.png`` from the run files; returns the markdown."""
-    runs = load_runs(out)
-    by_config = runs_by_config(runs)
-    configs = default_configs()
-    references = ablation_references() if set(by_config) - set(configs) else {}
-    order = [name for name in configs if name in by_config] + sorted(set(by_config) - set(configs) - set(references))
-    ablation_order = [name for name in references if name in by_config]
-    baseline = by_config.get("vanilla")
-    lines = [
-        "| config | runs (seeds) | BLEU tok+compound | delta vs vanilla | sacreBLEU | delta vs vanilla | valid ppl "
-        "| what |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for name in order:
-        records = by_config[name]
-        against = baseline if name != "vanilla" else None
-        lines.append(
-            table_row(
-                [
-                    name,
-                    seeds_cell(records),
-                    mean_cell(records, "tokenized_bleu_compound_split"),
-                    delta_cell(records, against, "tokenized_bleu_compound_split"),
-                    mean_cell(records, "sacrebleu"),
-                    delta_cell(records, against, "sacrebleu"),
-                    mean_cell(records, "valid_ppl_averaged"),
-                    records[0]["note"],
-                ]
-            )
-        )
-    budgets = sorted({(r["updates"], r.get("scale", "?"), r.get("precision", "fp32")) for r in runs})
-    # the machine and threads; how many runs shared it varied, so it is not claimed
-    machines = sorted({re.sub(r", \d+ runs? at a time$", "", r.get("machine", "?")) for r in runs})
-    header = [
-        "# Model quality on Multi30k En-De (generated by `python -m benchmarks.quality.mt --report`)",
-        "",
-        f"Budget: {', '.join(f'{u} updates (scale {s}, {p} training)' for u, s, p in budgets) or 'no runs yet'}; "
-        f"machine: {'; '.join(machines) or '-'}. Test set: test_2016_flickr "
-        f"({', '.join(str(n) for n in sorted({r['test_sentences'] for r in runs})) or '-'} sentences), "
-        f"average of the last {CHECKPOINTS_AVERAGED} update checkpoints, beam 5. Mean +- sample std over seeds "
-        "(a single number: one seed so far).",
-        "",
-    ]
-    grid = {name: config.note for name, config in configs.items()}
-    sections = header + lines + pending_lines(by_config, grid)
-    sections += ablation_table(by_config, ablation_order, references)
-    if ablation_order:
-        sections += window_paper_tables(by_config, runs)
-    sections += movement_table(by_config, order + ablation_order)
-    markdown = "\n".join(sections) + "\n"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "quality.md").write_text(markdown, encoding="utf-8")
-    if order:
-        plot_curves(by_config, order, out / "valid_loss.png", ylabel=VALID_LOSS_LABEL, title=VALID_LOSS_TITLE)
-    if ablation_order:
-        # each ablation beside the configuration it is read against, dashed
-        compared = [name for name in dict.fromkeys(references[n] for n in ablation_order) if name in by_config]
-        plot_curves(
-            by_config,
-            compared + ablation_order,
-            out / "valid_loss_ablations.png",
-            ylabel=VALID_LOSS_LABEL,
-            title="Multi30k En-De validation loss: the papers' ablations (dashed: the papers' own choices)",
-            dashed=lambda name, record: name in compared,
-        )
-    if out.resolve() == DEFAULT_OUT.resolve():
-        update_pages(out / "quality.md")
-    return markdown
-
-
-def ablation_table(by_config: Dict[str, List[Dict]], order: Sequence[str], references: Dict[str, str]) -> List[str]:
-    """The ``--grid ablations`` runs, each against the default grid's configuration
-    holding its paper's own choice (and vanilla), with the ablations not run yet."""
-    if not order:
-        return []
-    baseline = by_config.get("vanilla")
-    lines = [
-        "",
-        "## The papers' ablations (`--grid ablations`)",
-        "",
-        "Same budget and recipe; each row is read against the configuration of the table above that holds its "
-        "paper's own choice (da: learnable sigmoid, early multiply; qvi: gated; window: the paper's best "
-        "Enc(AW)-Cr(AW,Seg)-Dec(MW)). A delta shows - while that configuration has no run. Each paper finds "
-        "its own choice better than each of these (Wu et al. 2021 Figs. 4 and 5, Wu et al. (QVI) Fig. 2, "
-        "Nguyen et al. 2020 Table 1's 28.25 BLEU against at most 28.13 in its Tables 2 and 3): *reading* says "
-        "whether the delta vs it agrees (below zero by more than seed noise), disagrees, or is within seed "
-        "noise, one standard error of the difference (vanilla's seed std times sqrt(1/n1 + 1/n2)).",
-        "",
-        "| ablation | runs (seeds) | BLEU tok+compound | read against | delta vs it | reading | delta vs vanilla "
-        "| sacreBLEU | valid ppl | what |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    spread = vanilla_spread(by_config)
-    tally: Dict[str, Dict[str, int]] = {}  # {reference: {reading: ablations}}
-    for name in order:
-        records = by_config[name]
-        metric = ABLATION_METRIC
-        against = by_config.get(references[name])
-        verdict = paper_reading(records, against, spread)
-        if verdict != "-":
-            counts = tally.setdefault(references[name], {})
-            counts[verdict] = counts.get(verdict, 0) + 1
-        lines.append(
-            table_row(
-                [
-                    name,
-                    seeds_cell(records),
-                    mean_cell(records, metric),
-                    references[name],
-                    delta_cell(records, against, metric),
-                    verdict,
-                    delta_cell(records, baseline, metric),
-                    mean_cell(records, "sacrebleu"),
-                    mean_cell(records, "valid_ppl_averaged"),
-                    records[0]["note"],
-                ]
-            )
-        )
-    if tally:
-        summary = "; ".join(
-            f"{reference}: " + ", ".join(f"{n} {verdict}" for verdict, n in sorted(readings.items()))
-            for reference, readings in tally.items()
-        )
-        lines += ["", f"Readings against the paper's choice, per paper: {summary}."]
-    missing = [name for name in references if name not in by_config]
-    if missing:
-        lines += ["", f"Not run yet ({len(missing)} of {len(references)}): {', '.join(missing)}."]
-    undecided = undecided_ablations(by_config, references)
-    if undecided:
-        spread = seed_noise(baseline)
-        lines += [
-            "",
-            f"One seed within one vanilla std ({spread:.2f} BLEU over {len(baseline)} seeds) of the configuration "
-            f"it is read against, so a second seed decides it ({len(undecided)}; "
-            "`python -m benchmarks.quality.mt --grid ablations --undecided --seeds 2`): "
-            f"{', '.join(undecided)}.",
-        ]
-    return lines
-
-
-ABLATION_METRIC = "tokenized_bleu_compound_split"
-
-
-def paper_reading(records: Sequence[Dict], against: Optional[Sequence[Dict]], spread: Optional[float]) -> str:
-    """An ablation's delta vs its paper's choice read as the paper's tables are
-    (:func:`.paper_tables.read_difference`); every paper finds its own choice better (a negative delta)."""
-    return read_difference(records, against, -1.0, spread) if against else "-"
-
-
-def window_paper_tables(by_config: Dict[str, List[Dict]], runs: Sequence[Dict]) -> List[str]:
-    """:mod:`.paper_tables`'s section, with what Full and Partial are at the runs' depth."""
-    from .ablations import window_extents
-
-    depths = sorted({SCALES[r["scale"]]["layers"] for r in runs if r.get("scale") in SCALES})
-    layers = "; ".join(
-        f"Full = {extents['full'][1]}, Partial = {extents['partial'][1]}"
-        for extents in (window_extents(depth) for depth in depths)
-    )
-    return paper_table_lines(by_config, vanilla_spread(by_config), layers or "the harness's depth")
-
-
-def seed_noise(baseline: Sequence[Dict]) -> float:
-    """Vanilla's sample std of the ablation metric over its seeds (at least two)."""
-    return statistics.stdev(r[ABLATION_METRIC] for r in baseline)
-
-
-def vanilla_spread(by_config: Dict[str, Sequence[Dict]]) -> Optional[float]:
-    """Vanilla's sample std of the ablation metric over its seeds
-    (:func:`..harness.seeds.seed_std`), None while it has fewer than two seeds."""
-    return seed_std([r[ABLATION_METRIC] for r in by_config.get("vanilla", ())])
-
-
-def undecided_ablations(by_config: Dict[str, Sequence[Dict]], references: Dict[str, str]) -> List[str]:
-    """The ablations with one seed whose BLEU is within one vanilla std of their
-    reference's mean: seed noise alone could put them on either side, so they get a
-    second seed. Needs vanilla's spread (two seeds or more) and a reference run."""
-    baseline = by_config.get("vanilla", ())
-    if len(baseline) < 2:
-        return []
-    spread = seed_noise(baseline)
-    undecided = []
-    for name, reference in references.items():
-        records, against = by_config.get(name, ()), by_config.get(reference)
-        if len(records) == 1 and against:
-            gap = records[0][ABLATION_METRIC] - statistics.fmean(r[ABLATION_METRIC] for r in against)
-            if abs(gap) <= spread:
-                undecided.append(name)
-    return undecided
 
 
 # -------------------------------------------------------------------- main

@@ -39,8 +39,9 @@ from ..harness.fingerprints import checkpoint_fingerprint, evaluated_from, model
 from ..harness.process import log, run, tool, tool_env
 from ..harness.runs import load_runs
 from ..harness.seeds import mean_std, mean_std_text
-from .mt import DEFAULT_OUT as QUALITY_OUT
-from .mt import DEFAULT_WORK, default_configs, score_translation, translate_test_set
+from .mt import score_translation, translate_test_set
+from .mt_grid import DEFAULT_OUT as QUALITY_OUT
+from .mt_grid import DEFAULT_WORK, default_configs
 
 PROG = "python -m benchmarks.quality.mt_extrapolation"
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "extrapolation"
