@@ -101,7 +101,7 @@ assert plots <= names, names
 # the benchmarks: its LM preset, its translation grid configuration and its methods-table row
 from fairseq.models import ARCH_MODEL_INV_REGISTRY
 from fairseq_distattn.models.arguments import ARCHITECTURES
-from benchmarks.quality.lm import lm_configs
+from benchmarks.quality.lm_grid import lm_configs
 from benchmarks.quality.mt_grid import default_configs
 from benchmarks.quality.methods import method_rows
 PRESET = "distattn_lm_log_distance_gbw"

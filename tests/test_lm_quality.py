@@ -14,7 +14,7 @@ import pytest
 
 from benchmarks.common import text_lines
 from benchmarks.quality import lm as lm_quality
-from benchmarks.quality import lm_extrapolation
+from benchmarks.quality import lm_extrapolation, lm_grid, lm_report
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,7 +32,7 @@ def test_lm_harnesses_write_one_json_per_run_skip_done_runs_and_report(tmp_path)
     data = tmp_path / "wikitext-2"
     data.mkdir()
     for name, lines in (("valid.txt", 300), ("test.txt", 60)):
-        text = text_lines(lm_quality.SHIPPED_DATA, name)[:lines]
+        text = text_lines(lm_grid.SHIPPED_DATA, name)[:lines]
         (data / name).write_text("".join(line + "\n" for line in text), encoding="utf-8")
     out, work = tmp_path / "out", tmp_path / "work"
     argv = [
@@ -187,7 +187,7 @@ def test_quality_report_means_stds_and_deltas_against_an_independent_computation
         for seed, ppl in enumerate(values, 1):
             record = quality_record(config, baselines[config], seed, ppl)
             (runs / f"{config}-seed{seed}.json").write_text(json.dumps(record), encoding="utf-8")
-    markdown = lm_quality.report(tmp_path)
+    markdown = lm_report.report(tmp_path)
 
     def sample_std(values):
         mean = sum(values) / len(values)
@@ -281,7 +281,7 @@ def test_dev_split_starts_at_an_article_title_and_every_lm_preset_is_in_the_grid
 
     from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 
-    configs = lm_quality.lm_configs()
+    configs = lm_grid.lm_configs()
     presets = {arch for arch, model in ARCH_MODEL_NAME_REGISTRY.items() if model == "distattn_lm"}
     assert presets and presets <= set(configs)
     assert {configs[name].baseline for name in configs} <= set(configs)
@@ -340,7 +340,7 @@ def test_every_lm_config_builds_the_same_model_width_and_the_vanilla_presets_equ
     from .model_helpers import dictionary
 
     # tiny widths, and the small scale's depth: the window preset names layers 0-2
-    scale = {**lm_quality.SCALES["tiny"], "layers": lm_quality.SCALES["small"]["layers"]}
+    scale = {**lm_grid.SCALES["tiny"], "layers": lm_grid.SCALES["small"]["layers"]}
     assert scale["dim"] != 512  # else the flags under test would change nothing
     d = dictionary()
 
@@ -352,7 +352,7 @@ def test_every_lm_config_builds_the_same_model_width_and_the_vanilla_presets_equ
         model = LanguageModelingTask(args, d).build_model(args)
         return {name: tuple(p.shape) for name, p in model.named_parameters()}, model
 
-    configs = lm_quality.lm_configs()
+    configs = lm_grid.lm_configs()
     shapes = {}
     for name, config in configs.items():
         shapes[name], model = built(config)
@@ -386,7 +386,7 @@ def test_lm_finetune_fine_tunes_each_rope_run_with_each_scaling_and_the_report_s
     data = tmp_path / "wikitext-2"
     data.mkdir()
     for name, lines in (("valid.txt", 200), ("test.txt", 40)):
-        text = text_lines(lm_quality.SHIPPED_DATA, name)[:lines]
+        text = text_lines(lm_grid.SHIPPED_DATA, name)[:lines]
         (data / name).write_text("".join(line + "\n" for line in text), encoding="utf-8")
     quality_out, work, out = tmp_path / "quality", tmp_path / "work", tmp_path / "extrapolation"
     trained = ["--scale", "tiny", "--updates", "3", "--configs", "distattn_lm_rope_gbw", "--seeds", "1"]

@@ -4,7 +4,7 @@ derive from the registry, and its cells from the other harnesses' run files."""
 import json
 
 from benchmarks.quality import methods
-from benchmarks.quality.lm import lm_configs
+from benchmarks.quality.lm_grid import lm_configs
 from benchmarks.quality.mt_grid import default_configs
 from fairseq_distattn.registry import registered
 

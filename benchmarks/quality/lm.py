@@ -27,12 +27,15 @@ the fairseq baseline, and how far each mechanism's parameters moved from the
 initial model: ``benchmarks.diagnostics.parameter_movement``, measured on the best
 checkpoint, and added to run files written before it was) and
 ``<out>/valid_loss.png`` from whatever JSON files exist.
+
+What is trained (the configurations, scales, data) is :mod:`.lm_grid`; the report is
+:mod:`.lm_report`; this module prepares the data, trains, scores and holds the
+command line.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import functools
 import hashlib
 import json
@@ -40,11 +43,8 @@ import os
 import re
 import shlex
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
-
-from fairseq_distattn.tools.generated_blocks import update_pages
 
 from ..common import (
     REPO_ROOT,
@@ -62,115 +62,30 @@ from ..common import (
 from ..harness.claims import claimed, file_version, train_unless_taken
 from ..harness.fingerprints import checkpoint_fingerprint
 from ..harness.process import log, run, tool, tool_env
-from ..harness.report import movement_table, pending_lines, plot_curves, table_row
-from ..harness.runs import load_runs, runs_by_config
-from ..harness.seeds import mean_std, mean_std_text, seeds_cell
 from ..harness.training import (
     backfill_mechanism_parameters,
     mechanism_parameters,
     optimizer_args,
     training_wall_seconds,
 )
+from .lm_grid import (
+    DEFAULT_OUT,
+    DEFAULT_WORK,
+    MAX_POSITIONS,
+    SCALES,
+    SHARED_DATA,
+    SHIPPED_DATA,
+    LMConfig,
+    default_data,
+    lm_configs,
+)
+from .lm_report import report
 
-DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "lm_quality"
-DEFAULT_WORK = REPO_ROOT / "work" / "lm_quality"
-SHIPPED_DATA = REPO_ROOT / "data" / "wikitext-2"
-SHARED_DATA = REPO_ROOT.parent / "shared" / "data" / "wikitext-2"
-# the longest sample (eval tokens + context) a model accepts; see the module docstring
-MAX_POSITIONS = 2048
 DEV_FRACTION = 0.1
 ARTICLE = re.compile(r"^ = [^=].* = $")  # a WikiText article title; section titles have == or more
 
-# Model size and budget. tiny: a smoke test; small: one CPU thread; base: a GPU.
-SCALES = {
-    "tiny": dict(layers=2, dim=16, ffn=32, heads=2, updates=6, max_tokens=512, tokens_per_sample=64),
-    "small": dict(layers=3, dim=256, ffn=1024, heads=4, updates=600, max_tokens=2048, tokens_per_sample=64),
-    "base": dict(layers=6, dim=512, ffn=2048, heads=8, updates=20000, max_tokens=8192, tokens_per_sample=64),
-}
 # a validation (and checkpoint) every 1/20 of training
 VALIDATIONS = 20
-
-
-@dataclass(frozen=True)
-class LMConfig:
-    """One model of the grid: an ``--arch`` and the fairseq architecture it is compared with."""
-
-    name: str
-    baseline: str
-    note: str
-    # a variant of a preset: its --arch and the flags that make it the variant
-    arch: str = ""
-    flags: Tuple[str, ...] = ()
-
-    def arch_args(self) -> List[str]:
-        return ["--arch", self.arch or self.name, *self.flags]
-
-
-# variants of a preset that the grid trains beside it: (name, preset, flags, what it is)
-VARIANTS = (
-    (
-        "distattn_lm_kerple_gbw+per-layer",
-        "distattn_lm_kerple_gbw",
-        ("--kerple-per-layer",),
-        "the preset with r1, r2 per layer (the plugin's kerple up to revision f2ecd07) instead of the authors' "
-        "one pair per head shared by the layers",
-    ),
-)
-
-
-@functools.lru_cache(maxsize=None)
-def lm_configs() -> Dict[str, LMConfig]:
-    """fairseq's LM architectures that the plugin's presets extend, each followed by the
-    presets, read from the registered architectures (so a new preset joins the grid)."""
-    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_INV_REGISTRY
-
-    import fairseq_distattn  # noqa: F401  registers the architectures
-    from fairseq_distattn.models.arguments import ARCHITECTURES
-    from fairseq_distattn.models.distattn_lm import transformer_lm_architecture
-
-    presets = [name for name in ARCH_MODEL_INV_REGISTRY["distattn_lm"] if name in ARCHITECTURES]
-    configs: Dict[str, LMConfig] = {}
-    for preset in presets:
-        fairseq_architecture, specs = ARCHITECTURES[preset]
-        # the shortest fairseq name of that function (transformer_lm_gbw, not transformer_lm_baevski_gbw);
-        # --arch transformer_lm is registered as a no-op (its dataclass's defaults), which distattn_lm copies
-        baseline = min(
-            (
-                name
-                for name in ARCH_MODEL_INV_REGISTRY["transformer_lm"]
-                if ARCH_CONFIG_REGISTRY[name] is fairseq_architecture
-            ),
-            key=len,
-            default="transformer_lm" if fairseq_architecture is transformer_lm_architecture else None,
-        )
-        if baseline is None:
-            raise RuntimeError(f"no fairseq transformer_lm architecture matches the defaults of --arch {preset}")
-        configs.setdefault(baseline, LMConfig(baseline, baseline, f"fairseq {baseline}, sinusoidal positions"))
-        mechanism = specs.get("decoder_self_attention", "vanilla")
-        positions = "no position embeddings" if _drops_positions(preset) else "sinusoidal positions"
-        configs[preset] = LMConfig(
-            preset, baseline, f"{mechanism} self-attention on {baseline}'s defaults, {positions}"
-        )
-    for name, preset, flags, note in VARIANTS:
-        if preset in configs:
-            configs[name] = LMConfig(name, configs[preset].baseline, note, preset, flags)
-    # baselines first, then mechanism presets, then the plugin's vanilla presets (a check against the baseline);
-    # the baseline most presets extend first
-    family = collections.Counter(c.baseline for c in configs.values())
-    rank = {
-        name: (name != c.baseline, "vanilla self-attention" in c.note, -family[c.baseline])
-        for name, c in configs.items()
-    }
-    return {name: configs[name] for name in sorted(configs, key=lambda name: rank[name])}
-
-
-def _drops_positions(arch: str) -> bool:
-    """Whether ``--arch`` defaults to no position embeddings (its registered defaults, applied to no flags)."""
-    from fairseq.models import ARCH_CONFIG_REGISTRY
-
-    args = argparse.Namespace()
-    ARCH_CONFIG_REGISTRY[arch](args)
-    return bool(args.no_token_positional_embeddings)
 
 
 # -------------------------------------------------------------------- data
@@ -421,100 +336,7 @@ def train_run(
     }
 
 
-# ------------------------------------------------------------------ report
-
-
-def report(out: Path) -> str:
-    """Rebuild ``lm_quality.md`` and ``valid_loss.png`` from the run files; returns the markdown."""
-    runs = load_runs(out)
-    by_config = runs_by_config(runs)
-    order = sorted(
-        by_config, key=lambda name: (by_config[name][0]["baseline"], name != by_config[name][0]["baseline"], name)
-    )
-    lines = [
-        "| config | runs (seeds) | test ppl | delta vs baseline | baseline | test loss (bits) | best dev loss "
-        "(at update) | train wall s | what |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for name in order:
-        records = sorted(by_config[name], key=lambda r: r["seed"])
-        baseline_name = records[0]["baseline"]
-        cells = [name, seeds_cell(records), mean_std_text([r["test_ppl"] for r in records])]
-        baseline = by_config.get(baseline_name)
-        if baseline and name != baseline_name:
-            mean = mean_std([r["test_ppl"] for r in records])[0]
-            base_mean = mean_std([r["test_ppl"] for r in baseline])[0]
-            cells.append(f"{mean - base_mean:+.2f} ({100 * (mean / base_mean - 1):+.1f}%)")
-        else:
-            cells.append("-")
-        cells.append(baseline_name)
-        cells.append(mean_std_text([r["test_loss_base2"] for r in records], digits=3))
-        cells.append(
-            ", ".join(
-                f"{r['best_valid_loss']:.3f} ({r['best_valid_updates']})"
-                for r in records
-                if r["best_valid_loss"] is not None
-            )
-            or "-"
-        )
-        cells.append(", ".join(f"{r['train_wall_s']:.0f}" for r in records))
-        cells.append(records[0]["note"])
-        lines.append(table_row(cells))
-    budgets = sorted({(r["updates"], r.get("scale", "?"), r.get("model", "?"), r["tokens_per_sample"]) for r in runs})
-    machines = sorted({r.get("machine", "?") for r in runs})
-    splits = sorted({json.dumps(r["data_splits"], sort_keys=True) for r in runs if "data_splits" in r})
-    data = (
-        "; ".join(
-            f"train {s['train']['tokens']:,} tokens, dev {s['valid']['tokens']:,}, test {s['test']['tokens']:,} "
-            f"({s['test']['unk_percent']:.2f}% of test tokens outside the training vocabulary, scored as <unk>)"
-            for s in map(json.loads, splits)
-        )
-        or "-"
-    )
-    header = [
-        "# Language-model quality on WikiText-2 (generated by `python -m benchmarks.quality.lm --report`)",
-        "",
-        "Word-level LMs trained on WikiText-2 `valid.txt` less its last ~10% (the dev set: validation curve and "
-        "best checkpoint), tested on `test.txt` with `fairseq-eval-lm` in non-overlapping blocks of the training "
-        "length (each block scored from its first token, no context carried over). Each preset is compared with "
-        "the fairseq architecture it extends (`baseline`); every model gets the same recipe (updates, lr "
-        "schedule, dropout 0.3, tied embeddings). Test ppl: mean +- sample std over seeds (a single number: one "
-        "seed so far); delta: difference of the means (negative = better than the baseline).",
-        "",
-        f"Budget: {'; '.join(f'{u} updates, scale {s} ({m}), {t} tokens per sample' for u, s, m, t in budgets)}"
-        if budgets
-        else "Budget: no runs yet",
-        f"Data: {data}. Machine: {'; '.join(machines) or '-'}.",
-        "",
-        "The training text is small (at most WikiText-2's valid.txt, a tenth of the size of its training set, "
-        "which is not available here): the numbers compare the mechanisms at this budget, they are not "
-        "WikiText-2 results comparable with published ones.",
-        "",
-    ]
-    grid = {name: config.note for name, config in lm_configs().items()}
-    markdown = "\n".join(header + lines + pending_lines(by_config, grid) + movement_table(by_config, order)) + "\n"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "lm_quality.md").write_text(markdown, encoding="utf-8")
-    if runs:
-        plot_curves(
-            by_config,
-            order,
-            out / "valid_loss.png",
-            ylabel="dev loss (cross-entropy, bits per token)",
-            title="WikiText-2 LM dev loss, one line per seed (dashed: fairseq baselines)",
-            dashed=lambda name, record: record["baseline"] == name,
-        )
-    if out.resolve() == DEFAULT_OUT.resolve():
-        update_pages(out / "lm_quality.md")
-    return markdown
-
-
 # -------------------------------------------------------------------- main
-
-
-def default_data() -> Path:
-    """../shared/data/wikitext-2 when present, else the sample the repository ships."""
-    return SHARED_DATA if (SHARED_DATA / "valid.txt").is_file() else SHIPPED_DATA
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:

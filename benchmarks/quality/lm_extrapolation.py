@@ -56,8 +56,9 @@ from ..harness.fingerprints import checkpoint_fingerprint, evaluated_from, model
 from ..harness.process import log, tool_env
 from ..harness.runs import load_runs
 from ..harness.seeds import mean_std_text
-from .lm import DEFAULT_OUT as LM_QUALITY_OUT
-from .lm import DEFAULT_WORK, eval_lm, lm_configs
+from .lm import eval_lm
+from .lm_grid import DEFAULT_OUT as LM_QUALITY_OUT
+from .lm_grid import DEFAULT_WORK, lm_configs
 
 PROG = "python -m benchmarks.quality.lm_extrapolation"
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "lm_extrapolation"

@@ -33,7 +33,7 @@ from ..common import (
 )
 from ..harness.fingerprints import checkpoint_fingerprint
 from ..harness.process import log, run, tool_env
-from .lm import DEFAULT_WORK, SCALES, eval_lm, lm_configs, train_args
+from .lm import eval_lm, train_args
 from .lm_extrapolation import (
     DEFAULT_OUT,
     MODES,
@@ -43,6 +43,7 @@ from .lm_extrapolation import (
     trained_runs,
     training_setup,
 )
+from .lm_grid import DEFAULT_WORK, SCALES, lm_configs
 
 PROG = "python -m benchmarks.quality.lm_finetune"
 SCALINGS = ("linear", "yarn")

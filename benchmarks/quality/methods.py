@@ -113,7 +113,7 @@ def method_rows(
 
 
 def report(out: Path, results: Path = RESULTS, data: Optional[Path] = None) -> str:
-    from .lm import lm_configs
+    from .lm_grid import lm_configs
     from .mt_grid import default_configs, raw_references
 
     columns, base_length = measured_columns(results)

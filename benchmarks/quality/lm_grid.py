@@ -1,0 +1,120 @@
+"""What the LM harness (``benchmarks.quality.lm``) trains, and on what.
+
+The configurations (fairseq's ``transformer_lm`` architectures, each followed by
+the plugin's presets that extend it, read from the registered architectures, and
+the variants trained beside a preset), the model scales, the WikiText-2 data, and
+where runs and results go. The harness, its report and the harnesses that read its
+runs (``lm_extrapolation``, ``lm_finetune``, ``methods``) take these from here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+from ..common import REPO_ROOT
+
+DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "lm_quality"
+DEFAULT_WORK = REPO_ROOT / "work" / "lm_quality"
+SHIPPED_DATA = REPO_ROOT / "data" / "wikitext-2"
+SHARED_DATA = REPO_ROOT.parent / "shared" / "data" / "wikitext-2"
+# the longest sample (eval tokens + context) a model accepts; see the module docstring
+MAX_POSITIONS = 2048
+
+# Model size and budget. tiny: a smoke test; small: one CPU thread; base: a GPU.
+SCALES = {
+    "tiny": dict(layers=2, dim=16, ffn=32, heads=2, updates=6, max_tokens=512, tokens_per_sample=64),
+    "small": dict(layers=3, dim=256, ffn=1024, heads=4, updates=600, max_tokens=2048, tokens_per_sample=64),
+    "base": dict(layers=6, dim=512, ffn=2048, heads=8, updates=20000, max_tokens=8192, tokens_per_sample=64),
+}
+
+
+@dataclass(frozen=True)
+class LMConfig:
+    """One model of the grid: an ``--arch`` and the fairseq architecture it is compared with."""
+
+    name: str
+    baseline: str
+    note: str
+    # a variant of a preset: its --arch and the flags that make it the variant
+    arch: str = ""
+    flags: Tuple[str, ...] = ()
+
+    def arch_args(self) -> List[str]:
+        return ["--arch", self.arch or self.name, *self.flags]
+
+
+# variants of a preset that the grid trains beside it: (name, preset, flags, what it is)
+VARIANTS = (
+    (
+        "distattn_lm_kerple_gbw+per-layer",
+        "distattn_lm_kerple_gbw",
+        ("--kerple-per-layer",),
+        "the preset with r1, r2 per layer (the plugin's kerple up to revision f2ecd07) instead of the authors' "
+        "one pair per head shared by the layers",
+    ),
+)
+
+
+@functools.lru_cache(maxsize=None)
+def lm_configs() -> Dict[str, LMConfig]:
+    """fairseq's LM architectures that the plugin's presets extend, each followed by the
+    presets, read from the registered architectures (so a new preset joins the grid)."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_INV_REGISTRY
+
+    import fairseq_distattn  # noqa: F401  registers the architectures
+    from fairseq_distattn.models.arguments import ARCHITECTURES
+    from fairseq_distattn.models.distattn_lm import transformer_lm_architecture
+
+    presets = [name for name in ARCH_MODEL_INV_REGISTRY["distattn_lm"] if name in ARCHITECTURES]
+    configs: Dict[str, LMConfig] = {}
+    for preset in presets:
+        fairseq_architecture, specs = ARCHITECTURES[preset]
+        # the shortest fairseq name of that function (transformer_lm_gbw, not transformer_lm_baevski_gbw);
+        # --arch transformer_lm is registered as a no-op (its dataclass's defaults), which distattn_lm copies
+        baseline = min(
+            (
+                name
+                for name in ARCH_MODEL_INV_REGISTRY["transformer_lm"]
+                if ARCH_CONFIG_REGISTRY[name] is fairseq_architecture
+            ),
+            key=len,
+            default="transformer_lm" if fairseq_architecture is transformer_lm_architecture else None,
+        )
+        if baseline is None:
+            raise RuntimeError(f"no fairseq transformer_lm architecture matches the defaults of --arch {preset}")
+        configs.setdefault(baseline, LMConfig(baseline, baseline, f"fairseq {baseline}, sinusoidal positions"))
+        mechanism = specs.get("decoder_self_attention", "vanilla")
+        positions = "no position embeddings" if _drops_positions(preset) else "sinusoidal positions"
+        configs[preset] = LMConfig(
+            preset, baseline, f"{mechanism} self-attention on {baseline}'s defaults, {positions}"
+        )
+    for name, preset, flags, note in VARIANTS:
+        if preset in configs:
+            configs[name] = LMConfig(name, configs[preset].baseline, note, preset, flags)
+    # baselines first, then mechanism presets, then the plugin's vanilla presets (a check against the baseline);
+    # the baseline most presets extend first
+    family = collections.Counter(c.baseline for c in configs.values())
+    rank = {
+        name: (name != c.baseline, "vanilla self-attention" in c.note, -family[c.baseline])
+        for name, c in configs.items()
+    }
+    return {name: configs[name] for name in sorted(configs, key=lambda name: rank[name])}
+
+
+def _drops_positions(arch: str) -> bool:
+    """Whether ``--arch`` defaults to no position embeddings (its registered defaults, applied to no flags)."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    args = argparse.Namespace()
+    ARCH_CONFIG_REGISTRY[arch](args)
+    return bool(args.no_token_positional_embeddings)
+
+
+def default_data() -> Path:
+    """../shared/data/wikitext-2 when present, else the sample the repository ships."""
+    return SHARED_DATA if (SHARED_DATA / "valid.txt").is_file() else SHIPPED_DATA
