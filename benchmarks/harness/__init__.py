@@ -3,6 +3,7 @@
 - :mod:`.process`: running a fairseq tool or script with its output logged, and the
   environment the tools run in.
 - :mod:`.claims`: one process per run directory (two harnesses on one ``--work``).
+- :mod:`.grid`: the runs of a grid still to do, and training them under their claims.
 - :mod:`.runs`: reading a harness's run files.
 - :mod:`.fingerprints`: which model a result was evaluated from.
 - :mod:`.training`: the optimiser recipe of every quality run, what a fairseq-train

@@ -36,7 +36,6 @@ command line.
 from __future__ import annotations
 
 import argparse
-import functools
 import hashlib
 import json
 import os
@@ -59,8 +58,9 @@ from ..common import (
     text_lines,
     without_machine_paths,
 )
-from ..harness.claims import claimed, file_version, train_unless_taken
+from ..harness.claims import claimed
 from ..harness.fingerprints import checkpoint_fingerprint
+from ..harness.grid import PlannedRun, plan_runs, train_planned
 from ..harness.process import log, run, tool, tool_env
 from ..harness.training import (
     backfill_mechanism_parameters,
@@ -392,57 +392,58 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return args
 
 
+def train_grid(args: argparse.Namespace) -> Path:
+    """Prepare the data, then train each ``--configs`` x ``--seeds`` run without a run file
+    (every one with ``--retrain``), one at a time; returns the binarised data's folder."""
+    scale = dict(SCALES[args.scale])
+    scale["updates"] = args.updates or scale["updates"]
+    scale["tokens_per_sample"] = args.tokens_per_sample or scale["tokens_per_sample"]
+    env = tool_env(args.threads)
+    with claimed(args.work, wait=True):  # one process prepares, the others wait
+        data_bin, splits = prepare(args.data, args.work, env)
+    configs = lm_configs()
+    runs = plan_runs(
+        ((configs[name], seed) for seed in args.seed_list for name in args.config_names),
+        lambda config, seed: args.work / args.scale / f"{config.name}-seed{seed}",
+        lambda config, seed: args.out / "runs" / f"{config.name}-seed{seed}.json",
+        args.retrain,
+    )
+    log(f"{len(runs)} runs to do ({args.scale}, {scale['updates']} updates, one at a time)")
+    context = dict(
+        scale=args.scale,
+        machine=f"{device_model()}, {args.threads} thread(s) per run",
+        git_revision=git_revision(),
+        data=str(args.data),
+        data_splits=splits,
+        max_tokens=scale["max_tokens"],
+        model=f"{scale['layers']} layers x {scale['dim']}, FFN {scale['ffn']}, {scale['heads']} heads",
+    )
+
+    def train_one(planned: PlannedRun) -> None:
+        log(f"start {planned.label} ({planned.run_dir})")
+        record = train_run(planned.config, planned.seed, scale, data_bin, planned.run_dir, env)
+        save_run(planned, {**record, **context})
+
+    train_planned(runs, train_one, log)
+    return data_bin
+
+
+def save_run(planned: PlannedRun, record: Dict[str, object]) -> None:
+    """Write a run's file (without this machine's paths) and log its test perplexity
+    (and the recorded one it replaces)."""
+    path = planned.run_file
+    if path.is_file():
+        recorded = json.loads(path.read_text(encoding="utf-8"))["test_ppl"]
+        log(f"retrained {planned.label}: test ppl {record['test_ppl']}, recorded {recorded}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(without_machine_paths(json.dumps(record, indent=1)) + "\n", encoding="utf-8")
+    log(f"done {planned.label}: test ppl {record['test_ppl']}, {record['wall_s']:.0f}s")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     if not args.report:
-        scale = dict(SCALES[args.scale])
-        scale["updates"] = args.updates or scale["updates"]
-        scale["tokens_per_sample"] = args.tokens_per_sample or scale["tokens_per_sample"]
-        env = tool_env(args.threads)
-        with claimed(args.work, wait=True):  # one process prepares, the others wait
-            data_bin, splits = prepare(args.data, args.work, env)
-        configs = lm_configs()
-
-        def run_file(name: str, seed: int) -> Path:
-            return args.out / "runs" / f"{name}-seed{seed}.json"
-
-        todo = [
-            (configs[name], seed)
-            for seed in args.seed_list
-            for name in args.config_names
-            if args.retrain or not run_file(name, seed).is_file()
-        ]
-        # each run file as this process saw it: one that changes meanwhile was written by another
-        listed = {path: file_version(path) for path in (run_file(config.name, seed) for config, seed in todo)}
-        log(f"{len(todo)} runs to do ({args.scale}, {scale['updates']} updates, one at a time)")
-        machine = f"{device_model()}, {args.threads} thread(s) per run"
-        revision = git_revision()
-
-        def train_one(config: LMConfig, seed: int, run_dir: Path, path: Path) -> None:
-            log(f"start {config.name} seed {seed} ({run_dir})")
-            record = train_run(config, seed, scale, data_bin, run_dir, env)
-            record.update(
-                scale=args.scale,
-                machine=machine,
-                git_revision=revision,
-                data=str(args.data),
-                data_splits=splits,
-                max_tokens=scale["max_tokens"],
-                model=f"{scale['layers']} layers x {scale['dim']}, FFN {scale['ffn']}, {scale['heads']} heads",
-            )
-            if path.is_file():
-                recorded = json.loads(path.read_text(encoding="utf-8"))
-                new, old = record["test_ppl"], recorded["test_ppl"]
-                log(f"retrained {config.name} seed {seed}: test ppl {new}, recorded {old}")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(without_machine_paths(json.dumps(record, indent=1)) + "\n", encoding="utf-8")
-            log(f"done {config.name} seed {seed}: test ppl {record['test_ppl']}, {record['wall_s']:.0f}s")
-
-        for config, seed in todo:
-            run_dir = args.work / args.scale / f"{config.name}-seed{seed}"
-            path = run_file(config.name, seed)
-            train = functools.partial(train_one, config, seed, run_dir, path)
-            train_unless_taken(f"{config.name} seed {seed}", run_dir, path, listed[path], train, log)
+        data_bin = train_grid(args)
 
         def model_of(record: Dict[str, object], path: Path) -> Tuple[Path, Path, Path]:
             run_dir = args.work / str(record.get("scale", args.scale)) / path.stem

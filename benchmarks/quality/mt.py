@@ -22,14 +22,12 @@ What is trained (the grids, scales, data) is :mod:`.mt_grid`; the report is
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import re
 import shutil
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -46,8 +44,9 @@ from ..common import (
     git_revision,
     scale_results,
 )
-from ..harness.claims import claimed, file_version, train_unless_taken
+from ..harness.claims import claimed
 from ..harness.fingerprints import checkpoint_fingerprint
+from ..harness.grid import PlannedRun, plan_runs, train_planned
 from ..harness.process import BIN_DIR, log, run, tool, tool_env
 from ..harness.runs import hypotheses_file, load_runs, runs_by_config, save_lines
 from ..harness.training import (
@@ -455,68 +454,61 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return args
 
 
+def train_grid(args: argparse.Namespace) -> None:
+    """Prepare the data, then train each ``--configs`` x ``--seeds`` run without a run file
+    (every one with ``--retrain``), ``--jobs`` at a time."""
+    scale = dict(SCALES[args.scale])
+    if args.updates is not None:
+        scale["updates"] = args.updates
+    merges = args.merges or scale["merges"] or 500
+    env = tool_env(args.threads)
+    with claimed(args.work / f"data-{merges}", wait=True):  # one process prepares, the others wait
+        prep, data_bin = prepare(args.data, args.work / f"data-{merges}", merges, env)
+    runs = plan_runs(
+        ((args.grid_configs[name], seed) for seed in args.seed_list for name in args.config_names),
+        lambda config, seed: args.work / args.scale / f"{config.name}-seed{seed}",
+        lambda config, seed: args.out / "runs" / f"{config.name}-seed{seed}.json",
+        args.retrain,
+    )
+    log(f"{len(runs)} runs to do ({args.scale}, {scale['updates']} updates, {args.jobs} at a time)")
+    context = dict(
+        scale=args.scale,
+        precision=args.precision,
+        machine=f"{device_model()}, {args.threads} thread(s) per run",
+        git_revision=git_revision(),
+        data=args.data.name,
+        bpe_merges=merges,
+        max_tokens=scale["max_tokens"],
+        model=f"{scale['layers']}+{scale['layers']} layers x {scale['dim']}, "
+        f"FFN {scale['ffn']}, {scale['heads']} heads",
+    )
+
+    def train_one(planned: PlannedRun) -> None:
+        log(f"start {planned.label} ({planned.run_dir})")
+        record = train_run(planned.config, planned.seed, scale, prep, data_bin, planned.run_dir, env, args.precision)
+        save_run(planned, {**record, **context})
+
+    train_planned(runs, train_one, log, args.jobs)
+
+
+def save_run(planned: PlannedRun, record: Dict[str, object]) -> None:
+    """Write a run's file, its test hypotheses beside it (first: a run file that exists
+    has its hypotheses), and log its scores (and the recorded ones it replaces)."""
+    path = planned.run_file
+    bleu = record["tokenized_bleu_compound_split"]
+    if path.is_file():
+        recorded = json.loads(path.read_text(encoding="utf-8"))["tokenized_bleu_compound_split"]
+        log(f"retrained {planned.label}: BLEU {bleu}, recorded {recorded}")
+    keep_hypotheses(planned.run_dir, path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    log(f"done {planned.label}: BLEU {bleu}, sacreBLEU {record['sacrebleu']}, {record['wall_s']:.0f}s")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     if not args.report:
-        scale = dict(SCALES[args.scale])
-        if args.updates is not None:
-            scale["updates"] = args.updates
-        merges = args.merges or scale["merges"] or 500
-        env = tool_env(args.threads)
-        with claimed(args.work / f"data-{merges}", wait=True):  # one process prepares, the others wait
-            prep, data_bin = prepare(args.data, args.work / f"data-{merges}", merges, env)
-
-        def run_file(config: QualityConfig, seed: int) -> Path:
-            return args.out / "runs" / f"{config.name}-seed{seed}.json"
-
-        todo = [
-            (args.grid_configs[name], seed)
-            for seed in args.seed_list
-            for name in args.config_names
-            if args.retrain or not run_file(args.grid_configs[name], seed).is_file()
-        ]
-        # each run file as this process saw it: one that changes meanwhile was written by another
-        listed = {path: file_version(path) for path in (run_file(config, seed) for config, seed in todo)}
-        log(f"{len(todo)} runs to do ({args.scale}, {scale['updates']} updates, {args.jobs} at a time)")
-        machine = f"{device_model()}, {args.threads} thread(s) per run"
-        revision = git_revision()
-
-        def train_one(config: QualityConfig, seed: int, run_dir: Path, path: Path) -> None:
-            log(f"start {config.name} seed {seed} ({run_dir})")
-            record = train_run(config, seed, scale, prep, data_bin, run_dir, env, args.precision)
-            record.update(
-                scale=args.scale,
-                precision=args.precision,
-                machine=machine,
-                git_revision=revision,
-                data=args.data.name,
-                bpe_merges=merges,
-                max_tokens=scale["max_tokens"],
-                model=f"{scale['layers']}+{scale['layers']} layers x {scale['dim']}, "
-                f"FFN {scale['ffn']}, {scale['heads']} heads",
-            )
-            if path.is_file():
-                recorded = json.loads(path.read_text(encoding="utf-8"))
-                new, old = record["tokenized_bleu_compound_split"], recorded["tokenized_bleu_compound_split"]
-                log(f"retrained {config.name} seed {seed}: BLEU {new}, recorded {old}")
-            keep_hypotheses(run_dir, path)  # first: a run file that exists has its hypotheses beside it
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-            log(
-                f"done {config.name} seed {seed}: BLEU {record['tokenized_bleu_compound_split']}, "
-                f"sacreBLEU {record['sacrebleu']}, {record['wall_s']:.0f}s"
-            )
-
-        def one(job):
-            config, seed = job
-            run_dir = args.work / args.scale / f"{config.name}-seed{seed}"
-            path = run_file(config, seed)
-            train = functools.partial(train_one, config, seed, run_dir, path)
-            train_unless_taken(f"{config.name} seed {seed}", run_dir, path, listed[path], train, log)
-
-        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            for future in [pool.submit(one, job) for job in todo]:
-                future.result()
+        train_grid(args)
 
     def model_of(record: Dict[str, object], path: Path) -> Tuple[Path, Path, Path]:
         run_dir = args.work / str(record.get("scale", "small")) / path.stem

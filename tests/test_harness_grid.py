@@ -1,0 +1,107 @@
+"""benchmarks.harness.grid: which runs of a grid are still to do, and how a grid of
+them is trained (each under its claim; a failure stops the grid)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from benchmarks.harness.claims import claimed
+from benchmarks.harness.grid import PlannedRun, plan_runs, train_planned
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+
+
+def planned(tmp_path: Path, names=("a", "b", "c"), seeds=(1,), retrain=False):
+    return plan_runs(
+        ((Config(name), seed) for seed in seeds for name in names),
+        lambda config, seed: tmp_path / "work" / f"{config.name}-seed{seed}",
+        lambda config, seed: tmp_path / "runs" / f"{config.name}-seed{seed}.json",
+        retrain,
+    )
+
+
+def test_a_run_whose_file_exists_is_not_planned_unless_retrained(tmp_path):
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "b-seed2.json").write_text("{}")
+    labels = [run.label for run in planned(tmp_path, ("a", "b"), (1, 2))]
+    assert labels == ["a seed 1", "b seed 1", "a seed 2"]
+    runs = planned(tmp_path, ("a", "b"), (1, 2), retrain=True)
+    assert [run.label for run in runs] == ["a seed 1", "b seed 1", "a seed 2", "b seed 2"]
+    assert runs[3].listed == (tmp_path / "runs" / "b-seed2.json").stat().st_mtime_ns
+    assert runs[0].listed is None and runs[0].run_dir == tmp_path / "work" / "a-seed1"
+
+
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_every_planned_run_is_trained_once(tmp_path, jobs):
+    trained, lock = [], threading.Lock()
+
+    def train(run: PlannedRun) -> None:
+        with lock:
+            trained.append((run.config.name, run.seed))
+
+    train_planned(planned(tmp_path, seeds=(1, 2)), train, lambda line: None, jobs)
+    assert sorted(trained) == [(name, seed) for name in "abc" for seed in (1, 2)]
+
+
+def test_a_run_another_process_finished_or_holds_is_skipped(tmp_path):
+    runs = planned(tmp_path)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "a-seed1.json").write_text("{}")  # finished since the grid was listed
+    trained, logged = [], []
+    with claimed(tmp_path / "work" / "b-seed1"):  # held while the grid runs
+        # flock locks belong to the open file, so a second open in this process is refused as another's would be
+        train_planned(runs, lambda run: trained.append(run.label), logged.append)
+    assert trained == ["c seed 1"]
+    assert logged[0] == "skip a seed 1: another process finished it"
+    assert logged[1].startswith("skip b seed 1: pid ")
+
+
+def test_a_failure_stops_the_grid_one_at_a_time(tmp_path):
+    trained, logged = [], []
+
+    def train(run: PlannedRun) -> None:
+        trained.append(run.label)
+        if run.config.name == "a":
+            raise RuntimeError("fairseq-train failed")
+
+    with pytest.raises(RuntimeError, match="fairseq-train failed"):
+        train_planned(planned(tmp_path), train, logged.append)
+    assert trained == ["a seed 1"]
+    assert logged == ["skip b seed 1: an earlier run failed", "skip c seed 1: an earlier run failed"]
+
+
+def test_in_parallel_a_failure_lets_the_running_runs_end_and_starts_no_other(tmp_path):
+    failed, finished = threading.Event(), []
+
+    def train(run: PlannedRun) -> None:
+        if run.config.name == "a":
+            raise RuntimeError("a failed")
+        if run.config.name == "b":
+            assert failed.wait(10)  # still running when a fails
+            time.sleep(0.5)  # for a's exception to reach the grid, which then starts nothing more
+            finished.append(run.label)
+            return
+        finished.append(run.label)  # c, d: must never start
+
+    def log(line: str) -> None:
+        pass
+
+    def failing_first(run: PlannedRun) -> None:
+        try:
+            train(run)
+        except RuntimeError:
+            failed.set()
+            raise
+
+    runs = planned(tmp_path, ("b", "a", "c", "d"))
+    with pytest.raises(RuntimeError, match="a failed"):
+        train_planned(runs, failing_first, log, jobs=2)
+    assert finished == ["b seed 1"]
