@@ -20,12 +20,8 @@ class Config:
 
 
 def planned(tmp_path: Path, names=("a", "b", "c"), seeds=(1,), retrain=False):
-    return plan_runs(
-        ((Config(name), seed) for seed in seeds for name in names),
-        lambda config, seed: tmp_path / "work" / f"{config.name}-seed{seed}",
-        lambda config, seed: tmp_path / "runs" / f"{config.name}-seed{seed}.json",
-        retrain,
-    )
+    jobs = ((Config(name), seed) for seed in seeds for name in names)
+    return plan_runs(jobs, tmp_path / "work", tmp_path, retrain)
 
 
 def test_a_run_whose_file_exists_is_not_planned_unless_retrained(tmp_path):

@@ -32,20 +32,17 @@ class PlannedRun:
         return f"{self.config.name} seed {self.seed}"
 
 
-def plan_runs(
-    jobs: Iterable[Tuple[Any, int]],
-    run_dir: Callable[[Any, int], Path],
-    run_file: Callable[[Any, int], Path],
-    retrain: bool,
-) -> List[PlannedRun]:
-    """The ``(config, seed)`` jobs whose run file does not exist yet (all of them with
-    ``retrain``), each with its file's version as listed now."""
-    return [
-        PlannedRun(config, seed, run_dir(config, seed), path, file_version(path))
-        for config, seed in jobs
-        for path in (run_file(config, seed),)
-        if retrain or not path.is_file()
-    ]
+def plan_runs(jobs: Iterable[Tuple[Any, int]], work: Path, out: Path, retrain: bool) -> List[PlannedRun]:
+    """The ``(config, seed)`` jobs whose run file ``<out>/runs/<config>-seed<seed>.json``
+    does not exist yet (all of them with ``retrain``), each to train in
+    ``<work>/<config>-seed<seed>``, with its file's version as listed now."""
+    planned = []
+    for config, seed in jobs:
+        name = f"{config.name}-seed{seed}"
+        path = out / "runs" / f"{name}.json"
+        if retrain or not path.is_file():
+            planned.append(PlannedRun(config, seed, work / name, path, file_version(path)))
+    return planned
 
 
 def train_planned(

@@ -402,12 +402,8 @@ def train_grid(args: argparse.Namespace) -> Path:
     with claimed(args.work, wait=True):  # one process prepares, the others wait
         data_bin, splits = prepare(args.data, args.work, env)
     configs = lm_configs()
-    runs = plan_runs(
-        ((configs[name], seed) for seed in args.seed_list for name in args.config_names),
-        lambda config, seed: args.work / args.scale / f"{config.name}-seed{seed}",
-        lambda config, seed: args.out / "runs" / f"{config.name}-seed{seed}.json",
-        args.retrain,
-    )
+    jobs = ((configs[name], seed) for seed in args.seed_list for name in args.config_names)
+    runs = plan_runs(jobs, args.work / args.scale, args.out, args.retrain)
     log(f"{len(runs)} runs to do ({args.scale}, {scale['updates']} updates, one at a time)")
     context = dict(
         scale=args.scale,

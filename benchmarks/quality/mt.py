@@ -464,12 +464,8 @@ def train_grid(args: argparse.Namespace) -> None:
     env = tool_env(args.threads)
     with claimed(args.work / f"data-{merges}", wait=True):  # one process prepares, the others wait
         prep, data_bin = prepare(args.data, args.work / f"data-{merges}", merges, env)
-    runs = plan_runs(
-        ((args.grid_configs[name], seed) for seed in args.seed_list for name in args.config_names),
-        lambda config, seed: args.work / args.scale / f"{config.name}-seed{seed}",
-        lambda config, seed: args.out / "runs" / f"{config.name}-seed{seed}.json",
-        args.retrain,
-    )
+    jobs = ((args.grid_configs[name], seed) for seed in args.seed_list for name in args.config_names)
+    runs = plan_runs(jobs, args.work / args.scale, args.out, args.retrain)
     log(f"{len(runs)} runs to do ({args.scale}, {scale['updates']} updates, {args.jobs} at a time)")
     context = dict(
         scale=args.scale,
