@@ -163,15 +163,35 @@ def check_one_model_per_run(records: Sequence[Dict], quality_runs: Optional[Path
 
 
 def report(out: Path, quality_runs: Optional[Path] = None) -> str:
+    """Rebuild ``extrapolation.md`` and ``bleu_vs_length.png`` from the run files (each
+    checked to be of the model its translation run recorded); returns the markdown."""
     records = load_runs(out)
     check_one_model_per_run(records, quality_runs)
+    table = bleu_by_factor(records)
+    configs = default_configs()
+    order = [name for name in configs if name in table] + sorted(set(table) - set(configs))
+    markdown = "\n".join(factor_table(records, table, order) + bucket_table(records, order)) + "\n"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "extrapolation.md").write_text(markdown, encoding="utf-8")
+    if out.resolve() == DEFAULT_OUT.resolve():
+        update_pages(out / "extrapolation.md")
+    if records:
+        plot_bleu_vs_length(records, table, order, out / "bleu_vs_length.png")
+    return markdown
+
+
+def bleu_by_factor(records: Sequence[Dict]) -> Dict[str, Dict[int, List[float]]]:
+    """``{config: {factor: BLEU of each seed}}``."""
     table: Dict[str, Dict[int, List[float]]] = {}
     for record in records:
         table.setdefault(record["config"], {}).setdefault(record["factor"], []).append(
             record["tokenized_bleu_compound_split"]
         )
-    configs = default_configs()
-    order = [name for name in configs if name in table] + sorted(set(table) - set(configs))
+    return table
+
+
+def factor_table(records: Sequence[Dict], table: Dict[str, Dict[int, List[float]]], order: Sequence[str]) -> List[str]:
+    """The title, what is measured, and per configuration its BLEU at each factor and the ratios to x1."""
     factors = sorted({record["factor"] for record in records})
     lengths = {f: sorted({r["mean_source_bpe_tokens"] for r in records if r["factor"] == f}) for f in factors}
     lines = [
@@ -198,38 +218,38 @@ def report(out: Path, quality_runs: Optional[Path] = None) -> str:
             if f != 1
         ]
         lines.append(f"| {name} | " + " | ".join(cells + ratios) + " |")
-    markdown = "\n".join(lines + bucket_table(records, order)) + "\n"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "extrapolation.md").write_text(markdown, encoding="utf-8")
-    if out.resolve() == DEFAULT_OUT.resolve():
-        update_pages(out / "extrapolation.md")
-    if records:
-        import matplotlib
+    return lines
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
 
-        figure, axes = plt.subplots(figsize=(7, 4.5))
-        for index, name in enumerate(order):
-            points = sorted(
-                (
-                    statistics.fmean(
-                        [r["mean_source_bpe_tokens"] for r in records if r["config"] == name and r["factor"] == f]
-                    ),
-                    mean_std(table[name][f])[0],
-                )
-                for f in table[name]
+def plot_bleu_vs_length(
+    records: Sequence[Dict], table: Dict[str, Dict[int, List[float]]], order: Sequence[str], path: Path
+) -> None:
+    """Each configuration's mean BLEU against the mean source length of each factor."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for index, name in enumerate(order):
+        points = sorted(
+            (
+                statistics.fmean(
+                    [r["mean_source_bpe_tokens"] for r in records if r["config"] == name and r["factor"] == f]
+                ),
+                mean_std(table[name][f])[0],
             )
-            axes.plot(*zip(*points), marker="o", color=f"C{index % 10}", label=name)
-        axes.set_xscale("log", base=2)
-        axes.set_xlabel("mean source length (BPE tokens)")
-        axes.set_ylabel("BLEU (tokenised, compound split)")
-        axes.set_title("Translating concatenated test sentences")
-        axes.legend(fontsize=8)
-        figure.tight_layout()
-        figure.savefig(out / "bleu_vs_length.png", dpi=110)
-        plt.close(figure)
-    return markdown
+            for f in table[name]
+        )
+        axes.plot(*zip(*points), marker="o", color=f"C{index % 10}", label=name)
+    axes.set_xscale("log", base=2)
+    axes.set_xlabel("mean source length (BPE tokens)")
+    axes.set_ylabel("BLEU (tokenised, compound split)")
+    axes.set_title("Translating concatenated test sentences")
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
 
 
 def pooled_bucket_bleu(records: Sequence[Dict]) -> Dict[str, float]:
