@@ -4,7 +4,6 @@ them is trained (each under its claim; a failure stops the grid)."""
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,29 +74,26 @@ def test_a_failure_stops_the_grid_one_at_a_time(tmp_path):
 
 
 def test_in_parallel_a_failure_lets_the_running_runs_end_and_starts_no_other(tmp_path):
-    failed, finished = threading.Event(), []
+    c_skipped, finished, logged = threading.Event(), [], []
 
     def train(run: PlannedRun) -> None:
         if run.config.name == "a":
             raise RuntimeError("a failed")
         if run.config.name == "b":
-            assert failed.wait(10)  # still running when a fails
-            time.sleep(0.5)  # for a's exception to reach the grid, which then starts nothing more
-            finished.append(run.label)
-            return
+            # still running when a fails: a's worker, free again, takes c and must skip it
+            assert c_skipped.wait(10)
         finished.append(run.label)  # c, d: must never start
 
     def log(line: str) -> None:
-        pass
-
-    def failing_first(run: PlannedRun) -> None:
-        try:
-            train(run)
-        except RuntimeError:
-            failed.set()
-            raise
+        logged.append(line)
+        if line.startswith("skip c seed 1"):
+            c_skipped.set()
 
     runs = planned(tmp_path, ("b", "a", "c", "d"))
     with pytest.raises(RuntimeError, match="a failed"):
-        train_planned(runs, failing_first, log, jobs=2)
+        train_planned(runs, train, log, jobs=2)
     assert finished == ["b seed 1"]
+    assert [line for line in logged if line.startswith("skip")] == [
+        "skip c seed 1: an earlier run failed",
+        "skip d seed 1: an earlier run failed",
+    ]

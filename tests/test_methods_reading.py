@@ -103,6 +103,13 @@ def test_the_standard_error_of_a_difference_counts_both_seed_counts():
     assert seeds.read_means([1.0], [1.0], None, True) == "-"  # no baseline spread, no reading
 
 
+def test_every_table_takes_a_difference_of_means_one_way():
+    assert seeds.mean_difference([2.0, 4.0], [1.0, 2.0, 3.0]) == pytest.approx(1.0)
+    assert seeds.difference_text([1.0], [1.5]) == "-0.50"
+    assert seeds.difference_text([3.0], [1.0]) == "+2.00"  # the sign even when positive
+    assert seeds.mean_difference([1.0], []) is None and seeds.difference_text([], [1.0]) == "-"
+
+
 @pytest.mark.parametrize("difference", [0.5, 0.99, 1.0, 1.01, -1.0, -1.01, 3.0])
 def test_the_ablation_reading_and_the_methods_reading_decide_beyond_noise_alike(difference):
     paper = paper_tables.reading(difference, +1.0, 1.0)

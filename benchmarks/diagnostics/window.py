@@ -51,7 +51,7 @@ from fairseq_distattn.registry import CROSS, DECODER_SELF
 from fairseq_distattn.registry import KINDS as ATTENTION_KINDS
 
 from ..common import REPO_ROOT, at_least, shown
-from ..harness.seeds import mean_std_text, seeds_cell
+from ..harness.seeds import difference_text, mean_std_text, seeds_cell
 from ..tiny_models import NO_DROPOUT, TINY_WIDTHS
 
 DEFAULT_WORK = REPO_ROOT / "work" / "quality"
@@ -530,8 +530,8 @@ def quality_context(runs: Path) -> Optional[Dict[str, object]]:
 def quality_table(quality: Dict[str, List[Dict]]) -> List[str]:
     """The quality runs of the window configurations: BLEU over seeds for vanilla, the paper's window
     configuration, the named departure and each single-kind ablation."""
-    vanilla = statistics.fmean(r["bleu"] for r in quality["vanilla"])
-    vanilla_sacre = statistics.fmean(r["sacrebleu"] for r in quality["vanilla"] if "sacrebleu" in r)
+    vanilla = [r["bleu"] for r in quality["vanilla"]]
+    vanilla_sacre = [r["sacrebleu"] for r in quality["vanilla"] if "sacrebleu" in r]
     rows = []
     for name, records in quality.items():
         bleu = [r["bleu"] for r in records]
@@ -541,9 +541,9 @@ def quality_table(quality: Dict[str, List[Dict]]) -> List[str]:
                 name,
                 seeds_cell(records),
                 mean_std_text(bleu),
-                "-" if name == "vanilla" else f"{statistics.fmean(bleu) - vanilla:+.2f}",
+                "-" if name == "vanilla" else difference_text(bleu, vanilla),
                 mean_std_text(sacre) if sacre else "-",
-                "-" if name == "vanilla" or not sacre else f"{statistics.fmean(sacre) - vanilla_sacre:+.2f}",
+                "-" if name == "vanilla" else difference_text(sacre, vanilla_sacre),
                 mean_std_text([r["valid_ppl"] for r in records]),
                 records[0].get("note", "").replace("|", "\\|"),
             ]

@@ -19,6 +19,19 @@ def mean_std_text(values: Sequence[float], digits: int = 2) -> str:
     return f"{mean:.{digits}f} +- {std:.{digits}f}" if len(values) > 1 else f"{mean:.{digits}f}"
 
 
+def mean_difference(values: Sequence[float], baseline: Sequence[float]) -> Optional[float]:
+    """The mean of ``values`` minus the mean of ``baseline``; None when either has none."""
+    if not values or not baseline:
+        return None
+    return statistics.fmean(values) - statistics.fmean(baseline)
+
+
+def difference_text(values: Sequence[float], baseline: Sequence[float]) -> str:
+    """:func:`mean_difference` as the tables show it, e.g. ``+0.42``; ``-`` when there is none."""
+    difference = mean_difference(values, baseline)
+    return "-" if difference is None else f"{difference:+.2f}"
+
+
 def seeds_cell(records: Sequence[Dict]) -> str:
     """How many runs and their seeds, e.g. ``2 (1,2)``."""
     return f"{len(records)} ({','.join(str(r['seed']) for r in sorted(records, key=lambda r: r['seed']))})"
@@ -70,7 +83,7 @@ def read_means(values: Sequence[float], baseline: Sequence[float], std: Optional
     """The mean of ``values`` minus the mean of ``baseline`` read with :func:`noise_reading`
     against ``std`` (the baseline's seed std) and both seed counts; "-" without values or
     without a std (the baseline has fewer than two seeds)."""
-    if not values or not baseline or std is None:
+    difference = mean_difference(values, baseline)
+    if difference is None or std is None:
         return "-"
-    difference = statistics.fmean(values) - statistics.fmean(baseline)
     return noise_reading(difference, difference_noise(std, len(values), len(baseline)), higher_is_better)

@@ -9,6 +9,7 @@ how far the mechanisms' parameters moved.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Dict, List, Sequence
 
@@ -16,7 +17,7 @@ from fairseq_distattn.tools.generated_blocks import update_pages
 
 from ..harness.report import movement_table, pending_lines, plot_curves, table_row
 from ..harness.runs import load_runs, runs_by_config
-from ..harness.seeds import mean_std, mean_std_text, seeds_cell
+from ..harness.seeds import mean_difference, mean_std_text, seeds_cell
 from .lm_grid import DEFAULT_OUT, lm_configs
 
 TABLE_HEAD = [
@@ -75,11 +76,11 @@ def row_cells(name: str, by_config: Dict[str, List[Dict]]) -> List[str]:
 
 def delta_cell(records: Sequence[Dict], baseline: Sequence[Dict] | None) -> str:
     """The difference of the mean test perplexities, absolute and relative; ``-`` without a baseline run."""
-    if not baseline:
+    base_ppl = [r["test_ppl"] for r in baseline or []]
+    difference = mean_difference([r["test_ppl"] for r in records], base_ppl)
+    if difference is None:
         return "-"
-    mean = mean_std([r["test_ppl"] for r in records])[0]
-    base_mean = mean_std([r["test_ppl"] for r in baseline])[0]
-    return f"{mean - base_mean:+.2f} ({100 * (mean / base_mean - 1):+.1f}%)"
+    return f"{difference:+.2f} ({100 * difference / statistics.fmean(base_ppl):+.1f}%)"
 
 
 def header_lines(runs: Sequence[Dict]) -> List[str]:

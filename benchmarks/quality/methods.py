@@ -41,6 +41,8 @@ from ..harness.seeds import (
     WORSE,
     beyond_noise,
     difference_noise,
+    difference_text,
+    mean_difference,
     read_means,
     seed_std,
 )
@@ -74,12 +76,6 @@ def cell(values: Optional[Sequence[float]], digits: int = 2) -> str:
     if len(values) == 1:
         return f"{mean:.{digits}f} (1)"
     return f"{mean:.{digits}f} +- {statistics.stdev(values):.{digits}f} ({len(values)})"
-
-
-def delta(values: Optional[Sequence[float]], baseline: Optional[Sequence[float]]) -> str:
-    if not values or not baseline:
-        return "-"
-    return f"{statistics.fmean(values) - statistics.fmean(baseline):+.2f}"
 
 
 def method_rows(
@@ -212,7 +208,7 @@ def measured_cells(column: Column, config: Optional[str]) -> List[str]:
     if config == column.baseline:
         return [cell(values), "-", "-"]
     reading = read_means(values or [], baseline, seed_std(baseline), column.higher_is_better)
-    return [cell(values), delta(values, baseline), reading]
+    return [cell(values), difference_text(values or [], baseline), reading]
 
 
 def bootstrap_cell(runs: Path, config: Optional[str], references: Callable[[], Sequence[str]]) -> str:
@@ -297,7 +293,7 @@ def column_summary(column: Column, named: Sequence[Tuple[str, List[float]]]) -> 
     readings: Dict[str, List[Tuple[float, str]]] = {BETTER: [], WORSE: [], WITHIN_NOISE: []}
     for label, values in named:
         if label != BASELINE_LABEL:
-            difference = statistics.fmean(values) - statistics.fmean(baseline)
+            difference = mean_difference(values, baseline)
             readings[read_means(values, baseline, std, column.higher_is_better)].append((difference, label))
     # largest difference first, table order on a tie (sorted is stable)
     shown = {

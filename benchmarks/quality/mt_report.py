@@ -17,7 +17,7 @@ from fairseq_distattn.tools.generated_blocks import update_pages
 
 from ..harness.report import movement_table, pending_lines, plot_curves, table_row
 from ..harness.runs import load_runs, runs_by_config
-from ..harness.seeds import mean_std, mean_std_text, seed_std, seeds_cell
+from ..harness.seeds import difference_text, mean_std_text, seed_std, seeds_cell
 from .mt_grid import CHECKPOINTS_AVERAGED, DEFAULT_OUT, SCALES, ablation_references, default_configs
 from .paper_tables import paper_table_lines, read_difference
 
@@ -30,9 +30,7 @@ def mean_cell(records: Sequence[Dict], metric: str) -> str:
 
 
 def delta_cell(records: Sequence[Dict], against: Optional[Sequence[Dict]], metric: str) -> str:
-    if not against:
-        return "-"
-    return f"{mean_std([r[metric] for r in records])[0] - mean_std([r[metric] for r in against])[0]:+.2f}"
+    return difference_text([r[metric] for r in records], [r[metric] for r in against or []])
 
 
 TABLE_HEAD = [
