@@ -119,77 +119,95 @@ def plot_reports(
         )
 
 
+ABLATION_METRIC = "tokenized_bleu_compound_split"
+
+ABLATION_HEAD = [
+    "",
+    "## The papers' ablations (`--grid ablations`)",
+    "",
+    "Same budget and recipe; each row is read against the configuration of the table above that holds its "
+    "paper's own choice (da: learnable sigmoid, early multiply; qvi: gated; window: the paper's best "
+    "Enc(AW)-Cr(AW,Seg)-Dec(MW)). A delta shows - while that configuration has no run. Each paper finds "
+    "its own choice better than each of these (Wu et al. 2021 Figs. 4 and 5, Wu et al. (QVI) Fig. 2, "
+    "Nguyen et al. 2020 Table 1's 28.25 BLEU against at most 28.13 in its Tables 2 and 3): *reading* says "
+    "whether the delta vs it agrees (below zero by more than seed noise), disagrees, or is within seed "
+    "noise, one standard error of the difference (vanilla's seed std times sqrt(1/n1 + 1/n2)).",
+    "",
+    "| ablation | runs (seeds) | BLEU tok+compound | read against | delta vs it | reading | delta vs vanilla "
+    "| sacreBLEU | valid ppl | what |",
+    "|---|---|---|---|---|---|---|---|---|---|",
+]
+
+
 def ablation_table(by_config: Dict[str, List[Dict]], order: Sequence[str], references: Dict[str, str]) -> List[str]:
     """The ``--grid ablations`` runs, each against the default grid's configuration
     holding its paper's own choice (and vanilla), with the ablations not run yet."""
     if not order:
         return []
-    baseline = by_config.get("vanilla")
-    lines = [
-        "",
-        "## The papers' ablations (`--grid ablations`)",
-        "",
-        "Same budget and recipe; each row is read against the configuration of the table above that holds its "
-        "paper's own choice (da: learnable sigmoid, early multiply; qvi: gated; window: the paper's best "
-        "Enc(AW)-Cr(AW,Seg)-Dec(MW)). A delta shows - while that configuration has no run. Each paper finds "
-        "its own choice better than each of these (Wu et al. 2021 Figs. 4 and 5, Wu et al. (QVI) Fig. 2, "
-        "Nguyen et al. 2020 Table 1's 28.25 BLEU against at most 28.13 in its Tables 2 and 3): *reading* says "
-        "whether the delta vs it agrees (below zero by more than seed noise), disagrees, or is within seed "
-        "noise, one standard error of the difference (vanilla's seed std times sqrt(1/n1 + 1/n2)).",
-        "",
-        "| ablation | runs (seeds) | BLEU tok+compound | read against | delta vs it | reading | delta vs vanilla "
-        "| sacreBLEU | valid ppl | what |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
     spread = vanilla_spread(by_config)
+    rows = []
     tally: Dict[str, Dict[str, int]] = {}  # {reference: {reading: ablations}}
     for name in order:
-        records = by_config[name]
-        metric = ABLATION_METRIC
-        against = by_config.get(references[name])
-        verdict = paper_reading(records, against, spread)
+        reference = references[name]
+        verdict = paper_reading(by_config[name], by_config.get(reference), spread)
         if verdict != "-":
-            counts = tally.setdefault(references[name], {})
+            counts = tally.setdefault(reference, {})
             counts[verdict] = counts.get(verdict, 0) + 1
-        lines.append(
-            table_row(
-                [
-                    name,
-                    seeds_cell(records),
-                    mean_cell(records, metric),
-                    references[name],
-                    delta_cell(records, against, metric),
-                    verdict,
-                    delta_cell(records, baseline, metric),
-                    mean_cell(records, "sacrebleu"),
-                    mean_cell(records, "valid_ppl_averaged"),
-                    records[0]["note"],
-                ]
-            )
-        )
-    if tally:
-        summary = "; ".join(
-            f"{reference}: " + ", ".join(f"{n} {verdict}" for verdict, n in sorted(readings.items()))
-            for reference, readings in tally.items()
-        )
-        lines += ["", f"Readings against the paper's choice, per paper: {summary}."]
+        rows.append(table_row(ablation_cells(name, by_config, reference, verdict)))
+    return (
+        ABLATION_HEAD
+        + rows
+        + tally_lines(tally)
+        + not_run_lines(by_config, references)
+        + undecided_lines(by_config, references)
+    )
+
+
+def ablation_cells(name: str, by_config: Dict[str, List[Dict]], reference: str, verdict: str) -> List[str]:
+    """An ablation's row: its BLEU, the delta vs its paper's choice and that delta's reading, vs vanilla."""
+    records = by_config[name]
+    return [
+        name,
+        seeds_cell(records),
+        mean_cell(records, ABLATION_METRIC),
+        reference,
+        delta_cell(records, by_config.get(reference), ABLATION_METRIC),
+        verdict,
+        delta_cell(records, by_config.get("vanilla"), ABLATION_METRIC),
+        mean_cell(records, "sacrebleu"),
+        mean_cell(records, "valid_ppl_averaged"),
+        records[0]["note"],
+    ]
+
+
+def tally_lines(tally: Dict[str, Dict[str, int]]) -> List[str]:
+    """How many ablations of each paper read each way."""
+    if not tally:
+        return []
+    summary = "; ".join(
+        f"{reference}: " + ", ".join(f"{n} {verdict}" for verdict, n in sorted(readings.items()))
+        for reference, readings in tally.items()
+    )
+    return ["", f"Readings against the paper's choice, per paper: {summary}."]
+
+
+def not_run_lines(by_config: Dict[str, List[Dict]], references: Dict[str, str]) -> List[str]:
     missing = [name for name in references if name not in by_config]
-    if missing:
-        lines += ["", f"Not run yet ({len(missing)} of {len(references)}): {', '.join(missing)}."]
+    return ["", f"Not run yet ({len(missing)} of {len(references)}): {', '.join(missing)}."] if missing else []
+
+
+def undecided_lines(by_config: Dict[str, List[Dict]], references: Dict[str, str]) -> List[str]:
+    """The ablations a second seed would decide, with the command that runs it."""
     undecided = undecided_ablations(by_config, references)
-    if undecided:
-        spread = seed_noise(baseline)
-        lines += [
-            "",
-            f"One seed within one vanilla std ({spread:.2f} BLEU over {len(baseline)} seeds) of the configuration "
-            f"it is read against, so a second seed decides it ({len(undecided)}; "
-            "`python -m benchmarks.quality.mt --grid ablations --undecided --seeds 2`): "
-            f"{', '.join(undecided)}.",
-        ]
-    return lines
-
-
-ABLATION_METRIC = "tokenized_bleu_compound_split"
+    if not undecided:
+        return []
+    return [
+        "",
+        f"One seed within one vanilla std ({vanilla_spread(by_config):.2f} BLEU over {len(by_config['vanilla'])} "
+        f"seeds) of the configuration it is read against, so a second seed decides it ({len(undecided)}; "
+        "`python -m benchmarks.quality.mt --grid ablations --undecided --seeds 2`): "
+        f"{', '.join(undecided)}.",
+    ]
 
 
 def paper_reading(records: Sequence[Dict], against: Optional[Sequence[Dict]], spread: Optional[float]) -> str:
@@ -210,11 +228,6 @@ def window_paper_tables(by_config: Dict[str, List[Dict]], runs: Sequence[Dict]) 
     return paper_table_lines(by_config, vanilla_spread(by_config), layers or "the harness's depth")
 
 
-def seed_noise(baseline: Sequence[Dict]) -> float:
-    """Vanilla's sample std of the ablation metric over its seeds (at least two)."""
-    return statistics.stdev(r[ABLATION_METRIC] for r in baseline)
-
-
 def vanilla_spread(by_config: Dict[str, Sequence[Dict]]) -> Optional[float]:
     """Vanilla's sample std of the ablation metric over its seeds
     (:func:`..harness.seeds.seed_std`), None while it has fewer than two seeds."""
@@ -225,10 +238,9 @@ def undecided_ablations(by_config: Dict[str, Sequence[Dict]], references: Dict[s
     """The ablations with one seed whose BLEU is within one vanilla std of their
     reference's mean: seed noise alone could put them on either side, so they get a
     second seed. Needs vanilla's spread (two seeds or more) and a reference run."""
-    baseline = by_config.get("vanilla", ())
-    if len(baseline) < 2:
+    spread = vanilla_spread(by_config)
+    if spread is None:
         return []
-    spread = seed_noise(baseline)
     undecided = []
     for name, reference in references.items():
         records, against = by_config.get(name, ()), by_config.get(reference)
