@@ -429,3 +429,16 @@ def test_only_a_scaling_row_reads_another_rows_model():
     assert model_of("distattn_lm_rope_gbw+yarn") == "distattn_lm_rope_gbw"
     assert model_of("distattn_lm_kerple_gbw+per-layer") == "distattn_lm_kerple_gbw+per-layer"
     assert model_of("distattn_lm_rope_gbw+yarn-ft") == "distattn_lm_rope_gbw+yarn-ft"
+
+
+def test_an_extrapolation_length_that_scores_fewer_tokens_than_the_first_is_refused():
+    """fairseq-eval-lm drops samples longer than the model's max positions without an error:
+    a length whose modes score other token counts than the first length did is refused."""
+    same = {"blocks": {"tokens": 100}, "sliding": {"tokens": 100}}
+    lm_extrapolation.check_every_token_scored("run at 256", same, reference=100)
+    with pytest.raises(RuntimeError, match="skipped samples longer than the model's max positions"):
+        lm_extrapolation.check_every_token_scored("run at 512", same, reference=120)
+    with pytest.raises(RuntimeError, match=r"run at 512: scored .*'sliding': 90"):
+        lm_extrapolation.check_every_token_scored(
+            "run at 512", {"blocks": {"tokens": 100}, "sliding": {"tokens": 90}}, reference=100
+        )

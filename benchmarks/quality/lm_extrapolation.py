@@ -141,12 +141,12 @@ def evaluate_run(run_dir: Path, lengths: Sequence[int], out: Path, quality_runs:
     unless that JSON is from another checkpoint than the run's (a model trained
     again; ``evaluated_from``, with the run's file in ``quality_runs``): then it is
     evaluated again, so one seed's row never mixes models."""
-    config, seed = run_dir.name.rsplit("-seed", 1)
+    config = run_dir.name.rsplit("-seed", 1)[0]
     setup = training_setup(run_dir)
     fingerprint = checkpoint_fingerprint(run_dir / "checkpoint_best.pt")
     recorded = recorded_fingerprint(quality_runs / f"{run_dir.name}.json")
     trained = setup["tokens_per_sample"]
-    reference: Optional[int] = None
+    reference: Optional[int] = None  # the tokens every length must score: the first length's
     scalings = (None, *ROPE_SCALINGS) if config in rotary_configs() else (None,)
     runs = [(length, scaling) for scaling in scalings for length in lengths if scaling is None or length > trained]
     for length, scaling in runs:
@@ -160,38 +160,65 @@ def evaluate_run(run_dir: Path, lengths: Sequence[int], out: Path, quality_runs:
             log(f"{path.name} was evaluated from another checkpoint than {run_dir.name}'s: again")
         overrides = None if scaling is None else scaling_overrides(scaling, length, trained)
         log(f"{name} at {length} tokens per sample")
-        results = {
-            mode: eval_lm(
-                run_dir / "checkpoint_best.pt",
-                setup["data_bin"],
-                length,
-                context_window(mode, length),
-                run_dir / "extrapolation.log",
-                env,
-                model_overrides=overrides,
-            )
-            for mode in MODES
-        }
+        results = evaluate_length(run_dir, setup["data_bin"], length, overrides, env)
         reference = reference or results["blocks"]["tokens"]
-        scored = {mode: result["tokens"] for mode, result in results.items()}
-        if set(scored.values()) != {reference}:
-            raise RuntimeError(
-                f"{run_dir.name} at {length}: scored {scored} tokens, not {reference} as at the first "
-                "length: fairseq-eval-lm skipped samples longer than the model's max positions"
-            )
-        record = {
-            "config": config if scaling is None else f"{config}+{scaling}",
-            "seed": int(seed),
-            "baseline": lm_configs()[config].baseline,
-            "train_tokens_per_sample": trained,
-            "tokens_per_sample": length,
-            "scale": run_dir.parent.name,
-            "checkpoint_sha256": fingerprint,
-            **({} if overrides is None else {"model_overrides": overrides}),
-            **results,
-        }
+        check_every_token_scored(f"{run_dir.name} at {length}", results, reference)
+        record = length_record(run_dir, scaling, trained, length, fingerprint, overrides, results)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(without_machine_paths(json.dumps(record, indent=1)) + "\n", encoding="utf-8")
+
+
+def evaluate_length(
+    run_dir: Path, data_bin: Path, length: int, overrides: Optional[Dict], env: Dict[str, str]
+) -> Dict[str, Dict]:
+    """``fairseq-eval-lm`` of the run's best checkpoint at ``length`` tokens per sample, in each mode."""
+    return {
+        mode: eval_lm(
+            run_dir / "checkpoint_best.pt",
+            data_bin,
+            length,
+            context_window(mode, length),
+            run_dir / "extrapolation.log",
+            env,
+            model_overrides=overrides,
+        )
+        for mode in MODES
+    }
+
+
+def check_every_token_scored(what: str, results: Dict[str, Dict], reference: int) -> None:
+    """Every mode scored the tokens the first length did: fairseq-eval-lm silently skips
+    samples longer than the model's max positions, which would score a shorter text."""
+    scored = {mode: result["tokens"] for mode, result in results.items()}
+    if set(scored.values()) != {reference}:
+        raise RuntimeError(
+            f"{what}: scored {scored} tokens, not {reference} as at the first "
+            "length: fairseq-eval-lm skipped samples longer than the model's max positions"
+        )
+
+
+def length_record(
+    run_dir: Path,
+    scaling: Optional[str],
+    trained: int,
+    length: int,
+    fingerprint: str,
+    overrides: Optional[Dict],
+    results: Dict[str, Dict],
+) -> Dict:
+    """The run file of one run at one length (and RoPE scaling): what was evaluated, from which checkpoint."""
+    config, seed = run_dir.name.rsplit("-seed", 1)
+    return {
+        "config": config if scaling is None else f"{config}+{scaling}",
+        "seed": int(seed),
+        "baseline": lm_configs()[config].baseline,
+        "train_tokens_per_sample": trained,
+        "tokens_per_sample": length,
+        "scale": run_dir.parent.name,
+        "checkpoint_sha256": fingerprint,
+        **({} if overrides is None else {"model_overrides": overrides}),
+        **results,
+    }
 
 
 # ------------------------------------------------------------------ report
