@@ -228,3 +228,32 @@ def test_report_refreshes_the_bleu_context_from_new_runs(tiny, tmp_path):
     text = (out / "window_diagnostics.md").read_text(encoding="utf-8")
     assert "| window | 2 (1,2) | 36.00 +- 1.41 | +0.00 |" in text
     assert "Window scores BLEU 36.00 +- 1.41 over 2 seed(s)" in text
+
+
+def bleu_runs(values):
+    return [{"bleu": value, "valid_ppl": 6.0} for value in values]
+
+
+@pytest.mark.parametrize(
+    "window, reading, verdict",
+    [
+        # -0.80 is over vanilla's std (0.71) but not over one standard error of the
+        # difference (0.71 * sqrt(1/1 + 1/2) = 0.87): dropping the factor reads it worse
+        ([35.7], "within noise", "does not train worse"),
+        ([34.0], "worse, beyond noise", "trains worse"),
+        ([38.0], "better, beyond noise", "trains better"),
+    ],
+)
+def test_window_against_vanilla_is_read_with_the_tables_noise_rule(window, reading, verdict):
+    quality = {"vanilla": bleu_runs([36.0, 37.0]), "window": bleu_runs(window)}
+    finding = wd.quality_finding(quality)
+    assert f", {reading} (one standard error of the difference" in finding
+    assert "sqrt(1/1 + 1/2), 0.87 BLEU" in finding
+    assert verdict in finding
+    gap, noise, read = wd.window_vs_vanilla(quality)
+    assert read == reading and noise == pytest.approx(math.sqrt(0.5) * math.sqrt(1.5))
+
+
+def test_window_against_a_one_seed_vanilla_is_not_read():
+    finding = wd.quality_finding({"vanilla": bleu_runs([36.0]), "window": bleu_runs([30.0])})
+    assert "unread (no seed noise to read it against: vanilla has one seed), so these numbers cannot say." in finding

@@ -51,7 +51,18 @@ from fairseq_distattn.registry import CROSS, DECODER_SELF
 from fairseq_distattn.registry import KINDS as ATTENTION_KINDS
 
 from ..common import REPO_ROOT, at_least, shown
-from ..harness.seeds import difference_text, mean_std_text, seeds_cell
+from ..harness.seeds import (
+    BETTER,
+    WITHIN_NOISE,
+    WORSE,
+    difference_noise,
+    difference_text,
+    mean_difference,
+    mean_std_text,
+    read_means,
+    seed_std,
+    seeds_cell,
+)
 from ..tiny_models import NO_DROPOUT, TINY_WIDTHS
 
 DEFAULT_WORK = REPO_ROOT / "work" / "quality"
@@ -600,24 +611,43 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> List[str
     ]
 
 
+def window_vs_vanilla(quality: Dict[str, List[Dict]]) -> Tuple[float, Optional[float], str]:
+    """Window's mean BLEU minus vanilla's, one standard error of that difference (None while
+    vanilla has one seed) and its reading: the rule every table here uses (:mod:`..harness.seeds`)."""
+    vanilla = [r["bleu"] for r in quality["vanilla"]]
+    window = [r["bleu"] for r in quality["window"]]
+    std = seed_std(vanilla)
+    gap = mean_difference(window, vanilla)
+    noise = None if std is None else difference_noise(std, len(window), len(vanilla))
+    return gap, noise, read_means(window, vanilla, std, higher_is_better=True)
+
+
+def noise_text(quality: Dict[str, List[Dict]], noise: Optional[float]) -> str:
+    if noise is None:
+        return "no seed noise to read it against: vanilla has one seed"
+    n_window, n_vanilla = len(quality["window"]), len(quality["vanilla"])
+    return (
+        f"one standard error of the difference: vanilla's seed std times sqrt(1/{n_window} + 1/{n_vanilla}), "
+        f"{noise:.2f} BLEU"
+    )
+
+
 def quality_finding(quality: Dict[str, List[Dict]]) -> str:
-    """Whether window trains worse than vanilla, read against vanilla's seed spread."""
+    """Whether window trains worse than vanilla, read against seed noise."""
     vanilla_bleu = [r["bleu"] for r in quality["vanilla"]]
     window_bleu = [r["bleu"] for r in quality["window"]]
-    spread = statistics.stdev(vanilla_bleu) if len(vanilla_bleu) > 1 else 0.0
-    gap = statistics.fmean(window_bleu) - statistics.fmean(vanilla_bleu)
+    gap, noise, reading = window_vs_vanilla(quality)
+    verdict = {
+        WITHIN_NOISE: "so on these numbers it does not train worse; seed noise alone could make a gap of this size.",
+        BETTER: "so it trains better on these numbers.",
+        WORSE: "so it trains worse on these numbers.",
+    }.get(reading, "so these numbers cannot say.")
     return (
         f"**Is window worse?** Window scores BLEU {mean_std_text(window_bleu)} over {len(window_bleu)} "
         f"seed(s) ({', '.join(_f(b, 2) for b in window_bleu)}) against vanilla {mean_std_text(vanilla_bleu)} "
         f"over {len(vanilla_bleu)} seeds ({', '.join(_f(b, 2) for b in vanilla_bleu)}): a difference of "
-        f"{gap:+.2f}, "
-        + (
-            "within one vanilla seed std, so on these numbers it does not train worse; one seed of each could "
-            "show a gap of this size either way."
-            if abs(gap) <= spread
-            else "larger than one vanilla seed std."
-        )
-        + f" Valid perplexity: window {', '.join(_f(r['valid_ppl'], 2) for r in quality['window'])}, vanilla "
+        f"{gap:+.2f}, {reading if reading != '-' else 'unread'} ({noise_text(quality, noise)}), {verdict}"
+        f" Valid perplexity: window {', '.join(_f(r['valid_ppl'], 2) for r in quality['window'])}, vanilla "
         f"{', '.join(_f(r['valid_ppl'], 2) for r in quality['vanilla'])}."
     )
 
@@ -804,14 +834,12 @@ def conclusion(results: Dict, worst_check: float) -> str:
     parts = []
     quality = results.get("quality")
     if quality:
-        vanilla_bleu = [r["bleu"] for r in quality["vanilla"]]
-        gap = statistics.fmean(r["bleu"] for r in quality["window"]) - statistics.fmean(vanilla_bleu)
-        spread = statistics.stdev(vanilla_bleu) if len(vanilla_bleu) > 1 else 0.0
+        gap, noise, reading = window_vs_vanilla(quality)
         parts.append(
-            f"The window model does not train measurably worse: {gap:+.2f} BLEU against a vanilla seed std "
-            f"of {spread:.2f}."
-            if abs(gap) <= spread or gap > 0
-            else f"The window model trails vanilla by {-gap:.2f} BLEU, beyond the vanilla seed std of {spread:.2f}."
+            f"The window model trails vanilla by {-gap:.2f} BLEU, beyond seed noise ({noise:.2f} BLEU)."
+            if reading == WORSE
+            else f"The window model does not train measurably worse: {gap:+.2f} BLEU, "
+            f"{reading if reading != '-' else 'unread'} ({noise_text(quality, noise)})."
         )
     parts.append(
         "No masking defect shows in any attention kind."
