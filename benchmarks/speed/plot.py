@@ -75,55 +75,10 @@ def write_plot(results: dict, path: Path, targets: Optional[Dict[str, float]] = 
     train, generate, memory, ops = _panels(results)
     targets = targets or {}
     fig, axes = plt.subplots(2, 2, figsize=(15, 11))
-    for ax, rows, title, xlabel in (
-        (axes[0][0], train, "Training throughput vs vanilla fairseq", "tokens/s ratio (median, min-max)"),
-        (axes[0][1], generate, "Beam-5 generation vs vanilla fairseq", "sentences/s ratio (median, min-max)"),
-    ):
-        if rows:
-            names = [r[0] for r in rows]
-            y = list(range(len(rows)))
-            med = [r[1] for r in rows]
-            err = [[r[1] - r[2] for r in rows], [r[3] - r[1] for r in rows]]
-            ax.barh(
-                y,
-                med,
-                xerr=err,
-                color=[f"#{c[0]:02x}{c[1]:02x}{c[2]:02x}" for c in PALETTE * 3][: len(rows)],
-                alpha=0.8,
-                capsize=3,
-            )
-            ax.set_yticks(y)
-            ax.set_yticklabels(names, fontsize=8)
-            ax.invert_yaxis()
-            ax.axvline(1.0, color="black", linewidth=1)
-            for i, name in enumerate(names):
-                if name in targets.get(title, {}):
-                    ax.plot([targets[title][name]] * 2, [i - 0.4, i + 0.4], color="red", linewidth=2)
-        ax.set_title(title)
-        ax.set_xlabel(xlabel + ("; red: target" if targets.get(title) else ""))
-        ax.grid(axis="x", alpha=0.3)
-    ax = axes[1][0]
-    for i, (name, points) in enumerate(memory.items()):
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
-    ax.axhline(1.10, color="red", linestyle="--", linewidth=1, label="target 1.10")
-    ax.axhline(1.0, color="black", linewidth=1)
-    ax.set_xscale("log", base=2)
-    ax.set_title("Peak memory (forward+backward) vs vanilla")
-    ax.set_xlabel("sequence length")
-    ax.set_ylabel("peak memory ratio")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    ax = axes[1][1]
-    for i, (name, points) in enumerate(ops.items()):
-        style = dict(color="black", linewidth=2.5) if name == "sdpa" else dict()
-        ax.plot([p[0] for p in points], [p[1] * 1e3 for p in points], marker="o", label=name, **style)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_title("Attention ops, forward+backward (log-log)")
-    ax.set_xlabel("length L")
-    ax.set_ylabel("ms per call")
-    ax.legend(fontsize=6)
-    ax.grid(alpha=0.3, which="both")
+    _ratio_panel(axes[0][0], train, "Training throughput vs vanilla fairseq", "tokens/s ratio", targets)
+    _ratio_panel(axes[0][1], generate, "Beam-5 generation vs vanilla fairseq", "sentences/s ratio", targets)
+    _memory_panel(axes[1][0], memory)
+    _ops_panel(axes[1][1], ops)
     machine = results.get("machine", {})
     fig.suptitle(
         f"fairseq-distattn benchmark - {machine.get('cpu', '')}, {machine.get('torch_threads')} thread(s), "
@@ -134,6 +89,61 @@ def write_plot(results: dict, path: Path, targets: Optional[Dict[str, float]] = 
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return "matplotlib"
+
+
+def _ratio_panel(ax, rows: list, title: str, metric: str, targets: Dict[str, Dict[str, float]]) -> None:
+    """Horizontal bars of each candidate's ratio to vanilla (median, min-max), a red tick at its target."""
+    if rows:
+        names = [r[0] for r in rows]
+        y = list(range(len(rows)))
+        med = [r[1] for r in rows]
+        err = [[r[1] - r[2] for r in rows], [r[3] - r[1] for r in rows]]
+        ax.barh(
+            y,
+            med,
+            xerr=err,
+            color=[f"#{c[0]:02x}{c[1]:02x}{c[2]:02x}" for c in PALETTE * 3][: len(rows)],
+            alpha=0.8,
+            capsize=3,
+        )
+        ax.set_yticks(y)
+        ax.set_yticklabels(names, fontsize=8)
+        ax.invert_yaxis()
+        ax.axvline(1.0, color="black", linewidth=1)
+        for i, name in enumerate(names):
+            if name in targets.get(title, {}):
+                ax.plot([targets[title][name]] * 2, [i - 0.4, i + 0.4], color="red", linewidth=2)
+    ax.set_title(title)
+    ax.set_xlabel(f"{metric} (median, min-max)" + ("; red: target" if targets.get(title) else ""))
+    ax.grid(axis="x", alpha=0.3)
+
+
+def _memory_panel(ax, memory: Dict[str, list]) -> None:
+    """Peak memory ratio to vanilla against sequence length, with the 1.10 target."""
+    for name, points in memory.items():
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+    ax.axhline(1.10, color="red", linestyle="--", linewidth=1, label="target 1.10")
+    ax.axhline(1.0, color="black", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_title("Peak memory (forward+backward) vs vanilla")
+    ax.set_xlabel("sequence length")
+    ax.set_ylabel("peak memory ratio")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+
+
+def _ops_panel(ax, ops: Dict[str, list]) -> None:
+    """Each attention op's time per call against length, log-log; sdpa drawn heavier."""
+    for name, points in ops.items():
+        style = dict(color="black", linewidth=2.5) if name == "sdpa" else dict()
+        ax.plot([p[0] for p in points], [p[1] * 1e3 for p in points], marker="o", label=name, **style)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_title("Attention ops, forward+backward (log-log)")
+    ax.set_xlabel("length L")
+    ax.set_ylabel("ms per call")
+    ax.legend(fontsize=6)
+    ax.grid(alpha=0.3, which="both")
 
 
 # --------------------------------------------------------------------------- fallback rasteriser
