@@ -322,16 +322,9 @@ def train_run(
     run(train_args(config, scale, seed, data_bin, checkpoints, precision), train_log, {**env, **precision_env})
     log_text = train_log.read_text(encoding="utf-8")
     train_wall = training_wall_seconds(log_text) or time.time() - started
-    curve = validation_curve(log_text)
-
     averaged = run_dir / "averaged.pt"
-    eval_log = run_dir / "eval.log"
-    average_last_checkpoints(checkpoints, averaged, eval_log, env)
-    generated = run_dir / "generate-test.txt"
-    translate_test_set(data_bin, averaged, generated, eval_log, env)
-    bleu = score_translation(generated, prep / "test", run_dir / "eval", eval_log, env)
-    valid_loss, valid_ppl = validation_loss_ppl(data_bin, averaged, scale["max_tokens"], eval_log, env)
-    moved = mechanism_parameters(averaged, data_bin, eval_log, env)
+    average_last_checkpoints(checkpoints, averaged, run_dir / "eval.log", env)
+    evaluation = evaluate_averaged(averaged, scale, prep, data_bin, run_dir, env)
     # the averaged model is kept (for the extrapolation and inspection tools); the
     # training checkpoints with their optimizer state are several times its size
     shutil.rmtree(checkpoints)
@@ -343,7 +336,23 @@ def train_run(
         "updates": scale["updates"],
         "train_wall_s": round(train_wall, 1),
         "wall_s": round(time.time() - started, 1),
-        "valid_curve": curve,
+        "valid_curve": validation_curve(log_text),
+        **evaluation,
+    }
+
+
+def evaluate_averaged(
+    averaged: Path, scale: Dict, prep: Path, data_bin: Path, run_dir: Path, env: Dict[str, str]
+) -> Dict[str, object]:
+    """The averaged model's test BLEU (beam search, scored three ways), validation loss and
+    mechanism parameters, with its fingerprint: the run record's evaluation fields, in its order."""
+    eval_log = run_dir / "eval.log"
+    generated = run_dir / "generate-test.txt"
+    translate_test_set(data_bin, averaged, generated, eval_log, env)
+    bleu = score_translation(generated, prep / "test", run_dir / "eval", eval_log, env)
+    valid_loss, valid_ppl = validation_loss_ppl(data_bin, averaged, scale["max_tokens"], eval_log, env)
+    moved = mechanism_parameters(averaged, data_bin, eval_log, env)
+    return {
         "test_set": "Multi30k test_2016_flickr en-de",
         "test_sentences": bleu["sentences"],
         "tokenized_bleu_compound_split": bleu["tokenized_bleu_compound_split"],
