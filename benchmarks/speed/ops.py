@@ -92,25 +92,7 @@ def run_ops(
             grad_out = torch.randn(batch, heads, length, head_dim, generator=torch.Generator().manual_seed(seed)).to(
                 device
             )
-            calls: Dict[str, int] = {}
-
-            def measure(name: str) -> float:
-                leaves, fn = made[name]
-                if name not in calls:  # calibrate the inner repeat count once
-                    synchronize(device)
-                    start = now()
-                    _call(fn, leaves, mode, grad_out)
-                    synchronize(device)
-                    once = max(now() - start, 1e-6)
-                    calls[name] = max(1, int(min_time / once))
-                n = calls[name]
-                synchronize(device)
-                start = now()
-                for _ in range(n):
-                    _call(fn, leaves, mode, grad_out)
-                synchronize(device)
-                return n / (now() - start)  # calls per second
-
+            measure = _calls_per_second(made, mode, grad_out, device, min_time)
             paired = run_paired(BASELINE, [n for n in names if n != BASELINE], measure, repeats, warmup)
             for name in names:
                 r = paired[name]
@@ -119,6 +101,41 @@ def run_ops(
                     # throughput ratio op/sdpa -> cost ratio sdpa-normalised: cost(op)/cost(sdpa)
                     ratios[(name, mode)][length] = Summary.of([1.0 / x for x in r.ratios]).as_dict()
             log(f"  {mode} L={length}: sdpa {per_call[(BASELINE, mode)][length]['median'] * 1e3:.2f} ms/call")
+    return _op_results(per_call, ratios, lengths)
+
+
+def _calls_per_second(made: Dict[str, tuple], mode: str, grad_out, device, min_time: float) -> Callable[[str], float]:
+    """A meter of one op's calls per second at one mode and length: each op's inner repeat
+    count is calibrated once, so that a measurement lasts about ``min_time`` seconds."""
+    calls: Dict[str, int] = {}
+
+    def measure(name: str) -> float:
+        leaves, fn = made[name]
+        if name not in calls:
+            synchronize(device)
+            start = now()
+            _call(fn, leaves, mode, grad_out)
+            synchronize(device)
+            once = max(now() - start, 1e-6)
+            calls[name] = max(1, int(min_time / once))
+        n = calls[name]
+        synchronize(device)
+        start = now()
+        for _ in range(n):
+            _call(fn, leaves, mode, grad_out)
+        synchronize(device)
+        return n / (now() - start)
+
+    return measure
+
+
+def _op_results(
+    per_call: Dict[Tuple[str, str], Dict[int, dict]],
+    ratios: Dict[Tuple[str, str], Dict[int, dict]],
+    lengths: Sequence[int],
+) -> Dict[str, dict]:
+    """Each op and mode's seconds per call and cost relative to sdpa per length, with the
+    exponent of its cost against length over all lengths and over the last two."""
     results = {}
     for (name, mode), by_length in per_call.items():
         medians = [by_length[n]["median"] for n in lengths]
