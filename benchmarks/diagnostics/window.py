@@ -1069,13 +1069,27 @@ def markdown(results: Dict) -> str:
 
 
 def plot(results: Dict, out: Path) -> List[Path]:
+    """The two figures of the report; returns their paths."""
+    return [
+        entropy_figure(results, out / "attention_entropy.png"),
+        mask_profile_figure(results, out / "window_mask_profile.png"),
+    ]
+
+
+def kind_panels(title: str):
+    """A figure with one panel per attention kind, and its panels."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    written = []
     figure = Figure(figsize=(13, 3.8), layout="constrained")
     FigureCanvasAgg(figure)
-    axes = figure.subplots(1, len(KINDS), squeeze=False)[0]
+    figure.suptitle(title, fontsize=10)
+    return figure, figure.subplots(1, len(KINDS), squeeze=False)[0]
+
+
+def entropy_figure(results: Dict, path: Path) -> Path:
+    """Attention entropy per layer of each kind, window and vanilla, at step 0 and trained."""
+    figure, axes = kind_panels("Attention entropy per layer: window vs vanilla, trained vs step 0")
     tables = {state: _by_site(results, *state) for state in STATES}
     for ax, kind in zip(axes, KINDS):
         layers = sorted(layer for k, layer in tables[STATES[0]] if k == kind)
@@ -1102,13 +1116,13 @@ def plot(results: Dict, out: Path) -> List[Path]:
         ax.set_ylabel("entropy (nats)")
         ax.set_title(kind, fontsize=10)
     axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    figure.suptitle("Attention entropy per layer: window vs vanilla, trained vs step 0", fontsize=10)
-    written.append(out / "attention_entropy.png")
-    figure.savefig(written[-1], dpi=100)
+    figure.savefig(path, dpi=100)
+    return path
 
-    figure = Figure(figsize=(13, 3.8), layout="constrained")
-    FigureCanvasAgg(figure)
-    axes = figure.subplots(1, len(KINDS), squeeze=False)[0]
+
+def mask_profile_figure(results: Dict, path: Path) -> Path:
+    """The soft window M by key offset from the query, per layer of each kind, at step 0 and trained."""
+    figure, axes = kind_panels("Soft window M by key offset from the query (step 0 dashed, trained solid)")
     offsets = list(range(-MAX_OFFSET, MAX_OFFSET + 1))
     for ax, kind in zip(axes, KINDS):
         for state, style in (("init", "--"), ("trained", "-")):
@@ -1126,10 +1140,8 @@ def plot(results: Dict, out: Path) -> List[Path]:
         ax.set_title(kind, fontsize=10)
         ax.axvline(0, color="k", linewidth=0.5)
     axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    figure.suptitle("Soft window M by key offset from the query (step 0 dashed, trained solid)", fontsize=10)
-    written.append(out / "window_mask_profile.png")
-    figure.savefig(written[-1], dpi=100)
-    return written
+    figure.savefig(path, dpi=100)
+    return path
 
 
 # ----------------------------------------------------------------------------- command line
