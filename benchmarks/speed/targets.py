@@ -158,54 +158,72 @@ def memory_target_length(lengths: Sequence[int]) -> int:
 
 
 def evaluate_targets(results: dict) -> List[TargetRow]:
-    rows: List[TargetRow] = []
+    """Every target of a run, section by section: the train and generation ratios (to
+    the floor where a preset has one), peak memory, and the ops' cost exponents."""
     floors = {(c.section, c.preset): c for c in floor_comparisons(results) if c.preset in FLOOR_TARGETED}
+    return [
+        *_train_rows(results, floors),
+        *_generation_rows(results, floors),
+        *_memory_rows(results.get("memory", {})),
+        *_ops_rows(results.get("ops", {})),
+    ]
 
-    def ratio_row(section: str, key: str, metric: str, threshold: float, ratio: dict) -> TargetRow:
-        floor = floors.get((section, key))
-        if floor is not None:
-            s = floor.preset_vs_floor
-            return TargetRow(
-                section,
-                key,
-                f"{metric} to {floor.floor}",
-                ">=",
-                FLOOR_TARGET,
-                s.median,
-                s.low,
-                s.high,
-                reference=floor.floor,
-            )
-        return TargetRow(section, key, metric, ">=", threshold, ratio["median"], ratio["min"], ratio["max"])
 
-    train = {**results.get("train", {}).get("translation", {}), **results.get("train", {}).get("lm", {})}
-    for key, threshold in TRAIN_TARGETS:
-        r = train.get(key)
-        if r and r.get("ratio"):
-            rows.append(ratio_row("train", key, "tokens/s ratio", threshold, r["ratio"]))
-    generation = {**results.get("generate", {}).get("translation", {}), **results.get("generate", {}).get("lm", {})}
-    for key, r in generation.items():
-        if r["kind"] == "preset" and r.get("ratio"):
-            rows.append(ratio_row("generate", key, "beam-5 sentences/s ratio", GENERATION_TARGET, r["ratio"]))
-    memory = results.get("memory", {})
+def _ratio_row(section: str, key: str, metric: str, threshold: float, ratio: dict, floors: dict) -> TargetRow:
+    """A throughput target: against vanilla, or against its floor for a floor-targeted preset."""
+    floor = floors.get((section, key))
+    if floor is not None:
+        s = floor.preset_vs_floor
+        return TargetRow(
+            section,
+            key,
+            f"{metric} to {floor.floor}",
+            ">=",
+            FLOOR_TARGET,
+            s.median,
+            s.low,
+            s.high,
+            reference=floor.floor,
+        )
+    return TargetRow(section, key, metric, ">=", threshold, ratio["median"], ratio["min"], ratio["max"])
+
+
+def _by_key(section: dict) -> dict:
+    return {**section.get("translation", {}), **section.get("lm", {})}
+
+
+def _train_rows(results: dict, floors: dict) -> List[TargetRow]:
+    train = _by_key(results.get("train", {}))
+    return [
+        _ratio_row("train", key, "tokens/s ratio", threshold, train[key]["ratio"], floors)
+        for key, threshold in TRAIN_TARGETS
+        if train.get(key) and train[key].get("ratio")
+    ]
+
+
+def _generation_rows(results: dict, floors: dict) -> List[TargetRow]:
+    return [
+        _ratio_row("generate", key, "beam-5 sentences/s ratio", GENERATION_TARGET, r["ratio"], floors)
+        for key, r in _by_key(results.get("generate", {})).items()
+        if r["kind"] == "preset" and r.get("ratio")
+    ]
+
+
+def _memory_rows(memory: dict) -> List[TargetRow]:
+    """Each preset's peak memory ratio at the target length (:func:`memory_target_length`)."""
+    rows = []
     for key, r in memory.items():
         if r["kind"] == "preset" and r.get("ratio"):
             length = memory_target_length(r["peak_bytes"].keys())
-            value = r["ratio"][str(length)]
-            rows.append(
-                TargetRow(
-                    "memory",
-                    key,
-                    f"peak memory ratio at L={length}",
-                    "<=",
-                    MEMORY_TARGETS.get(key, MEMORY_TARGET),
-                    value,
-                    None,
-                    None,
-                )
-            )
-    for key, r in results.get("ops", {}).items():
-        if r["op"] == "sdpa":
-            continue
-        rows.append(TargetRow("ops", key, "cost exponent vs L", "<=", OP_EXPONENT_TARGET, r["exponent"], None, None))
+            threshold = MEMORY_TARGETS.get(key, MEMORY_TARGET)
+            metric = f"peak memory ratio at L={length}"
+            rows.append(TargetRow("memory", key, metric, "<=", threshold, r["ratio"][str(length)], None, None))
     return rows
+
+
+def _ops_rows(ops: dict) -> List[TargetRow]:
+    return [
+        TargetRow("ops", key, "cost exponent vs L", "<=", OP_EXPONENT_TARGET, r["exponent"], None, None)
+        for key, r in ops.items()
+        if r["op"] != "sdpa"
+    ]
