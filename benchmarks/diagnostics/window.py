@@ -831,30 +831,45 @@ def findings(results: Dict) -> List[str]:
 def conclusion(results: Dict, worst_check: float) -> str:
     """One paragraph that puts the measurements above together."""
     trained, initial = _sites(results, "window", "trained"), _sites(results, "window", "init")
-    parts = []
     quality = results.get("quality")
-    if quality:
-        gap, noise, reading = window_vs_vanilla(quality)
-        parts.append(
-            f"The window model trails vanilla by {-gap:.2f} BLEU, beyond seed noise ({noise:.2f} BLEU)."
-            if reading == WORSE
-            else f"The window model does not train measurably worse: {gap:+.2f} BLEU, "
-            f"{reading if reading != '-' else 'unread'} ({noise_text(quality, noise)})."
-        )
-    parts.append(
+    parts = [
+        *([quality_sentence(quality)] if quality else []),
         "No masking defect shows in any attention kind."
         if worst_check <= CONSISTENT_LOGITS
-        else "A masking path disagrees (see Masking): that is a defect to fix before reading anything else."
+        else "A masking path disagrees (see Masking): that is a defect to fix before reading anything else.",
+        *initial_window_sentences(initial),
+        *trained_window_sentences(trained),
+        *additive_window_sentences(initial),
+    ]
+    if any(windowed == total for windowed, total in results["window_layers"].values()):
+        parts.append(
+            "The one departure from the paper's recipe is placement: the quality grid's `@0-2` windows "
+            "every layer of this 3-layer model, where the paper keeps the upper half global."
+        )
+    return "**Conclusion.** " + " ".join(parts)
+
+
+def quality_sentence(quality: Dict[str, List[Dict]]) -> str:
+    gap, noise, reading = window_vs_vanilla(quality)
+    if reading == WORSE:
+        return f"The window model trails vanilla by {-gap:.2f} BLEU, beyond seed noise ({noise:.2f} BLEU)."
+    return (
+        f"The window model does not train measurably worse: {gap:+.2f} BLEU, "
+        f"{reading if reading != '-' else 'unread'} ({noise_text(quality, noise)})."
     )
-    mw = [s for s in initial if s["mechanism"].startswith("window-mw")]
-    uniform = all(abs(s["width"] / s["uniform_width"] - 1) <= NEAR for s in initial if "width" in s)
-    if uniform:
+
+
+def initial_window_sentences(initial: List[Dict]) -> List[str]:
+    """What the windows are at step 0: the uniform-boundary tent, and MW's cost."""
+    parts = []
+    if all(abs(s["width"] / s["uniform_width"] - 1) <= NEAR for s in initial if "width" in s):
         parts.append(
             "At step 0 every window is the uniform-boundary tent of eq. 9, which is what the paper's "
             "formulation gives with any small random initialisation of W_L, W_R (the paper states none): "
             "a broad window over the middle of the visible keys, independent of the query, not an "
             "all-visible mask."
         )
+    mw = [s for s in initial if s["mechanism"].startswith("window-mw")]
     if mw:
         recent_suppressed = all(s["m_at_query"] < s["mean_m"] for s in mw if s["kind"] == DECODER_SELF.label)
         parts.append(
@@ -863,26 +878,27 @@ def conclusion(results: Dict, worst_check: float) -> str:
             + (" and a decoder query's own, newest key gets less than the average key" if recent_suppressed else "")
             + ", a handicap vanilla does not have and that training has to undo."
         )
+    return parts
+
+
+def trained_window_sentences(trained: List[Dict]) -> List[str]:
+    """The kinds whose trained windows sit on the query's neighbourhood."""
     local = [
         kind
         for kind in KINDS
         if _kind_mean(trained, kind, "m_at_query") is not None
         and _kind_mean(trained, kind, "m_at_query") > (1 + NEAR) * _kind_mean(trained, kind, "mean_m")
     ]
-    if local:
-        parts.append(
-            f"Training does undo it: in {', '.join(local)} the trained windows sit on the query's neighbourhood."
-        )
+    if not local:
+        return []
+    return [f"Training does undo it: in {', '.join(local)} the trained windows sit on the query's neighbourhood."]
+
+
+def additive_window_sentences(initial: List[Dict]) -> List[str]:
     aw = [s for s in initial if "window_term_std" in s]
     if aw and all(s["window_term_std"] < s["global_std"] for s in aw):
-        parts.append("The AW term starts smaller than the plain logits everywhere, so AW starts close to vanilla.")
-    share = results["window_layers"]
-    if any(windowed == total for windowed, total in share.values()):
-        parts.append(
-            "The one departure from the paper's recipe is placement: the quality grid's `@0-2` windows "
-            "every layer of this 3-layer model, where the paper keeps the upper half global."
-        )
-    return "**Conclusion.** " + " ".join(parts)
+        return ["The AW term starts smaller than the plain logits everywhere, so AW starts close to vanilla."]
+    return []
 
 
 SiteTables = Dict[Tuple[str, str], Dict[Tuple[str, int], Dict]]
