@@ -6,6 +6,7 @@ test translations the harness keeps beside its run files."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 
 import pytest
@@ -176,7 +177,8 @@ WORSE_SYSTEM = [
 ]
 
 
-def test_the_paired_bootstrap_is_sacrebleus_with_a_fixed_seed(tmp_path, monkeypatch):
+def test_the_paired_bootstrap_is_sacrebleus_with_a_fixed_seed(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO)
     for name, lines in (("better", BETTER_SYSTEM), ("worse", WORSE_SYSTEM)):
         save_lines(tmp_path / f"{name}.hyp.gz", lines)
     better, worse = load_lines(tmp_path / "better.hyp.gz"), load_lines(tmp_path / "worse.hyp.gz")
@@ -197,6 +199,9 @@ def test_the_paired_bootstrap_is_sacrebleus_with_a_fixed_seed(tmp_path, monkeypa
     assert os.environ["SACREBLEU_SEED"] == "none"
     with pytest.raises(ValueError):
         translation_scoring.paired_bootstrap(better[:-1], worse, REFERENCES)
+    # quiet: sacreBLEU's INFO narration is not the report's output, and its level is restored
+    assert not [r for r in caplog.records if r.name.startswith("sacrebleu")]
+    assert logging.getLogger("sacrebleu").level == logging.NOTSET
 
 
 def test_the_bootstrap_column_uses_the_lowest_seed_both_runs_kept_translations_of(results, tmp_path):

@@ -22,6 +22,7 @@ Two systems' translations of one test set are compared with sacreBLEU's paired b
 
 from __future__ import annotations
 
+import logging
 import re
 import struct
 from dataclasses import dataclass, field
@@ -229,6 +230,10 @@ def paired_bootstrap(
             raise ValueError(f"{len(lines)} {name} but {len(refs)} references")
     saved = os.environ.get("SACREBLEU_SEED")
     os.environ["SACREBLEU_SEED"] = str(seed)  # PairedTest reads its seed from there
+    sacrebleu_log = logging.getLogger("sacrebleu")
+    level = sacrebleu_log.level
+    # its INFO lines narrate each test; under fairseq's root logger they filled every methods --report
+    sacrebleu_log.setLevel(logging.WARNING)
     try:
         test = PairedTest(
             [("baseline", list(baseline_hyps)), ("system", list(hyps))],
@@ -239,6 +244,7 @@ def paired_bootstrap(
         )
         signatures, scores = test()
     finally:
+        sacrebleu_log.setLevel(level)
         if saved is None:
             del os.environ["SACREBLEU_SEED"]
         else:
