@@ -59,7 +59,7 @@ from ..harness.seeds import (
     difference_text,
     mean_difference,
     mean_std_text,
-    read_means,
+    noise_reading,
     seed_std,
     seeds_cell,
 )
@@ -612,14 +612,16 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> List[str
 
 
 def window_vs_vanilla(quality: Dict[str, List[Dict]]) -> Tuple[float, Optional[float], str]:
-    """Window's mean BLEU minus vanilla's, one standard error of that difference (None while
-    vanilla has one seed) and its reading: the rule every table here uses (:mod:`..harness.seeds`)."""
+    """Window's mean BLEU minus vanilla's, one standard error of that difference and its reading:
+    the rule every table here uses (:mod:`..harness.seeds`); None and "unread" while vanilla has one seed."""
     vanilla = [r["bleu"] for r in quality["vanilla"]]
     window = [r["bleu"] for r in quality["window"]]
     std = seed_std(vanilla)
     gap = mean_difference(window, vanilla)
-    noise = None if std is None else difference_noise(std, len(window), len(vanilla))
-    return gap, noise, read_means(window, vanilla, std, higher_is_better=True)
+    if std is None:
+        return gap, None, "unread"
+    noise = difference_noise(std, len(window), len(vanilla))
+    return gap, noise, noise_reading(gap, noise, higher_is_better=True)
 
 
 def noise_text(quality: Dict[str, List[Dict]], noise: Optional[float]) -> str:
@@ -646,7 +648,7 @@ def quality_finding(quality: Dict[str, List[Dict]]) -> str:
         f"**Is window worse?** Window scores BLEU {mean_std_text(window_bleu)} over {len(window_bleu)} "
         f"seed(s) ({', '.join(_f(b, 2) for b in window_bleu)}) against vanilla {mean_std_text(vanilla_bleu)} "
         f"over {len(vanilla_bleu)} seeds ({', '.join(_f(b, 2) for b in vanilla_bleu)}): a difference of "
-        f"{gap:+.2f}, {reading if reading != '-' else 'unread'} ({noise_text(quality, noise)}), {verdict}"
+        f"{gap:+.2f}, {reading} ({noise_text(quality, noise)}), {verdict}"
         f" Valid perplexity: window {', '.join(_f(r['valid_ppl'], 2) for r in quality['window'])}, vanilla "
         f"{', '.join(_f(r['valid_ppl'], 2) for r in quality['vanilla'])}."
     )
@@ -854,8 +856,7 @@ def quality_sentence(quality: Dict[str, List[Dict]]) -> str:
     if reading == WORSE:
         return f"The window model trails vanilla by {-gap:.2f} BLEU, beyond seed noise ({noise:.2f} BLEU)."
     return (
-        f"The window model does not train measurably worse: {gap:+.2f} BLEU, "
-        f"{reading if reading != '-' else 'unread'} ({noise_text(quality, noise)})."
+        f"The window model does not train measurably worse: {gap:+.2f} BLEU, {reading} ({noise_text(quality, noise)})."
     )
 
 
