@@ -44,6 +44,7 @@ from ..harness.seeds import (
     difference_noise,
     difference_text,
     mean_difference,
+    noise_reading,
     read_means,
     seed_std,
 )
@@ -306,7 +307,8 @@ def column_summary(column: Column, named: Sequence[Tuple[str, List[float]]]) -> 
     for label, values in named:
         if label != BASELINE_LABEL:
             difference = mean_difference(values, baseline)
-            readings[read_means(values, baseline, std, column.higher_is_better)].append((difference, label))
+            noise = difference_noise(std, len(values), len(baseline))
+            readings[noise_reading(difference, noise, column.higher_is_better)].append((difference, label))
     # largest difference first, table order on a tie (sorted is stable)
     shown = {
         reading: ", ".join(
