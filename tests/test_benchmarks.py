@@ -433,6 +433,31 @@ def test_translation_window_floor_is_vanilla_plus_work_in_decoding():
     assert hypotheses[0] == hypotheses[1]
 
 
+def test_a_measurement_serialises_its_results_and_keeps_what_a_missed_target_profiles():
+    """run_training and run_generation return every config's JSON-ready result, and beside it
+    the steps and models they timed: the run profiles a missed target with those (no timing
+    here decides a miss, so the quick run may never profile)."""
+    from benchmarks.speed.generate import profile_generation, run_generation
+    from benchmarks.speed.train import profile_training, run_training
+
+    dictionary = _floor_dictionary()
+    configs = [C.MT_BASELINE, MT_PRESETS[0]]
+    keys = [c.key for c in configs]
+    sample = _translation_batch(dictionary)
+    scale = C.SCALES["tiny"]
+    timing = dict(device="cpu", repeats=1, warmup=0, seed=1, log=lambda line: None)
+    trained = run_training(configs, scale, dictionary, [sample], **timing)
+    searched = run_generation(configs, scale, dictionary, sample, beam=2, **timing)
+    for measured in (trained, searched):
+        assert list(measured.results) == keys
+        json.dumps(measured.results)
+    assert list(trained.models()) == keys and list(searched.models) == keys
+    candidate = MT_PRESETS[0].key
+    assert profile_training(trained.steps[candidate], sample, "cpu", runs=1)["ops"]
+    found = profile_generation(searched.models[candidate], dictionary, searched.sample, "cpu", 2, searched.length)
+    assert found["ops"] and searched.length == scale.gen_max_len
+
+
 def _hand_made_results(with_floor: bool = True) -> dict:
     """A results.json as the harness writes it, reduced to what the report reads."""
 

@@ -9,12 +9,12 @@ equal work is what makes the ratio a speed ratio.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Sequence
+from typing import Callable, Dict, NamedTuple, Optional, Sequence
 
 import torch
 
-from .configs import Config, Scale, build, describe
-from .timing import profile_min, run_paired, timed
+from .configs import Built, Config, Scale, build, describe
+from .timing import PairedResult, profile_min, run_paired, timed
 from .train import to_device
 
 
@@ -22,6 +22,17 @@ def make_generator(model, dictionary, beam: int, length: int):
     from fairseq.sequence_generator import SequenceGenerator
 
     return SequenceGenerator([model], dictionary, beam_size=beam, max_len_a=0, max_len_b=length, min_len=length)
+
+
+class GenerationRun(NamedTuple):
+    """What :func:`run_generation` measured (``results``: per config key, serialised) and
+    what it searched with, kept to profile a missed target."""
+
+    results: Dict[str, dict]
+    models: Dict[str, Built]
+    sample: dict
+    length: int
+    prefix_tokens: Optional[torch.Tensor]
 
 
 def run_generation(
@@ -37,7 +48,7 @@ def run_generation(
     beam: int = 5,
     prefix_tokens=None,
     new_tokens: int = 0,
-) -> Dict[str, dict]:
+) -> GenerationRun:
     """``sample``: a translation batch, or for language models a batch whose
     ``src_tokens`` are the prompts (then ``prefix_tokens`` = the prompts and
     ``new_tokens`` tokens are generated after them)."""
@@ -49,12 +60,11 @@ def run_generation(
         length = prefix_tokens.size(1) + new_tokens
     else:
         length = scale.gen_max_len
-    built, generators = {}, {}
-    for config in configs:
-        b = build(config, scale, dictionary, device, seed=seed)
+    built = {c.key: build(c, scale, dictionary, device, seed=seed) for c in configs}
+    generators = {}
+    for key, b in built.items():
         b.model.eval()
-        built[config.key] = b
-        generators[config.key] = make_generator(b.model, dictionary, beam, length)
+        generators[key] = make_generator(b.model, dictionary, beam, length)
     sentences = sample["net_input"]["src_tokens"].size(0)
     tokens_out: Dict[str, float] = {}
 
@@ -72,24 +82,27 @@ def run_generation(
 
     log(f"  beam {beam}, {sentences} sentences, {length} tokens each, {len(configs)} models, {repeats} rounds")
     paired = run_paired(baseline.key, [c.key for c in candidates], measure, repeats, warmup, log)
-    results = {}
-    for config in configs:
-        r = paired[config.key]
-        tokens_per_sentence = tokens_out[config.key] / sentences
-        results[config.key] = {
-            **describe(built[config.key]),
-            "sentences": sentences,
-            "beam": beam,
-            "tokens_per_sentence": tokens_per_sentence,
-            "sentences_per_s": r.throughput.as_dict(),
-            "tokens_per_s": {
-                k: (v * tokens_per_sentence if k != "n" else v) for k, v in r.throughput.as_dict().items()
-            },
-            **r.record(),
-        }
-    # kept for profiling; removed before serialising
-    results["_built"] = {"models": built, "length": length, "sample": sample, "prefix_tokens": prefix_tokens}
-    return results
+    results = {
+        key: generation_record(built[key], paired[key], sentences, beam, tokens_out[key] / sentences) for key in built
+    }
+    return GenerationRun(results, built, sample, length, prefix_tokens)
+
+
+def generation_record(
+    built: Built, paired: PairedResult, sentences: int, beam: int, tokens_per_sentence: float
+) -> dict:
+    """One config's serialised result: what was built, and its paired measurement
+    (:func:`benchmarks.speed.timing.run_paired`) in sentences and in tokens a second."""
+    sentences_per_s = paired.throughput.as_dict()
+    return {
+        **describe(built),
+        "sentences": sentences,
+        "beam": beam,
+        "tokens_per_sentence": tokens_per_sentence,
+        "sentences_per_s": sentences_per_s,
+        "tokens_per_s": {k: (v * tokens_per_sentence if k != "n" else v) for k, v in sentences_per_s.items()},
+        **paired.record(),
+    }
 
 
 def profile_generation(

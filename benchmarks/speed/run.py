@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import torch
 
     from .data import LanguageModelData, TranslationData
+    from .generate import GenerationRun
 
 SECTIONS = ("train", "generate", "memory", "ops")
 TASKS = ("translation", "lm")
@@ -428,38 +429,34 @@ def _train_task(s: Session, task: str, configs: List[C.Config], dictionary, batc
 
     args = s.args
     log(f"train/{task}: {len(configs)} models")
-    train = run_training(
+    measured = run_training(
         configs, s.scale, dictionary, batches, s.device, args.train_repeats, args.warmup, args.seed, log
     )
-    s.results["train"][task] = train
-    kept = train.pop("_built")
+    s.results["train"][task] = measured.results
     if args.no_profile:
         return
 
     def profile_step(task: str, key: str) -> dict:
         log(f"profiling one training step: {key}")
-        return profile_training(kept["steps"][key], batches[0], s.device)
+        return profile_training(measured.steps[key], batches[0], s.device)
 
-    profiles = _profile_misses(s.results, "train", {task: kept["models"]}, profile_step)
+    profiles = _profile_misses(s.results, "train", {task: measured.models()}, profile_step)
     s.results.setdefault("profiles", {}).update(profiles)
 
 
 def _measure_generation(s: Session) -> None:
-    # task -> (what run_generation built, its dictionary): the models to profile
-    built: Dict[str, tuple] = {}
-    generate: Dict[str, object] = {}
+    # task -> (what run_generation measured and built, its dictionary)
+    measured: Dict[str, Tuple[GenerationRun, object]] = {}
     if s.mt is not None and s.candidates.mt_generation:
-        generate["translation"] = _generate_translation(s)
-        built["translation"] = (generate["translation"].pop("_built"), s.mt.dictionary)
+        measured["translation"] = (_generate_translation(s), s.mt.dictionary)
     if s.lm is not None and s.candidates.lm_generation:
-        generate["lm"] = _generate_lm(s)
-        built["lm"] = (generate["lm"].pop("_built"), s.lm.dictionary)
-    s.results["generate"] = generate
+        measured["lm"] = (_generate_lm(s), s.lm.dictionary)
+    s.results["generate"] = {task: run.results for task, (run, _) in measured.items()}
     if not s.args.no_profile:
-        s.results["generation_profiles"] = _profile_generation_misses(s, built)
+        s.results["generation_profiles"] = _profile_generation_misses(s, measured)
 
 
-def _generate_translation(s: Session) -> dict:
+def _generate_translation(s: Session) -> GenerationRun:
     from .generate import run_generation
 
     args, configs = s.args, s.candidates.mt_generation
@@ -484,7 +481,7 @@ def _generate_translation(s: Session) -> dict:
     return measured
 
 
-def _generate_lm(s: Session) -> dict:
+def _generate_lm(s: Session) -> GenerationRun:
     import torch
 
     from .generate import run_generation
@@ -518,23 +515,17 @@ def _generate_lm(s: Session) -> dict:
     return measured
 
 
-def _profile_generation_misses(s: Session, built: Dict[str, tuple]) -> Dict[str, dict]:
+def _profile_generation_misses(s: Session, measured: Dict[str, Tuple[GenerationRun, object]]) -> Dict[str, dict]:
     from .generate import profile_generation
 
     def profile_search(task: str, key: str) -> dict:
-        info, dictionary = built[task]
+        run, dictionary = measured[task]
         log(f"profiling one beam search: {key}")
         return profile_generation(
-            info["models"][key],
-            dictionary,
-            info["sample"],
-            s.device,
-            s.args.beam,
-            info["length"],
-            info["prefix_tokens"],
+            run.models[key], dictionary, run.sample, s.device, s.args.beam, run.length, run.prefix_tokens
         )
 
-    models = {task: info["models"] for task, (info, _) in built.items()}
+    models = {task: run.models for task, (run, _) in measured.items()}
     return _profile_misses(s.results, "generate", models, profile_search)
 
 

@@ -4,12 +4,12 @@ measured in interleaved pairs (see :func:`benchmarks.speed.timing.run_paired`)."
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, NamedTuple, Sequence
 
 import torch
 
 from .configs import Built, Config, Scale, attention_layout, build, describe
-from .timing import profile_min, run_paired, timed
+from .timing import PairedResult, profile_min, run_paired, timed
 
 
 def to_device(sample, device):
@@ -61,6 +61,17 @@ def build_all(configs: Sequence[Config], scale: Scale, dictionary, device, seed:
     return built
 
 
+class TrainingRun(NamedTuple):
+    """What :func:`run_training` measured (``results``: per config key, serialised) and the
+    steps it timed, kept to profile a missed target."""
+
+    results: Dict[str, dict]
+    steps: Dict[str, TrainStep]
+
+    def models(self) -> Dict[str, Built]:
+        return {key: step.built for key, step in self.steps.items()}
+
+
 def run_training(
     configs: Sequence[Config],
     scale: Scale,
@@ -71,8 +82,8 @@ def run_training(
     warmup: int,
     seed: int,
     log: Callable[[str], None],
-) -> Dict[str, dict]:
-    """Returns per-config results: throughput (tokens/s) and ratio summaries."""
+) -> TrainingRun:
+    """Every config's training throughput (tokens/s) and its ratio to the baseline's."""
     baseline = next(c for c in configs if c.is_baseline)
     candidates = [c for c in configs if not c.is_baseline]
     built = build_all(configs, scale, dictionary, device, seed, log)
@@ -90,21 +101,23 @@ def run_training(
         f"after {warmup} warm-up"
     )
     paired = run_paired(baseline.key, [c.key for c in candidates], measure, repeats, warmup, log)
-    results = {}
-    for config in configs:
-        b = built[config.key]
-        r = paired[config.key]
-        results[config.key] = {
-            **describe(b),
-            "arch": config.arch,
-            "flags": list(config.flags),
-            "parameters": b.parameters,
-            "tokens_per_measurement": sum(float(x["ntokens"]) for x in batches),
-            "throughput": r.throughput.as_dict(),
-            **r.record(),
-        }
-    results["_built"] = {"models": built, "steps": steps}  # kept for profiling; removed before serialising
-    return results
+    tokens = sum(float(x["ntokens"]) for x in batches)
+    results = {c.key: training_record(c, built[c.key], paired[c.key], tokens) for c in configs}
+    return TrainingRun(results, steps)
+
+
+def training_record(config: Config, built: Built, paired: PairedResult, tokens: float) -> dict:
+    """One config's serialised result: what was built, and its paired measurement
+    (:func:`benchmarks.speed.timing.run_paired`) of ``tokens`` target tokens a round."""
+    return {
+        **describe(built),
+        "arch": config.arch,
+        "flags": list(config.flags),
+        "parameters": built.parameters,
+        "tokens_per_measurement": tokens,
+        "throughput": paired.throughput.as_dict(),
+        **paired.record(),
+    }
 
 
 def profile_training(step: TrainStep, sample, device, runs: int = 2) -> dict:
