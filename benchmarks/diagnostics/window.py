@@ -689,26 +689,7 @@ def initial_window_finding(initial: Sequence[Dict], kind: str) -> Optional[str]:
     fraction = _kind_mean(initial, kind, "width_fraction")
     at_query, mean_m = _kind_mean(initial, kind, "m_at_query"), _kind_mean(initial, kind, "mean_m")
     uniform = pointer >= UNIFORM_POINTERS and abs(width_ratio - 1) <= 0.05
-    shape = (
-        "neither everything visible (100%) nor a narrow window"
-        if 0.2 <= fraction <= 0.8
-        else "nearly everything visible"
-        if fraction > 0.8
-        else "a narrow window"
-    )
-    key = "own" if kind != CROSS.label else "diagonal"
-    if abs(at_query - mean_m) <= NEAR * mean_m:
-        centre = (
-            f"M at the query's {key} key ({at_query:.3f}) is about the mean M ({mean_m:.3f}): the window "
-            "does not favour the query's neighbourhood"
-        )
-    elif at_query < mean_m:
-        centre = (
-            f"Its peak is not at the query: M at the query's {key} key is {at_query:.3f} against a mean M "
-            f"of {mean_m:.3f}"
-        )
-    else:
-        centre = f"M at the query's {key} key is {at_query:.3f}, above the mean M of {mean_m:.3f}"
+    shape, centre = window_coverage(fraction), window_centre(kind, at_query, mean_m)
     return (
         f"**{kind.capitalize()}, step 0.** Boundary entropy is {pointer:.1%} of log n and the width "
         f"{width_ratio:.3f} times what uniform boundaries give"
@@ -726,6 +707,32 @@ def initial_window_finding(initial: Sequence[Dict], kind: str) -> Optional[str]:
             else "."
         )
     )
+
+
+def window_coverage(fraction: float) -> str:
+    """How much of the visible keys a window that covers ``fraction`` of them shows, in words."""
+    if fraction > 0.8:
+        return "nearly everything visible"
+    if fraction >= 0.2:
+        return "neither everything visible (100%) nor a narrow window"
+    return "a narrow window"
+
+
+def window_centre(kind: str, at_query: float, mean_m: float) -> str:
+    """Whether a window of ``kind`` favours the query's own key (cross-attention: the diagonal
+    one): its M there against its mean M."""
+    key = "own" if kind != CROSS.label else "diagonal"
+    if abs(at_query - mean_m) <= NEAR * mean_m:
+        return (
+            f"M at the query's {key} key ({at_query:.3f}) is about the mean M ({mean_m:.3f}): the window "
+            "does not favour the query's neighbourhood"
+        )
+    if at_query < mean_m:
+        return (
+            f"Its peak is not at the query: M at the query's {key} key is {at_query:.3f} against a mean M "
+            f"of {mean_m:.3f}"
+        )
+    return f"M at the query's {key} key is {at_query:.3f}, above the mean M of {mean_m:.3f}"
 
 
 def mw_scale_finding(initial: Sequence[Dict], trained: Sequence[Dict]) -> Optional[str]:
