@@ -199,13 +199,7 @@ def translation_data(
     spread evenly over the length-sorted batches, and one generation batch of
     ``generation_sentences`` sources of median length."""
     description, en_files, de_files = parallel_text(source, data_root)
-    en = [line for path in en_files for line in read_lines(path)]
-    de = [line for path in de_files for line in read_lines(path)]
-    if len(en) != len(de):
-        raise ValueError(f"parallel text is not line-aligned: {len(en)} vs {len(de)} lines")
-    pairs = [(s, t) for s, t in zip(en, de) if s.strip() and t.strip()]
-    random.Random(seed).shuffle(pairs)
-    pairs = pairs[:lines]
+    pairs = sentence_pairs(en_files, de_files, lines, seed)
     src_lines = tokenise([s for s, _ in pairs], "en")
     tgt_lines = tokenise([t for _, t in pairs], "de")
     dictionary = build_dictionary([src_lines, tgt_lines], vocab_size)
@@ -223,19 +217,39 @@ def translation_data(
     dataset = LanguagePairDataset(
         sources, [len(s) for s in sources], dictionary, targets, [len(t) for t in targets], dictionary, shuffle=False
     )
-    batches = dataset.batch_by_size(dataset.ordered_indices(), max_tokens=max_tokens)
-    if len(batches) < num_batches:
-        raise ValueError(f"only {len(batches)} batches of {max_tokens} tokens from {len(sources)} sentences")
-    picks = [int(round((i + 1) * (len(batches) - 1) / (num_batches + 1))) for i in range(num_batches)]
-    train_batches = [dataset.collater([dataset[int(i)] for i in batches[p]]) for p in picks]
-
-    by_length = sorted(range(len(sources)), key=lambda i: (len(sources[i]), i))
-    middle = len(by_length) // 2
-    chosen = sorted(by_length[max(0, middle - generation_sentences // 2) :][:generation_sentences])
-    generation_batch = dataset.collater([dataset[i] for i in chosen])
+    train_batches = spread_batches(dataset, max_tokens, num_batches)
+    generation_batch = dataset.collater([dataset[i] for i in median_length(sources, generation_sentences)])
     return TranslationData(
         description, dictionary, train_batches, generation_batch, src_lines, tgt_lines, sources, targets
     )
+
+
+def sentence_pairs(en_files: Sequence[Path], de_files: Sequence[Path], lines: int, seed: int) -> List[Tuple[str, str]]:
+    """``lines`` non-empty (English, German) pairs of the line-aligned files, shuffled with ``seed``."""
+    en = [line for path in en_files for line in read_lines(path)]
+    de = [line for path in de_files for line in read_lines(path)]
+    if len(en) != len(de):
+        raise ValueError(f"parallel text is not line-aligned: {len(en)} vs {len(de)} lines")
+    pairs = [(s, t) for s, t in zip(en, de) if s.strip() and t.strip()]
+    random.Random(seed).shuffle(pairs)
+    return pairs[:lines]
+
+
+def spread_batches(dataset, max_tokens: int, count: int) -> List[dict]:
+    """``count`` of ``dataset``'s batches of at most ``max_tokens`` (fairseq's ``batch_by_size``
+    on its length order), evenly spaced over them, collated."""
+    batches = dataset.batch_by_size(dataset.ordered_indices(), max_tokens=max_tokens)
+    if len(batches) < count:
+        raise ValueError(f"only {len(batches)} batches of {max_tokens} tokens from {len(dataset)} sentences")
+    picks = [int(round((i + 1) * (len(batches) - 1) / (count + 1))) for i in range(count)]
+    return [dataset.collater([dataset[int(i)] for i in batches[p]]) for p in picks]
+
+
+def median_length(sentences: Sequence[Sequence[int]], count: int) -> List[int]:
+    """The indices, in order, of ``count`` sentences around the median length (ties: by index)."""
+    by_length = sorted(range(len(sentences)), key=lambda i: (len(sentences[i]), i))
+    middle = len(by_length) // 2
+    return sorted(by_length[max(0, middle - count // 2) :][:count])
 
 
 # --------------------------------------------------------------------------- language modelling
