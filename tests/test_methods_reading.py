@@ -102,6 +102,10 @@ def test_the_standard_error_of_a_difference_counts_both_seed_counts():
     assert seeds.noise_reading(-2.0, 1.0, higher_is_better=False) == seeds.BETTER
     assert seeds.noise_reading(-2.0, 1.0, higher_is_better=True) == seeds.WORSE
     assert seeds.read_means([1.0], [1.0], None, True) == "-"  # no baseline spread, no reading
+    # the difference, its standard error (std 1 over 2 and 2 seeds: 1.0) and the reading, together
+    assert seeds.compare_means([2.0, 2.0], [1.0, 1.0], 1.0, True) == (1.0, 1.0, seeds.WITHIN_NOISE)
+    assert seeds.compare_means([3.0, 3.0], [1.0, 1.0], 1.0, True) == (2.0, 1.0, seeds.BETTER)
+    assert seeds.compare_means([1.5], [1.0], None, True) == (0.5, None, "-")
 
 
 def test_every_table_takes_a_difference_of_means_one_way():

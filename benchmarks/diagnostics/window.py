@@ -55,11 +55,9 @@ from ..harness.seeds import (
     BETTER,
     WITHIN_NOISE,
     WORSE,
-    difference_noise,
+    compare_means,
     difference_text,
-    mean_difference,
     mean_std_text,
-    noise_reading,
     seed_std,
     seeds_cell,
 )
@@ -616,12 +614,8 @@ def window_vs_vanilla(quality: Dict[str, List[Dict]]) -> Tuple[float, Optional[f
     the rule every table here uses (:mod:`..harness.seeds`); None and "unread" while vanilla has one seed."""
     vanilla = [r["bleu"] for r in quality["vanilla"]]
     window = [r["bleu"] for r in quality["window"]]
-    std = seed_std(vanilla)
-    gap = mean_difference(window, vanilla)
-    if std is None:
-        return gap, None, "unread"
-    noise = difference_noise(std, len(window), len(vanilla))
-    return gap, noise, noise_reading(gap, noise, higher_is_better=True)
+    gap, noise, reading = compare_means(window, vanilla, seed_std(vanilla), higher_is_better=True)
+    return gap, noise, "unread" if noise is None else reading
 
 
 def noise_text(quality: Dict[str, List[Dict]], noise: Optional[float]) -> str:

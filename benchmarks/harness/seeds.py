@@ -79,11 +79,21 @@ def noise_reading(difference: float, noise: float, higher_is_better: bool) -> st
     return BETTER if (difference > 0) == higher_is_better else WORSE
 
 
-def read_means(values: Sequence[float], baseline: Sequence[float], std: Optional[float], higher_is_better: bool) -> str:
-    """The mean of ``values`` minus the mean of ``baseline`` read with :func:`noise_reading`
-    against ``std`` (the baseline's seed std) and both seed counts; "-" without values or
-    without a std (the baseline has fewer than two seeds)."""
+def compare_means(
+    values: Sequence[float], baseline: Sequence[float], std: Optional[float], higher_is_better: bool
+) -> Tuple[Optional[float], Optional[float], str]:
+    """``(difference, noise, reading)``: the mean of ``values`` minus the mean of ``baseline``
+    (:func:`mean_difference`), one standard error of it (:func:`difference_noise` of ``std``,
+    the baseline's seed std, and both seed counts) and :func:`noise_reading` of the two; the
+    noise is None and the reading "-" without values or without a std (the baseline has
+    fewer than two seeds)."""
     difference = mean_difference(values, baseline)
     if difference is None or std is None:
-        return "-"
-    return noise_reading(difference, difference_noise(std, len(values), len(baseline)), higher_is_better)
+        return difference, None, "-"
+    noise = difference_noise(std, len(values), len(baseline))
+    return difference, noise, noise_reading(difference, noise, higher_is_better)
+
+
+def read_means(values: Sequence[float], baseline: Sequence[float], std: Optional[float], higher_is_better: bool) -> str:
+    """The reading of :func:`compare_means`: "-" without values or without a std."""
+    return compare_means(values, baseline, std, higher_is_better)[2]

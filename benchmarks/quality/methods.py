@@ -41,10 +41,9 @@ from ..harness.seeds import (
     WITHIN_NOISE,
     WORSE,
     beyond_noise,
+    compare_means,
     difference_noise,
     difference_text,
-    mean_difference,
-    noise_reading,
     read_means,
     seed_std,
 )
@@ -306,9 +305,8 @@ def column_summary(column: Column, named: Sequence[Tuple[str, List[float]]]) -> 
     readings: Dict[str, List[Tuple[float, str]]] = {BETTER: [], WORSE: [], WITHIN_NOISE: []}
     for label, values in named:
         if label != BASELINE_LABEL:
-            difference = mean_difference(values, baseline)
-            noise = difference_noise(std, len(values), len(baseline))
-            readings[noise_reading(difference, noise, column.higher_is_better)].append((difference, label))
+            difference, _, reading = compare_means(values, baseline, std, column.higher_is_better)
+            readings[reading].append((difference, label))
     # largest difference first, table order on a tie (sorted is stable)
     shown = {
         reading: ", ".join(
