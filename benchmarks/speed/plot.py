@@ -27,6 +27,8 @@ PALETTE = [
     (188, 189, 34),
     (23, 190, 207),
 ]
+GREY, BLACK, RED = (200, 200, 200), (0, 0, 0), (220, 0, 0)
+PANEL_PAD = 30  # pixels between a fallback panel's edge and its axes
 
 
 def _ratio_rows(section: Dict[str, dict]) -> List[Tuple[str, float, float, float]]:
@@ -47,16 +49,9 @@ def _panels(results: dict):
         for key, r in results.get("memory", {}).items()
         if r.get("ratio") and r["kind"] != "baseline"
     }
-    ops = {
-        r["op"]: [(int(n), s["median"]) for n, s in r["seconds_per_call"].items()]
-        for r in results.get("ops", {}).values()
-        if r["mode"] == "fwd+bwd"
-    }
-    if not ops:
-        ops = {
-            r["op"]: [(int(n), s["median"]) for n, s in r["seconds_per_call"].items()]
-            for r in results.get("ops", {}).values()
-        }
+    op_rows = list(results.get("ops", {}).values())
+    plotted = [r for r in op_rows if r["mode"] == "fwd+bwd"] or op_rows
+    ops = {r["op"]: [(int(n), s["median"]) for n, s in r["seconds_per_call"].items()] for r in plotted}
     return _ratio_rows(train), _ratio_rows(generate), memory, ops
 
 
@@ -198,55 +193,58 @@ class _Canvas:
 
 
 def _fallback_plot(results: dict, path: Path, width: int = 800, height: int = 600):
+    """The four panels of ``write_plot`` on a 2 x 2 grid, without text."""
     train, generate, memory, ops = _panels(results)
     canvas = _Canvas(width, height)
-    pw, ph, pad = width // 2, height // 2, 30
-    grey, black, red = (200, 200, 200), (0, 0, 0), (220, 0, 0)
-
-    def frame(px, py):
-        x0, y0, x1, y1 = px + pad, py + pad, px + pw - pad, py + ph - pad
-        canvas.line(x0, y1, x1, y1, black)
-        canvas.line(x0, y0, x0, y1, black)
-        return x0, y0, x1, y1
-
-    def bars(px, py, rows):
-        x0, y0, x1, y1 = frame(px, py)
-        if not rows:
-            return
-        top = max(1.2, max(r[3] for r in rows) * 1.05)
-        scale = (x1 - x0) / top
-        step = (y1 - y0) / len(rows)
-        for i, (_, med, low, high) in enumerate(rows):
-            yy = y0 + i * step
-            canvas.rect(x0, yy + step * 0.15, x0 + med * scale, yy + step * 0.85, PALETTE[i % len(PALETTE)])
-            canvas.line(x0 + low * scale, yy + step / 2, x0 + high * scale, yy + step / 2, black)
-        canvas.line(x0 + scale, y0, x0 + scale, y1, red)
-
-    def lines(px, py, series: Dict[str, List[Tuple[int, float]]], log_y: bool):
-        x0, y0, x1, y1 = frame(px, py)
-        points = [p for s in series.values() for p in s if p[1] > 0]
-        if not points:
-            return
-        xs = [math.log(p[0]) for p in points]
-        ys = [math.log(p[1]) if log_y else p[1] for p in points]
-        lo_x, hi_x = min(xs), max(xs) if max(xs) > min(xs) else min(xs) + 1
-        lo_y, hi_y = min(ys), max(ys) if max(ys) > min(ys) else min(ys) + 1
-
-        def to_px(p):
-            x = x0 + (math.log(p[0]) - lo_x) / (hi_x - lo_x) * (x1 - x0)
-            v = math.log(p[1]) if log_y else p[1]
-            return x, y1 - (v - lo_y) / (hi_y - lo_y) * (y1 - y0)
-
-        for i, (name, s) in enumerate(series.items()):
-            color = black if name == "sdpa" else PALETTE[i % len(PALETTE)]
-            pts = [to_px(p) for p in s if p[1] > 0]
-            for a, b in zip(pts, pts[1:]):
-                canvas.line(a[0], a[1], b[0], b[1], color, width=2)
-
-    bars(0, 0, train)
-    bars(pw, 0, generate)
-    lines(0, ph, memory, log_y=False)
-    lines(pw, ph, ops, log_y=True)
-    canvas.line(pw, 0, pw, height, grey)
-    canvas.line(0, ph, width, ph, grey)
+    pw, ph = width // 2, height // 2
+    _bar_panel(canvas, _axes(canvas, 0, 0, pw, ph), train)
+    _bar_panel(canvas, _axes(canvas, pw, 0, pw, ph), generate)
+    _line_panel(canvas, _axes(canvas, 0, ph, pw, ph), memory, log_y=False)
+    _line_panel(canvas, _axes(canvas, pw, ph, pw, ph), ops, log_y=True)
+    canvas.line(pw, 0, pw, height, GREY)
+    canvas.line(0, ph, width, ph, GREY)
     path.write_bytes(canvas.png())
+
+
+def _axes(canvas: "_Canvas", px: int, py: int, pw: int, ph: int) -> Tuple[int, int, int, int]:
+    """Draws the x and y axes of the panel at (px, py); returns its plot box (x0, y0, x1, y1)."""
+    x0, y0, x1, y1 = px + PANEL_PAD, py + PANEL_PAD, px + pw - PANEL_PAD, py + ph - PANEL_PAD
+    canvas.line(x0, y1, x1, y1, BLACK)
+    canvas.line(x0, y0, x0, y1, BLACK)
+    return x0, y0, x1, y1
+
+
+def _bar_panel(canvas: "_Canvas", box: Tuple[int, int, int, int], rows: list) -> None:
+    """``_ratio_panel`` without labels: a bar per median ratio, its min-max as a line, a red line at 1."""
+    if not rows:
+        return
+    x0, y0, x1, y1 = box
+    scale = (x1 - x0) / max(1.2, max(r[3] for r in rows) * 1.05)
+    step = (y1 - y0) / len(rows)
+    for i, (_, med, low, high) in enumerate(rows):
+        yy = y0 + i * step
+        canvas.rect(x0, yy + step * 0.15, x0 + med * scale, yy + step * 0.85, PALETTE[i % len(PALETTE)])
+        canvas.line(x0 + low * scale, yy + step / 2, x0 + high * scale, yy + step / 2, BLACK)
+    canvas.line(x0 + scale, y0, x0 + scale, y1, RED)
+
+
+def _line_panel(canvas: "_Canvas", box: Tuple[int, int, int, int], series: Dict[str, list], log_y: bool) -> None:
+    """One polyline per series over log x (and log y when ``log_y``); sdpa in black."""
+    points = [p for s in series.values() for p in s if p[1] > 0]
+    if not points:
+        return
+    x0, y0, x1, y1 = box
+    xs = [math.log(p[0]) for p in points]
+    ys = [math.log(p[1]) if log_y else p[1] for p in points]
+    lo_x, hi_x = min(xs), max(xs) if max(xs) > min(xs) else min(xs) + 1
+    lo_y, hi_y = min(ys), max(ys) if max(ys) > min(ys) else min(ys) + 1
+
+    def to_px(p):
+        v = math.log(p[1]) if log_y else p[1]
+        return x0 + (math.log(p[0]) - lo_x) / (hi_x - lo_x) * (x1 - x0), y1 - (v - lo_y) / (hi_y - lo_y) * (y1 - y0)
+
+    for i, (name, s) in enumerate(series.items()):
+        color = BLACK if name == "sdpa" else PALETTE[i % len(PALETTE)]
+        pts = [to_px(p) for p in s if p[1] > 0]
+        for a, b in zip(pts, pts[1:]):
+            canvas.line(a[0], a[1], b[0], b[1], color, width=2)
