@@ -50,6 +50,7 @@ def _panels(results: dict):
         if r.get("ratio") and r["kind"] != "baseline"
     }
     op_rows = list(results.get("ops", {}).values())
+    # a run with --op-modes fwd has no fwd+bwd rows: plot what it timed
     plotted = [r for r in op_rows if r["mode"] == "fwd+bwd"] or op_rows
     ops = {r["op"]: [(int(n), s["median"]) for n, s in r["seconds_per_call"].items()] for r in plotted}
     return _ratio_rows(train), _ratio_rows(generate), memory, ops
