@@ -66,4 +66,17 @@ def test_cells_are_mean_std_and_seed_count_with_deltas(tmp_path):
     assert cells[2:] == [*translation, "190.00 (1)", "-10.00", "-", "180.00 (1)", "-", "-", "185.50 (1)", "-", "-"]
     kerple = next(line for line in markdown.splitlines() if line.startswith("| `kerple`"))
     assert kerple.count("| - ") >= 12  # not run: dashes, no numbers
+    # window-mw has a translation configuration but no LM preset: its LM cell names the family's row
+    window_mw = next(line for line in markdown.splitlines() if line.startswith("| `window-mw`"))
+    lm_cell = [cell.strip() for cell in window_mw.strip("|").split("|")][7]
+    assert lm_cell == "in `window`'s row: the family's one LM preset, `distattn_lm_window_gbw`"
     assert (tmp_path / "out" / "methods.md").read_text() == markdown
+
+
+def test_a_row_without_an_lm_preset_names_its_familys_row_or_says_nothing():
+    rows = {"distattn_lm_window_gbw": "window", "distattn_lm_rpr_gbw": "rpr"}
+    assert methods.shared_preset_note("window-mw-seg", rows) == (
+        "in `window`'s row: the family's one LM preset, `distattn_lm_window_gbw`"
+    )
+    assert methods.shared_preset_note("window", rows) == "-"  # its own preset is no family's
+    assert methods.shared_preset_note("qvi", rows) == "-"

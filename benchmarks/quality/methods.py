@@ -16,9 +16,10 @@ a generated summary under the table says what the readings find.
 The rows derive from the registry: each registered mechanism (in the papers'
 order) with the translation configuration of its name and the LM preset
 ``distattn_lm_<name>_gbw`` (a window variant reads the ``window``
-configuration and preset: the paper's combination), then NoPE, the preset
-without any position information. Writes ``<out>/methods.md`` and its copy in
-the README.
+configuration and preset: the paper's combination; one with a translation
+configuration of its own but no preset names the row of its family's), then
+NoPE, the preset without any position information. Writes ``<out>/methods.md``
+and its copy in the README.
 """
 
 from __future__ import annotations
@@ -91,9 +92,7 @@ def method_rows(
 
     rows, seen = [], set()
     for info in registered():
-        parts = info.name.split("-")
-        for end in range(len(parts), 0, -1):
-            name = "-".join(parts[:end])
+        for name in family_names(info.name):
             mt = name if name in mt_configs else None
             lm = preset_name(name)
             lm = lm if lm in lm_configs else None
@@ -107,6 +106,26 @@ def method_rows(
     if NOPE_PRESET in lm_configs:
         rows.append(("nope", "Haviv et al. 2022", None, NOPE_PRESET))
     return rows
+
+
+def family_names(name: str) -> List[str]:
+    """``name`` and the family names it extends, longest first: ``window-aw-seg``,
+    ``window-aw``, ``window``."""
+    parts = name.split("-")
+    return ["-".join(parts[:end]) for end in range(len(parts), 0, -1)]
+
+
+def shared_preset_note(method: str, preset_rows: Dict[str, str]) -> str:
+    """The LM test-ppl cell of a row without an LM preset of its own: the row that holds
+    its family's preset when the family has one (``window-mw`` -> ``window``'s row; the
+    preset is not repeated, so that the summary counts it once), else "-"."""
+    from fairseq_distattn.models.distattn_lm import preset_name
+
+    for name in family_names(method)[1:]:
+        owner = preset_rows.get(preset_name(name))
+        if owner:
+            return f"in `{owner}`'s row: the family's one LM preset, `{preset_name(name)}`"
+    return "-"
 
 
 def report(out: Path, results: Path = RESULTS, data: Optional[Path] = None) -> str:
@@ -168,12 +187,15 @@ def method_table_rows(
     rows = [table_row([*baseline, *row_cells(columns, MT_BASELINE, LM_BASELINE, "-")])]
     entries: List[Tuple[str, Optional[str], Optional[str]]] = [(BASELINE_LABEL, MT_BASELINE, LM_BASELINE)]
     configs = default_configs()
-    for method, paper, mt, lm in method_rows(list(configs), list(lm_configs())):
+    listed = method_rows(list(configs), list(lm_configs()))
+    preset_rows = {lm: method for method, _, _, lm in listed if lm}
+    for method, paper, mt, lm in listed:
         translation = (
             (mt + ("+abs" if configs[mt].absolute_positions else "")) if mt else NO_TRANSLATION.get(method, "-")
         )
         bootstrap = bootstrap_cell(results / "quality" / "runs", mt, references)
-        rows.append(table_row([f"`{method}`", paper, translation, *row_cells(columns, mt, lm, bootstrap)]))
+        no_lm = "-" if lm else shared_preset_note(method, preset_rows)
+        rows.append(table_row([f"`{method}`", paper, translation, *row_cells(columns, mt, lm, bootstrap, no_lm)]))
         entries.append((f"`{method}`", mt, lm))
     return rows, entries
 
@@ -211,11 +233,11 @@ def measured_columns(results: Path) -> Tuple[List[Column], int]:
     return columns, min(trained)
 
 
-def measured_cells(column: Column, config: Optional[str]) -> List[str]:
+def measured_cells(column: Column, config: Optional[str], absent: str = "-") -> List[str]:
     """``[mean +- std (seeds), delta vs the baseline, its reading against seed noise]`` of
-    ``config`` (dashes without one; the baseline's own row has no delta)."""
+    ``config`` (without one: ``absent``, then dashes; the baseline's own row has no delta)."""
     if not config:
-        return ["-", "-", "-"]
+        return [absent, "-", "-"]
     values, baseline = column.values.get(config), column.values.get(column.baseline) or []
     if config == column.baseline:
         return [cell(values), "-", "-"]
@@ -264,11 +286,18 @@ def caption(base_length: int) -> str:
     )
 
 
-def row_cells(columns: Sequence[Column], mt: Optional[str], lm: Optional[str], bootstrap: str) -> List[str]:
+def row_cells(
+    columns: Sequence[Column], mt: Optional[str], lm: Optional[str], bootstrap: str, no_lm: str = "-"
+) -> List[str]:
     """A row's measured cells: translation (with the paired bootstrap after its reading), then
-    the language model's."""
-    translation, *language = columns
-    return [*measured_cells(translation, mt), bootstrap, *(c for col in language for c in measured_cells(col, lm))]
+    the language model's (``no_lm`` in the first of them when the row has no LM preset)."""
+    translation, test_ppl, *lengths = columns
+    return [
+        *measured_cells(translation, mt),
+        bootstrap,
+        *measured_cells(test_ppl, lm, no_lm),
+        *(c for col in lengths for c in measured_cells(col, lm)),
+    ]
 
 
 def summary_lines(columns: Sequence[Column], entries: Sequence[Tuple[str, Optional[str], Optional[str]]]) -> List[str]:
