@@ -74,9 +74,9 @@ def test_cells_are_mean_std_and_seed_count_with_deltas(tmp_path):
 
 
 def test_a_row_without_an_lm_preset_names_its_familys_row_or_says_nothing():
-    rows = {"distattn_lm_window_gbw": "window", "distattn_lm_rpr_gbw": "rpr"}
-    assert methods.shared_preset_note("window-mw-seg", rows) == (
+    presets = {"distattn_lm_window_gbw", "distattn_lm_rpr_gbw"}
+    assert methods.shared_preset_note("window-mw-seg", presets) == (
         "in `window`'s row: the family's one LM preset, `distattn_lm_window_gbw`"
     )
-    assert methods.shared_preset_note("window", rows) == "-"  # its own preset is no family's
-    assert methods.shared_preset_note("qvi", rows) == "-"
+    assert methods.shared_preset_note("window", presets) == "-"  # its own preset is no family's
+    assert methods.shared_preset_note("qvi", presets) == "-"

@@ -28,7 +28,7 @@ import argparse
 import functools
 import statistics
 from pathlib import Path
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Collection, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from fairseq_distattn.tools.generated_blocks import update_pages
 from fairseq_distattn.tools.translation_scoring import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, paired_bootstrap
@@ -115,16 +115,17 @@ def family_names(name: str) -> List[str]:
     return ["-".join(parts[:end]) for end in range(len(parts), 0, -1)]
 
 
-def shared_preset_note(method: str, preset_rows: Dict[str, str]) -> str:
+def shared_preset_note(method: str, listed_presets: Collection[str]) -> str:
     """The LM test-ppl cell of a row without an LM preset of its own: the row that holds
-    its family's preset when the family has one (``window-mw`` -> ``window``'s row; the
-    preset is not repeated, so that the summary counts it once), else "-"."""
+    its family's preset when the table lists one (``window-mw`` -> ``window``'s row, named
+    like the preset, as :func:`method_rows` names every row; the preset is not repeated,
+    so that the summary counts it once), else "-"."""
     from fairseq_distattn.models.distattn_lm import preset_name
 
     for name in family_names(method)[1:]:
-        owner = preset_rows.get(preset_name(name))
-        if owner:
-            return f"in `{owner}`'s row: the family's one LM preset, `{preset_name(name)}`"
+        preset = preset_name(name)
+        if preset in listed_presets:
+            return f"in `{name}`'s row: the family's one LM preset, `{preset}`"
     return "-"
 
 
@@ -188,13 +189,13 @@ def method_table_rows(
     entries: List[Tuple[str, Optional[str], Optional[str]]] = [(BASELINE_LABEL, MT_BASELINE, LM_BASELINE)]
     configs = default_configs()
     listed = method_rows(list(configs), list(lm_configs()))
-    preset_rows = {lm: method for method, _, _, lm in listed if lm}
+    listed_presets = {lm for _, _, _, lm in listed if lm}
     for method, paper, mt, lm in listed:
         translation = (
             (mt + ("+abs" if configs[mt].absolute_positions else "")) if mt else NO_TRANSLATION.get(method, "-")
         )
         bootstrap = bootstrap_cell(results / "quality" / "runs", mt, references)
-        no_lm = "-" if lm else shared_preset_note(method, preset_rows)
+        no_lm = "-" if lm else shared_preset_note(method, listed_presets)
         rows.append(table_row([f"`{method}`", paper, translation, *row_cells(columns, mt, lm, bootstrap, no_lm)]))
         entries.append((f"`{method}`", mt, lm))
     return rows, entries
