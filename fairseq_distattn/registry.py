@@ -502,6 +502,16 @@ class AttentionKind:
         """ "vanilla" and the mechanisms that declare this kind."""
         return frozenset({"vanilla", *(info.name for info in registered() if self.key in info.kinds)})
 
+    @property
+    def layers_to_keep_attr(self) -> str:
+        """The model config's attribute of fairseq's pruning of this kind's stack
+        (``encoder_layers_to_keep``: the layers LayerDrop's inference keeps)."""
+        return self.layers_attr + "_to_keep"
+
+    @property
+    def layers_to_keep_flag(self) -> str:
+        return "--" + self.layers_to_keep_attr.replace("_", "-")
+
     def disallowed_reason(self, mechanism: str) -> str:
         return REGISTRY[mechanism].unsupported[self.key]
 

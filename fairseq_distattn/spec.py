@@ -9,10 +9,12 @@ Invalid input is reported the way argparse reports a bad flag: one line on
 stderr naming the flag, the bad value and what is allowed, exit status 2.
 """
 
+import contextlib
 import dataclasses
 import os
 import re
 import sys
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
@@ -41,8 +43,33 @@ def exit_on_spec_error(error: SpecError):
     exit_with_error(str(error))
 
 
+class RefusedConfiguration(ValueError):
+    """A refusal inside a library call (:func:`library_call`: the hub's ``from_pretrained``),
+    which the caller can catch; ``str()`` is the one line a command line would print. On a
+    command line (fairseq's CLIs, ``fairseq-hydra-train``, which turns any ``Exception`` into
+    a traceback and status 1) the same refusal is ``SystemExit(2)`` after the line on stderr."""
+
+
+# True inside a library call (library_call): a refusal raises RefusedConfiguration instead of exiting
+_IN_LIBRARY_CALL: ContextVar[bool] = ContextVar("distattn_in_library_call", default=False)
+
+
+@contextlib.contextmanager
+def library_call():
+    """Refusals inside raise :class:`RefusedConfiguration` and write nothing to stderr (the
+    hub's ``from_pretrained``: the caller decides what to show)."""
+    token = _IN_LIBRARY_CALL.set(True)
+    try:
+        yield
+    finally:
+        _IN_LIBRARY_CALL.reset(token)
+
+
 def exit_with_error(message: str):
-    """``PROG: error: MESSAGE`` on stderr and exit status 2, as argparse reports a bad command line."""
+    """``PROG: error: MESSAGE`` on stderr and exit status 2, as argparse reports a bad command
+    line; in a :func:`library_call`, :class:`RefusedConfiguration` instead."""
+    if _IN_LIBRARY_CALL.get():
+        raise RefusedConfiguration(message)
     prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "fairseq"
     sys.stderr.write(f"{prog}: error: {message}\n")
     sys.stderr.flush()
@@ -163,6 +190,55 @@ def parse_spec(kind: AttentionKind, spec: Optional[str], num_layers: int) -> Lis
             owner[layer] = item
             layers[layer] = name
     return layers
+
+
+def kept_layers(flag: str, layers_to_keep, num_layers: int) -> Tuple[int, ...]:
+    """The trained layers that fairseq's pruning keeps of a stack of ``num_layers``
+    (``layers_to_keep``, the value of ``flag``: ``--encoder-layers-to-keep`` or
+    ``--decoder-layers-to-keep``, LayerDrop's use at inference), sorted: fairseq builds
+    that many layers and renames the kept layers' parameters 0, 1, ... in this order.
+    Every layer where ``layers_to_keep`` is empty."""
+    if layers_to_keep in (None, ""):
+        return tuple(range(num_layers))
+    allowed = f"distinct layer indices from 0 to {num_layers - 1}, comma-separated (the trained model's layers)"
+    # text from --model-overrides and the LM's parser; a list from TransformerConfig's (fairseq-train)
+    listed = not isinstance(layers_to_keep, str) and hasattr(layers_to_keep, "__iter__")
+    items = [str(item) for item in layers_to_keep] if listed else str(layers_to_keep).split(",")
+    if not all(item.strip().isdigit() for item in items):
+        raise SpecError(flag, layers_to_keep, "not a comma-separated list of layer indices", allowed)
+    kept = sorted(int(item) for item in items)
+    if len(set(kept)) != len(kept):
+        raise SpecError(
+            flag, layers_to_keep, "names a layer twice (fairseq would build it twice but load it once)", allowed
+        )
+    if kept[-1] >= num_layers:
+        raise SpecError(
+            flag, layers_to_keep, f"layer {kept[-1]} is not one of the model's {num_layers} layers", allowed
+        )
+    return tuple(kept)
+
+
+def pruned_spec(kind: AttentionKind, spec: Optional[str], num_layers: int, layers_to_keep=None) -> List[str]:
+    """The mechanism of every layer a stack of ``num_layers`` trained layers builds, after
+    fairseq's pruning to ``layers_to_keep`` (:func:`kept_layers`): each kept layer keeps its
+    trained layer's mechanism, as it keeps that layer's parameters."""
+    layers = parse_spec(kind, spec, num_layers)
+    return [layers[index] for index in kept_layers(kind.layers_to_keep_flag, layers_to_keep, num_layers)]
+
+
+def check_no_pruning_in_training(kind: AttentionKind, layers_to_keep) -> None:
+    """Raise :class:`SpecError` for ``--encoder-layers-to-keep``/``--decoder-layers-to-keep``
+    on a new model: fairseq prunes a trained model at inference; a model trained pruned saves
+    the kept count as its layer count beside the list, which no fairseq command loads again
+    (and fairseq's translation ``build_model`` fails on the list its parser makes)."""
+    if layers_to_keep not in (None, "") and not (hasattr(layers_to_keep, "__len__") and len(layers_to_keep) == 0):
+        raise SpecError(
+            kind.layers_to_keep_flag,
+            layers_to_keep,
+            "pruning applies to a trained model at inference; fairseq-train builds every layer",
+            f"no pruning in fairseq-train (train with LayerDrop, --{kind.layers_attr.split('_')[0]}-layerdrop P, "
+            f"then evaluate with --model-overrides \"{{'{kind.layers_to_keep_attr}': '0,2'}}\")",
+        )
 
 
 def _recompute_length(value, context):

@@ -246,3 +246,22 @@ def check_unused_overrides(before, after, overrides: Optional[Mapping[str, Any]]
             "overrides of the options of the mechanisms the checkpoint uses (python -m fairseq_distattn.check "
             "CHECKPOINT lists them), and of fairseq's own options",
         )
+
+
+def check_layer_count_overrides(before, after, overrides: Optional[Mapping[str, Any]], model: str) -> None:
+    """Raise :class:`SpecError` (flag ``--model-overrides``) where ``overrides`` changes a
+    stack's layer count (``'decoder_layers': 2`` on a 3-layer model): fairseq would build
+    fewer layers than the checkpoint holds and fail to load its parameters. Evaluating a
+    subset of the trained layers is fairseq's pruning, ``*_layers_to_keep``."""
+    for attr in dict.fromkeys(kind.layers_attr for kind in attention_kinds(model)):
+        trained, asked = getattr(before, attr, None), getattr(after, attr, None)
+        if attr not in (overrides or {}) or trained is None or asked == trained:
+            continue
+        raise SpecError(
+            "--model-overrides",
+            dict(overrides),
+            f"{attr!r}: {asked!r} changes the number of trained layers ({trained}), whose parameters the "
+            "checkpoint holds",
+            f"{attr + '_to_keep'!r} with the trained layers to evaluate (fairseq's pruning of a LayerDrop-trained "
+            f"model, e.g. '0,2'); each kept layer keeps its trained mechanism and parameters",
+        )

@@ -304,3 +304,10 @@ def test_a_checkpoint_with_odd_encoder_buckets_trained_before_the_check_still_bu
     d = dictionary()
     model = TranslationTask(args, d, d).build_model(args)
     assert tuple(model.encoder.layers[0].self_attn.mechanism.relative_attention_bias.shape) == (7, 2)
+    # and it runs as trained: the op refuses an odd bidirectional table, so the layer hands it the
+    # rows T5's buckets read, and the last row, never read, gets no gradient
+    source = random_tokens(d, 2, 9, seed=0)
+    out = model.encoder(source, src_lengths=torch.tensor([9, 9]))["encoder_out"][0]
+    out.sum().backward()
+    table = model.encoder.layers[0].self_attn.mechanism.relative_attention_bias
+    assert torch.isfinite(out).all() and table.grad[-1].abs().sum() == 0 and table.grad[:-1].abs().sum() > 0

@@ -156,6 +156,42 @@ def test_a_checkpoint_with_code_in_it_is_refused_not_run(workdir):
     assert "add_safe_globals" not in message
 
 
+def test_a_checkpoint_that_calls_a_blocked_module_is_refused_naming_what_it_calls(workdir):
+    """torch's message for a global of a blocked module (``os.system``) has no
+    ``WeightsUnpickler error:`` marker; the tool still names torch's finding, and never
+    repeats its advice to load the file with weights_only=False."""
+    import os
+
+    import torch
+
+    class RunsACommand:
+        def __reduce__(self):
+            return (os.system, ("echo this must not run",))
+
+    path = workdir / "runs-code.pt"
+    torch.save({"model": {}, "payload": RunsACommand()}, path)
+    for tool in ("check", "inspect"):
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                f"fairseq_distattn.{tool}",
+                str(path),
+                *(["--out", str(workdir)] if tool == "inspect" else []),
+            ],
+            capture_output=True,
+            text=True,
+            env=cli_env(),
+            cwd=str(REPO_ROOT.parent),
+            timeout=300,
+        )
+        assert proc.returncode != 0 and "this must not run" not in proc.stdout
+        message = proc.stderr.strip().splitlines()[-1]
+        assert f"GLOBAL {os.system.__module__}.system" in message and "is blocked" in message, message
+        assert "outside the allow-list" in message and "refused" in message
+        assert "weights_only" not in message and "trust" not in message and "add_safe_globals" not in message
+
+
 def test_a_missing_file_is_a_usage_error(workdir):
     proc = check(workdir / "missing.pt")
     assert proc.returncode == 2 and "no such file" in proc.stderr

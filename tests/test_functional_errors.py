@@ -110,6 +110,7 @@ BAD_CALLS = [
     (distance_mask, dict(alpha=-1.0), "alpha"),
     (distance_mask, dict(direction="sideways"), "direction"),
     (mw, dict(mask=torch.ones(B, H, T, T + 1)), "mask"),
+    (t5, dict(table=torch.zeros(7, H)), "table"),  # bidirectional (not causal): row 6 never read
     (softmax, dict(q=Q[0]), "q"),
     (softmax, dict(k=tensors(B, H, T, D + 1)), "k"),
     (softmax, dict(v=tensors(B, H, T + 1, D)), "v"),
@@ -195,6 +196,20 @@ def test_a_dtype_mismatch_names_both_dtypes():
 def test_the_same_calls_with_good_arguments_work(call):
     result = call()
     assert torch.isfinite(result[0] if isinstance(result, tuple) else result).all()
+
+
+@pytest.mark.parametrize("rows", [5, 7, 33])
+def test_an_odd_t5_table_is_refused_only_where_its_buckets_are_bidirectional(rows):
+    """T5 halves bidirectional buckets (``num_buckets //= 2``), so an odd table's last
+    row would never be read (as ``--t5-bias-buckets`` refuses for the encoder);
+    unidirectional buckets read every row."""
+    table = torch.randn(rows, H)
+    for direction in (dict(), dict(causal=True, bidirectional=True)):
+        with pytest.raises(ValueError, match=rf"^table .*, got {rows}: .* row {rows - 1} would never be read"):
+            functional.t5_bias_attention(Q, K, V, table, max_distance=64, **direction)
+    for direction in (dict(causal=True), dict(bidirectional=False)):
+        out, _ = functional.t5_bias_attention(Q, K, V, table, max_distance=64, **direction)
+        assert torch.isfinite(out).all()
 
 
 def test_a_float64_call_works_when_every_tensor_is_float64():

@@ -5,12 +5,14 @@ said nothing)."""
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
 from benchmarks.diagnostics import parameter_movement
 from benchmarks.quality import lm as lm_quality
-from benchmarks.quality import lm_extrapolation, lm_finetune, mt_grid
+from benchmarks.quality import lm_extrapolation, lm_finetune, methods, mt_grid
 from benchmarks.quality import mt as quality
 from benchmarks.quality import mt_extrapolation as extrapolation
 
@@ -45,6 +47,8 @@ CASES = [
     (lm_finetune.parse_args, ["--quality-work", "{missing}"], "argument --quality-work: no small-scale runs of"),
     (parameter_movement.main, ["{missing}"], "argument checkpoint: no such file: {missing}"),
     (parameter_movement.main, ["{afile}", "--data", "{missing}"], "argument --data: no such directory: {missing}"),
+    (methods.main, ["--out", "{afile}"], "argument --out: {afile} names a file, and --out is the folder methods.md"),
+    (methods.main, ["--out", "{missing}.md"], "argument --out: {missing}.md names a file, and --out is the folder"),
 ]
 
 
@@ -58,6 +62,25 @@ def test_a_bad_flag_is_one_error_line_naming_it(parse, argv, message, tmp_path, 
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and "Traceback" not in err
     assert err.splitlines()[-1].split(": error: ", 1)[1].startswith(message.format(**names))
+
+
+def test_methods_out_readme_is_one_error_line_and_leaves_the_page_alone(tmp_path, monkeypatch, capsys):
+    """``--report --out README.md``: --out is the folder methods.md goes to (it was a
+    FileExistsError); the default --out is what rewrites the README's copy of the table."""
+    readme = tmp_path / "README.md"
+    shutil.copyfile(Path(methods.REPO_ROOT) / "README.md", readme)
+    before = readme.read_bytes()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        methods.main(["--report", "--out", "README.md"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    assert err.splitlines()[-1] == (
+        "python -m benchmarks.quality.methods: error: argument --out: README.md names a file, and --out is the "
+        "folder methods.md is written to; the default, benchmarks/results/methods, also rewrites the table where "
+        "README.md and docs/ copy it"
+    )
+    assert readme.read_bytes() == before and [path.name for path in tmp_path.iterdir()] == ["README.md"]
 
 
 def test_an_unreadable_checkpoint_or_data_directory_is_one_error_line(tmp_path, capsys):

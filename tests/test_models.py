@@ -331,17 +331,18 @@ def test_a_model_and_its_options_survive_copy_and_pickle():
         torch.testing.assert_close(twin(tokens, lengths, tokens)[0], model(tokens, lengths, tokens)[0])
 
 
-def test_a_pruned_language_model_reads_its_spec_for_the_layers_it_keeps():
-    """fairseq's LM build keeps ``--decoder-layers-to-keep`` of ``--decoder-layers``: the SPEC
-    describes the kept layers, so one naming a layer past them is refused, as before plans were
-    read once."""
+def test_a_pruned_language_model_builds_each_kept_layer_as_its_trained_layer():
+    """fairseq's LM build keeps ``decoder_layers_to_keep`` of ``--decoder-layers`` (LayerDrop's
+    pruning, a ``--model-overrides`` of a trained model): the SPEC describes the trained layers,
+    and each kept layer is built as the trained layer whose parameters it loads. fairseq-train
+    refuses the pruning itself (tests/test_fairseq_features.py has the rest)."""
     from fairseq.tasks.language_modeling import LanguageModelingTask
 
-    pruned = [*TINY_LM, "--decoder-layers", "4", "--decoder-layers-to-keep", "0,2"]
-    args = parse("language_modeling", "distattn_lm", [*pruned, "--decoder-self-attention", "rope@0,alibi@1"])
+    trained = [*TINY_LM, "--decoder-layers", "4", "--decoder-self-attention", "rope@0,alibi@2"]
+    args = parse("language_modeling", "distattn_lm", trained)
+    args.decoder_layers_to_keep = "0,2"
     model = LanguageModelingTask(args, dictionary()).build_model(args)
     assert [plan.self_attention for plan in model.decoder.layer_plans] == ["rope", "alibi"]
     assert len(model.decoder.layers) == 2
     with pytest.raises(SystemExit):
-        args = parse("language_modeling", "distattn_lm", [*pruned, "--decoder-self-attention", "rpr@3"])
-        LanguageModelingTask(args, dictionary()).build_model(args)
+        parse("language_modeling", "distattn_lm", [*trained, "--decoder-layers-to-keep", "0,2"])

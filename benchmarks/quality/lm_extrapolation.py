@@ -121,19 +121,30 @@ def context_window(mode: str, length: int) -> int:
 
 
 def training_setup(run_dir: Path) -> Dict[str, object]:
-    """The data-bin directory and training sample length of an lm_quality run, from its training command."""
+    """The data-bin directory and training sample length of an lm_quality run, from its training command
+    (a run without one, or whose command lacks them, is one error line naming the run)."""
+    log_path = run_dir / "train.log"
+    if not log_path.is_file():
+        raise SystemExit(
+            f"{run_dir.name}: no train.log in {run_dir}, so its data and training length are unknown "
+            "(a run of benchmarks.quality.lm keeps the log of its training beside checkpoint_best.pt)"
+        )
     command = next(
         (
             line[2:]
-            for line in (run_dir / "train.log").read_text(encoding="utf-8").splitlines()
+            for line in log_path.read_text(encoding="utf-8").splitlines()
             if line.startswith("$ ") and "fairseq-train" in line
         ),
         None,
     )
     if command is None:
-        raise SystemExit(f"no fairseq-train command in {run_dir / 'train.log'}")
+        raise SystemExit(f"{run_dir.name}: no fairseq-train command in {log_path}")
     words = shlex.split(command)
-    return {"data_bin": Path(words[1]), "tokens_per_sample": int(words[words.index("--tokens-per-sample") + 1])}
+    flag = "--tokens-per-sample"
+    length = words[words.index(flag) + 1] if flag in words[:-1] else ""
+    if len(words) < 2 or not length.isdigit():
+        raise SystemExit(f"{run_dir.name}: the fairseq-train command in {log_path} has no data-bin or no {flag} N")
+    return {"data_bin": Path(words[1]), "tokens_per_sample": int(length)}
 
 
 def evaluate_run(run_dir: Path, lengths: Sequence[int], out: Path, quality_runs: Path, env: Dict[str, str]) -> None:

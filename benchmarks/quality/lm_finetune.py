@@ -12,16 +12,18 @@ training recipe (``--finetune-from-model``, a fresh optimizer, ``--lr 1e-4`` aft
 ``--warmup-updates 15``), then scores WikiText-2 test.txt at that length (blocks and
 sliding, as ``lm_extrapolation`` does). Results go to ``lm_extrapolation``'s run files
 as the configuration ``<preset>+<scaling>-ft``, so its table shows each scaling beside
-the same scaling without fine-tuning; one JSON per (run, scaling), skipped when present.
+the same scaling without fine-tuning; one JSON per (run, scaling), skipped when present (and
+refused, in one line, when it was fine-tuned from another checkpoint than the run's now).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..common import (
     add_quality_work_argument,
@@ -50,6 +52,16 @@ SCALINGS = ("linear", "yarn")
 FACTOR = 4
 UPDATES = 150
 FINETUNE_LR, FINETUNE_WARMUP = "1e-4", 15
+# the recipe's flags that shape the model's parameters, beside its configuration's own (--arch ...): a
+# checkpoint trained with other values does not load into the model the fine-tune builds
+SHAPE_FLAGS = (
+    "--decoder-layers",
+    "--decoder-embed-dim",
+    "--decoder-input-dim",
+    "--decoder-output-dim",
+    "--decoder-ffn-embed-dim",
+    "--decoder-attention-heads",
+)
 
 
 def finetuned_name(config: str, scaling: str) -> str:
@@ -79,6 +91,75 @@ def finetune_args(
     return [*args, *flags, "--finetune-from-model", run_dir / "checkpoint_best.pt"]
 
 
+def source_fingerprint(checkpoint: Path) -> str:
+    """:func:`checkpoint_fingerprint` of a run's checkpoint, hashed once per version of the file: each
+    scaling compares it with its result file and records it, and a large checkpoint takes a while."""
+    stat = checkpoint.stat()
+    return _fingerprint(checkpoint.resolve(), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=None)
+def _fingerprint(checkpoint: Path, size: int, mtime_ns: int) -> str:
+    # size and time in the key: a checkpoint replaced meanwhile (its run trained again) is hashed again
+    return checkpoint_fingerprint(checkpoint)
+
+
+def check_finetuned_from(result: Path, checkpoint: Path, work: Path) -> None:
+    """Refuse (one line naming both hashes) a result file fine-tuned from another model than
+    ``checkpoint``. Refused, where ``lm_extrapolation`` evaluates a stale result again: fine-tuning
+    again costs a training run and replaces the result (maybe a committed one), the cause may as well
+    be a --quality-work of other runs (a copy, another machine's) as a run trained again, and a
+    fine-tune would resume from ``work``, whose checkpoints are the old model's too. So the
+    researcher chooses: rerun, or point at the model the result came from."""
+    recorded = json.loads(result.read_text(encoding="utf-8")).get("finetuned_from_sha256")
+    if recorded is None:
+        return  # a result that names no model: nothing to compare it with
+    current = source_fingerprint(checkpoint)
+    if recorded != current:
+        raise SystemExit(
+            f"{result} was fine-tuned from another model than {checkpoint}: sha256 {recorded}, not {current}; "
+            f"to fine-tune this one, delete that result file and {work}; to keep the result, give "
+            "--quality-work the runs it came from"
+        )
+
+
+def flag_value(args: Sequence[object], flag: str) -> object:
+    """The value of ``flag`` in a command's ``args`` (True for a flag without one)."""
+    after = args[args.index(flag) + 1 :][:1]
+    return True if not after or str(after[0]).startswith("--") else after[0]
+
+
+def recipe_differences(checkpoint: Path, args: Sequence[object], flags: Sequence[str]) -> List[Tuple[str, object]]:
+    """``(flag, the checkpoint's value)`` of each of ``flags`` whose value in the checkpoint's model
+    configuration is not the one ``args`` gives it; a checkpoint that cannot be read is one error line."""
+    from fairseq_distattn.checkpoint_configuration import model_config
+    from fairseq_distattn.patches.checkpoint_loading import read_checkpoint
+    from fairseq_distattn.tools.check import failure_reason
+
+    try:
+        config = model_config(read_checkpoint(checkpoint))
+    except Exception as error:  # every reason a file cannot be read is reported alike
+        raise SystemExit(f"cannot read {checkpoint}: {failure_reason(error)}") from None
+    if config is None:
+        raise SystemExit(f"{checkpoint} holds no fairseq model configuration: not a fairseq checkpoint")
+    recorded = {flag: getattr(config, flag[2:].replace("-", "_"), None) for flag in flags}
+    return [(flag, value) for flag, value in recorded.items() if str(value) != str(flag_value(args, flag))]
+
+
+def check_fits_recipe(run_dir: Path, args: Sequence[object]) -> None:
+    """Refuse (one line) a run whose checkpoint the fine-tune's command ``args`` cannot load: fairseq-train
+    would start, then fail with a traceback (e.g. a run of another scale's sizes under this scale)."""
+    config = run_dir.name.rsplit("-seed", 1)[0]
+    flags = [*(item for item in lm_configs()[config].arch_args() if item.startswith("--")), *SHAPE_FLAGS]
+    found = recipe_differences(run_dir / "checkpoint_best.pt", args, flags)
+    if found:
+        differences = ", ".join(f"{flag} {value} (the recipe: {flag_value(args, flag)})" for flag, value in found)
+        raise SystemExit(
+            f"{run_dir.name}: {run_dir / 'checkpoint_best.pt'} does not fit the {run_dir.parent.name}-scale "
+            f"recipe: it was trained with {differences}; fine-tune the runs of that recipe (--quality-work, --scale)"
+        )
+
+
 def finetune_run(run_dir: Path, scaling: str, factor: int, updates: int, out: Path, env: Dict[str, str]) -> None:
     """Fine-tune one run with one scaling (resumed if stopped) and write its result file."""
     config, seed = run_dir.name.rsplit("-seed", 1)
@@ -87,14 +168,17 @@ def finetune_run(run_dir: Path, scaling: str, factor: int, updates: int, out: Pa
     trained = setup["tokens_per_sample"]
     length = trained * factor
     path = out / "runs" / f"{name}-seed{seed}-L{length}.json"
-    if path.is_file():
-        return
     work = run_dir / f"finetune-{scaling}-x{factor}"
-    work.mkdir(exist_ok=True)
+    if path.is_file():
+        check_finetuned_from(path, run_dir / "checkpoint_best.pt", work)
+        return
     best, started = work / "checkpoint_best.pt", time.time()
     if not best.is_file():
+        args = finetune_args(run_dir, setup, scaling, factor, updates, work / "checkpoints")
+        check_fits_recipe(run_dir, args)
+        work.mkdir(exist_ok=True)
         log(f"fine-tune {run_dir.name} with {scaling} x{factor}, {updates} updates at {length} tokens")
-        run(finetune_args(run_dir, setup, scaling, factor, updates, work / "checkpoints"), work / "train.log", env)
+        run(args, work / "train.log", env)
         (work / "checkpoints" / "checkpoint_best.pt").replace(best)
     data_bin = setup["data_bin"]
     results = {
@@ -108,7 +192,7 @@ def finetune_run(run_dir: Path, scaling: str, factor: int, updates: int, out: Pa
         "tokens_per_sample": length,
         "scale": run_dir.parent.name,
         "finetune": {"scaling": scaling, "factor": factor, "updates": updates, "lr": FINETUNE_LR},
-        "finetuned_from_sha256": checkpoint_fingerprint(run_dir / "checkpoint_best.pt"),
+        "finetuned_from_sha256": source_fingerprint(run_dir / "checkpoint_best.pt"),
         "checkpoint_sha256": checkpoint_fingerprint(best),
         "wall_s": round(time.time() - started, 1),
         **results,
@@ -132,7 +216,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.out = args.out or scale_results(DEFAULT_OUT, args.scale)
     check_quality_work(p, args.quality_work, args.scale, "benchmarks.quality.lm")
-    rotary = rotary_configs()
+    # the rope presets of the LM grid (rotary_configs also lists translation ones, which it has no recipe for)
+    rotary = [name for name in rotary_configs() if name in lm_configs()]
     args.configs = comma_separated_names(p, "--configs", args.configs, rotary) if args.configs else rotary
     args.scalings = comma_separated_names(p, "--scalings", args.scalings, SCALINGS)
     return args

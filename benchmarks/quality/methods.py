@@ -33,7 +33,7 @@ from typing import Callable, Collection, Dict, List, NamedTuple, Optional, Seque
 from fairseq_distattn.tools.generated_blocks import update_pages
 from fairseq_distattn.tools.translation_scoring import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, paired_bootstrap
 
-from ..common import REPO_ROOT
+from ..common import REPO_ROOT, shown
 from ..harness.report import table_row
 from ..harness.runs import kept_hypotheses, load_lines, load_runs
 from ..harness.seeds import (
@@ -371,13 +371,26 @@ def inseparable_from_best(
     return [(best_label, best_mean), *sorted(close, key=lambda entry: -sign * entry[1])]
 
 
+def check_out(parser: argparse.ArgumentParser, out: Path) -> None:
+    """A parser error unless ``out`` can be a folder, which --out is here as in every harness (a page
+    such as README.md holds a copy of methods.md that only the default --out rewrites, from that file)."""
+    if out.suffix == ".md" or (out.exists() and not out.is_dir()):
+        parser.error(
+            f"argument --out: {out} names a file, and --out is the folder methods.md is written to; the "
+            f"default, {shown(DEFAULT_OUT)}, also rewrites the table where README.md and docs/ copy it"
+        )
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.quality.methods", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--report", action="store_true", help="rebuild the table (the only thing this does; accepted for symmetry)"
     )
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"where methods.md goes (default: {DEFAULT_OUT})")
+    p.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help=f"the folder methods.md goes to (default: {DEFAULT_OUT})"
+    )
     args = p.parse_args(argv)
+    check_out(p, args.out)
     print(report(args.out))
     return 0
 

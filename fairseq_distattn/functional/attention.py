@@ -8,8 +8,8 @@ logits, a ``score_mod`` of the raw scores, an ``offset_table`` read by ``j - i``
 padding, causal, a mechanism's own visibility such as a direction) with it and
 takes the path that :func:`paths.choose_path` picks among those its arguments
 allow: eager (:func:`attention_weights`, on the scoring helpers
-:func:`logit_dtype`, :func:`scaled` and :func:`masked_scores`, then
-:func:`dropout_probs`), fused ``F.scaled_dot_product_attention`` when the
+:func:`logit_dtype`, :func:`scaled`, :func:`scores` and :func:`masked_scores`,
+then :func:`dropout_probs`), fused ``F.scaled_dot_product_attention`` when the
 weights are not needed (:func:`fused_attention`, :func:`half_range_bias`), or
 flex_attention for a table (:func:`_flex_attend` on the backend in
 :mod:`.flex`). :func:`softmax_attention` is the plain op on it.
@@ -23,6 +23,7 @@ and a mechanism that is an additive bias on the logits runs fused) and ``flex``
 run in flex_attention, :func:`paths.choose_path`).
 """
 
+import contextlib
 import functools
 from typing import Callable, FrozenSet, Optional, Tuple
 
@@ -30,7 +31,7 @@ import torch
 from torch import Tensor
 
 from .flex import flex_attend
-from .masking import check_attention_arguments, logit_mask, masked_softmax
+from .masking import autocast_enabled, check_attention_arguments, logit_mask, masked_softmax
 from .paths import Call, Path, choose_path
 from .position_tables import ScoreTable
 
@@ -40,8 +41,8 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 def logit_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype in which logits and the terms a mechanism adds to them are
     formed: float32 for half inputs (as fairseq's softmax already is), since
-    products such as DA's ReLU(QK^T) x f or a -alpha |i-j| bias leave the
-    float16 range (65504) where QK^T alone does not."""
+    products such as QK^T, DA's ReLU(QK^T) x f or a -alpha |i-j| bias leave the
+    float16 range (65504) where float32 holds them."""
     return torch.float32 if dtype in HALF_DTYPES else dtype
 
 
@@ -50,16 +51,52 @@ def scaled(q: Tensor) -> Tensor:
     return q * (q.size(-1) ** -0.5)
 
 
-def masked_scores(scaled_q: Tensor, k: Tensor, mask: Optional[Tensor]) -> Tensor:
-    """``scaled_q k^T + mask`` for ``scaled_q`` ``[B,H,Tq,D]`` (see :func:`scaled`),
-    ``k`` ``[B,H,Tk,D]`` and an additive mask broadcastable to ``[B,H,Tq,Tk]``
-    or None: QK^T in the inputs' dtype, as vanilla attention computes it,
-    returned in :func:`logit_dtype` (``mask`` must be in that dtype). A fresh
-    tensor, so callers may add further terms in place; probabilities made
-    from it go back to the inputs' dtype with ``.to(q.dtype)``."""
-    scores = torch.matmul(scaled_q, k.transpose(-2, -1))
-    scores = scores.to(logit_dtype(scores.dtype))
-    return scores if mask is None else scores.add_(mask)
+def full_precision(x: Tensor):
+    """A region where autocast (fairseq's ``--amp``) is off on ``x``'s device when ``x`` is
+    half, for the float32 products formed from it: autocast would run them in half again.
+    A null context otherwise (float32 inputs keep what autocast does to them) and where
+    autocast is off already."""
+    if x.dtype in HALF_DTYPES and autocast_enabled(x.device):
+        return torch.autocast(x.device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def logit_product(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b``, a term of the logits, in :func:`logit_dtype` of ``a``: for half ``a``
+    from float32 copies of both operands. Rounding a half product to float32 after
+    the fact is too late: entries of a few hundred already make a dot product pass
+    65504, and the inf becomes NaN in the softmax (inf - inf). Other dtypes are
+    multiplied as they are, ``b`` converted to ``a``'s dtype (no copy when it is in it)."""
+    compute = logit_dtype(a.dtype)
+    if compute == a.dtype:
+        # autocast may run it in half: widened back, a no-op without autocast
+        return torch.matmul(a, b.to(compute)).to(compute)
+    with full_precision(a):
+        return torch.matmul(a.to(compute), b.to(compute))
+
+
+def scores(q: Tensor, k: Tensor) -> Tensor:
+    """``q k^T / sqrt(D)`` (Vaswani et al. 2017 eq. 1's logits) for ``q`` ``[B,H,Tq,D]``
+    and ``k`` ``[B,H,Tk,D]`` in :func:`logit_dtype`, a fresh tensor. Half ``q`` and ``k``
+    are multiplied as float32 copies (:func:`logit_product`), the scaling done on the
+    copy so that ``q / sqrt(D)`` is not rounded to half first; other dtypes as vanilla
+    attention computes them, with no copy."""
+    compute = logit_dtype(q.dtype)
+    if compute == q.dtype:
+        # autocast may run it in half: widened back, a no-op without autocast
+        return torch.matmul(scaled(q), k.transpose(-2, -1)).to(compute)
+    with full_precision(q):
+        return torch.matmul(scaled(q.to(compute)), k.to(compute).transpose(-2, -1))
+
+
+def masked_scores(q: Tensor, k: Tensor, mask: Optional[Tensor]) -> Tensor:
+    """``q k^T / sqrt(D) + mask`` (:func:`scores`) for ``q`` ``[B,H,Tq,D]``, ``k``
+    ``[B,H,Tk,D]`` and an additive mask broadcastable to ``[B,H,Tq,Tk]`` or None,
+    in :func:`logit_dtype` (``mask`` must be in that dtype). A fresh tensor, so
+    callers may add further terms in place; probabilities made from it go back
+    to the inputs' dtype with ``.to(q.dtype)``."""
+    logits = scores(q, k)
+    return logits if mask is None else logits.add_(mask)
 
 
 def dropout_probs(probs: Tensor, dropout_p: float) -> Tensor:
@@ -136,11 +173,11 @@ def attention_weights(
         key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, logit_dtype(q.dtype), allowed
     )
     if score_mod is None:
-        logits = masked_scores(scaled(q), k, mask)
+        logits = masked_scores(q, k, mask)
         if bias is not None:
             logits = logits.add_(bias)
     else:
-        logits = score_mod(torch.matmul(scaled(q), k.transpose(-2, -1)).to(logit_dtype(q.dtype)), mask)
+        logits = score_mod(scores(q, k), mask)
         if bias is not None:
             logits = logits + bias
         if mask is not None:

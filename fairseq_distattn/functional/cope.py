@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from ..registry import OptionContext, SpecError, positive_integer
-from .attention import attend, logit_dtype, scaled
+from .attention import attend, logit_dtype, logit_product, scores
 from .masking import check_attention_arguments, check_tensor_argument, logit_mask
 
 # the rule of the command line's --cope-max-positions (mechanisms/cope.py), for the functional npos
@@ -72,8 +72,9 @@ def contextual_positions(scaled_scores: Tensor, mask: Optional[Tensor], max_posi
 
 def interpolated_position_logits(q: Tensor, table: Tensor, positions: Tensor) -> Tensor:
     """``q_i . e[p_ij]`` with ``e`` interpolated at the fractional positions (eq. 5),
-    from the logits of the integer positions ``q @ table``; in the positions' dtype."""
-    integer_logits = torch.matmul(q, table.to(q.dtype)).to(positions.dtype)  # [B, H, Tq, npos]
+    from the logits of the integer positions ``q @ table``; in the positions' dtype
+    (:func:`attention.logit_product`: from float32 copies of half ``q``)."""
+    integer_logits = logit_product(q, table).to(positions.dtype)  # [B, H, Tq, npos]
     # A NaN position (NaN scores: a NaN query or key, a diverging model) reads entry 0 and stays NaN
     # through the weight, so its logit is NaN, as any other mechanism's would be, rather than an index
     # out of range (NaN as long is -2^63: an IndexError on CPU, a device-side assert on CUDA) that
@@ -102,8 +103,7 @@ def cope_positions(
     check_attention_arguments(q, k, None, key_padding_mask, causal, query_offset)
     check_npos(npos)
     mask, _ = logit_mask(key_padding_mask, causal, query_offset, q.size(2), k.size(2), q.device, logit_dtype(q.dtype))
-    scores = torch.matmul(scaled(q), k.transpose(-2, -1)).to(logit_dtype(q.dtype))
-    return contextual_positions(scores, mask, npos - 1)
+    return contextual_positions(scores(q, k), mask, npos - 1)
 
 
 def cope_attention(

@@ -40,7 +40,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .attention import attend, logit_dtype, masked_scores, scaled
+from .attention import attend, logit_dtype, masked_scores
 from .flex import flex_attend
 from .masking import check_attention_arguments, check_tensor_argument, logit_mask, masked_softmax
 from .paths import Call, Path, choose_path
@@ -171,8 +171,8 @@ def window_mask(
     # half inputs: a float16 cumsum over Tk keys loses ~Tk ulps
     compute = logit_dtype(q_left.dtype)
     mask, hidden = logit_mask(key_padding_mask, causal, query_offset, tgt_len, src_len, q_left.device, compute)
-    left_pointer = masked_softmax(masked_scores(scaled(q_left), k_left, mask), hidden)
-    right_pointer = masked_softmax(masked_scores(scaled(q_right), k_right, mask), hidden)
+    left_pointer = masked_softmax(masked_scores(q_left, k_left, mask), hidden)
+    right_pointer = masked_softmax(masked_scores(q_right, k_right, mask), hidden)
     if segment_size > 0:
         segments = key_segments(key_padding_mask, src_len, segment_size, q_left.device)
         num_segments = (src_len + segment_size - 1) // segment_size
@@ -326,7 +326,7 @@ def additive_window_attention(
     check_attention_arguments(q_local, k_local, None, key_padding_mask, causal, query_offset, names=local_names)
     _check_window(mask, q_global, k_global, "q_global")
     # the local scores times M are formed in float32 for half inputs (M is, see window_mask)
-    local_scores = masked_scores(scaled(q_local), k_local, None)
+    local_scores = masked_scores(q_local, k_local, None)
     return attend(
         q_global,
         k_global,

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import attend, logit_dtype
+from .attention import attend, full_precision, logit_dtype
 from .masking import check_attention_arguments, check_tensor_argument, sequence_positions
 from .position_tables import check_position_arguments
 
@@ -192,19 +192,21 @@ def fire_attention(
     check_self_attention_lengths(q.size(2), k.size(2), query_offset)
     for name, value in (("c", c), ("output_weight", output_weight)):
         check_tensor_argument(name, value, "q", q, dtypes=None)  # any floating dtype: converted
-    bias = _fire_bias(
-        c,
-        threshold,
-        hidden_weight,
-        hidden_bias,
-        output_weight,
-        output_bias,
-        q.size(2),
-        k.size(2),
-        query_offset,
-        key_padding_mask,
-        logit_dtype(q.dtype),
-    )
+    # the MLP's F.linear in the logit dtype: autocast would round it to half
+    with full_precision(q):
+        bias = _fire_bias(
+            c,
+            threshold,
+            hidden_weight,
+            hidden_bias,
+            output_weight,
+            output_bias,
+            q.size(2),
+            k.size(2),
+            query_offset,
+            key_padding_mask,
+            logit_dtype(q.dtype),
+        )
     return attend(
         q,
         k,

@@ -21,7 +21,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .attention import attend, logit_dtype, scaled
+from .attention import attend, logit_dtype, logit_product, scaled
 from .masking import (
     autocast_enabled,
     check_attention_arguments,
@@ -185,8 +185,9 @@ class RelativeKeyScores:
     def of(
         cls, q: Tensor, rel_keys: Tensor, buckets: Tensor, max_distance: int, query_offset: int, causal: bool
     ) -> "RelativeKeyScores":
-        """``q_i . a^K_b`` for every bucket (whatever scale ``q`` carries)."""
-        per_bucket = torch.matmul(q, rel_keys.transpose(0, 1))  # [B, H, Tq, 2k+1]
+        """``q_i . a^K_b`` for every bucket (whatever scale ``q`` carries), in the
+        logit dtype (:func:`attention.logit_product`: from float32 copies of half ``q``)."""
+        per_bucket = logit_product(q, rel_keys.transpose(0, 1))  # [B, H, Tq, 2k+1]
         return cls(per_bucket, buckets, max_distance, query_offset, causal)
 
     def dense(self) -> Tensor:
@@ -399,7 +400,7 @@ def relative_position_attention(
         # the [Tk, D] value rows; forming k + a^K and v + a^V instead copies the whole
         # cache twice per layer and step (1.5-3x the cost of this at B=40, H=8, D=32).
         row = buckets[0]
-        bias = torch.matmul(scaled(q), rel_keys.transpose(0, 1))[..., row]
+        bias = logit_product(scaled(q), rel_keys.transpose(0, 1))[..., row]
         if rel_values is None:
             return attend(q, k, v, bias=bias, **shared)
         value_rows = rel_values[row]

@@ -47,10 +47,11 @@ leaves float32 (``(L - 1) ln(1 / zeta_0) / scale_base`` above
 (:func:`xpos_range_problem`), as is a centre that puts a single scale beyond
 it. In float16 the same products leave its range much earlier (ln 65504 =
 11.1): the fused causal path, which never adds a mask to a future logit, stays
-finite; the paths that add a mask (key padding, weights, a block of queries
-after cached keys) need float32 or bfloat16 there. The blockwise causal
-attention the paper uses at inference is a way to run the model, not part of
-the attention, and is not applied here.
+finite, and so does the weights path, which forms the logits in float32
+(:func:`attention.scores`); the fused paths that add a mask (key padding, a
+block of queries after cached keys) need float32 or bfloat16 there. The
+blockwise causal attention the paper uses at inference is a way to run the
+model, not part of the attention, and is not applied here.
 
 Argument checks: every argument the command line's flags set is checked by one
 predicate here (``*_problem``, returning a :class:`RotaryProblem` or None), which the

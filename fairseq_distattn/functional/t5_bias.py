@@ -96,6 +96,20 @@ def check_bucket_arguments(num_buckets, max_distance, bidirectional: bool) -> No
         )
 
 
+def check_bidirectional_rows(num_buckets: int, bidirectional: bool) -> None:
+    """ValueError naming ``table`` for an odd number of rows where ``bidirectional``:
+    T5 halves the buckets per direction (``num_buckets //= 2``), so the last row of
+    an odd table is never read, as ``--t5-bias-buckets`` says for the encoder. Not in
+    :func:`check_bucket_arguments`: the bucket helpers may show that unread row."""
+    if bidirectional and num_buckets % 2:
+        raise ValueError(
+            f"table must have an even number of rows (buckets) where bidirectional, got {num_buckets}: T5 "
+            f"halves them per direction ({num_buckets} // 2 = {num_buckets // 2} each), so row {num_buckets - 1} "
+            f"would never be read; allowed: an even number ({num_buckets - 1} or {num_buckets + 1}), or "
+            "bidirectional=False"
+        )
+
+
 def t5_relative_table(
     table: Tensor,
     tgt_len: int,
@@ -156,7 +170,9 @@ def t5_bias_attention(
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """``softmax(q k^T / sqrt(D) + b_h(bucket(j - i))) v`` with the learned
     ``[buckets, H]`` ``table``; ``bidirectional`` defaults to ``not causal``
-    (T5: the encoder's buckets are bidirectional, the decoder's not). Returns
+    (T5: the encoder's buckets are bidirectional, the decoder's not); bidirectional
+    buckets take a table of an even number of rows (else a ValueError naming
+    ``table``: T5 would never read the last row of an odd one). Returns
     ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``; fused with ``need_weights=False``."""
     check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
     bidirectional = not causal if bidirectional is None else bidirectional
@@ -169,6 +185,7 @@ def t5_bias_attention(
         )
     check_tensor_argument("table", table, "q", q, dtypes=None)  # any floating dtype: converted
     check_bucket_arguments(table.size(0), max_distance, bidirectional)
+    check_bidirectional_rows(table.size(0), bidirectional)
     relative_bias = t5_relative_table(
         table, q.size(2), k.size(2), max_distance, bidirectional, query_offset, logit_dtype(q.dtype)
     )

@@ -31,7 +31,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .attention import attend, logit_dtype
+from .attention import attend, full_precision, logit_dtype
 from .masking import check_attention_arguments, check_tensor_argument
 from .position_tables import offsets
 
@@ -63,7 +63,14 @@ def check_transformer_xl_arguments(relative_weight, content_bias, position_bias,
 def relative_position_scores(
     q: Tensor, relative_weight: Tensor, position_bias: Tensor, src_len: int, query_offset: int, scale: float = 1.0
 ) -> Tensor:
-    """``scale * (q_i + v) W_R R_{i-j}`` ``[B, H, Tq, Tk]`` in the logit dtype."""
+    """``scale * (q_i + v) W_R R_{i-j}`` ``[B, H, Tq, Tk]`` in the logit dtype (float32
+    for half ``q``, autocast or not: :func:`attention.full_precision`)."""
+    with full_precision(q):
+        return _relative_position_scores(q, relative_weight, position_bias, src_len, query_offset, scale)
+
+
+def _relative_position_scores(q, relative_weight, position_bias, src_len, query_offset, scale) -> Tensor:
+    """:func:`relative_position_scores`, in the region it opens."""
     batch, heads, tgt_len, head_dim = q.shape
     dtype = logit_dtype(q.dtype)
     # distance i - j per diagonal: entry j - i + Tq - 1 holds -(j - (query_offset + i))

@@ -61,9 +61,9 @@ class DistAttnLanguageModel(TransformerLanguageModel):
         positions_flag = "--max-target-positions"
         if not max_target_positions:
             max_target_positions, positions_flag = getattr(args, "tokens_per_sample", None), "--tokens-per-sample"
+        # decoder_layers_to_keep: the plans take each kept layer's mechanism from the trained layers,
+        # which args still counts (fairseq's LM build_model sets decoder_layers to the kept count after this)
         geometry = {"max_target_positions": max_target_positions}
-        if getattr(args, "decoder_layers_to_keep", None):  # fairseq's LM build_model keeps only these layers
-            geometry["decoder_layers"] = len(args.decoder_layers_to_keep.split(","))
         cfg = TransformerConfig.from_namespace(Namespace(**{**vars(args), **geometry}))
         return language_model_plans(cfg, target_flag=positions_flag, new_model=new_model)
 

@@ -2,7 +2,7 @@
 
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 from fairseq.models import register_model
 from fairseq.models.transformer import TransformerConfig, TransformerModel
@@ -15,7 +15,7 @@ from ..modules.transformer import (
     ModelAttentionPlans,
     translation_plans,
 )
-from ..patches.checkpoint_upgrade import record_arithmetic
+from ..patches.checkpoint_upgrade import record_arithmetic, set_config_value
 from .arguments import (
     CROSS,
     DECODER_SELF,
@@ -35,6 +35,8 @@ class _ModelBuild:
     stacks from it and the other finds them here."""
 
     plans: Optional[ModelAttentionPlans] = None
+    # the encoder's and decoder's layer counts before fairseq's build_model sets them to the kept ones
+    trained_layers: Tuple[Optional[int], Optional[int]] = (None, None)
 
 
 _MODEL_BUILD: ContextVar[Optional[_ModelBuild]] = ContextVar("distattn_model_build", default=None)
@@ -62,7 +64,10 @@ class DistAttnTransformerModel(TransformerModel):
     @classmethod
     def build_model(cls, args, task):
         set_distattn_defaults(args)
-        build = _ModelBuild()
+        keep_the_other_stack_whole(args)
+        build = _ModelBuild(
+            trained_layers=(getattr(args, "encoder_layers", None), getattr(args, "decoder_layers", None))
+        )
         token = _MODEL_BUILD.set(build)
         try:
             model = build_or_exit(lambda: super(DistAttnTransformerModel, cls).build_model(args, task), args)
@@ -80,7 +85,9 @@ class DistAttnTransformerModel(TransformerModel):
         build = _MODEL_BUILD.get()
         if build is not None and build.plans is not None:
             return build.plans
-        plans = translation_plans(TransformerConfig.from_namespace(cfg))
+        plans = translation_plans(
+            TransformerConfig.from_namespace(cfg), trained_layers=(build or _ModelBuild()).trained_layers
+        )
         if build is not None:
             build.plans = plans
         return plans
@@ -98,6 +105,20 @@ class DistAttnTransformerModel(TransformerModel):
             no_encoder_attn=getattr(args, "no_cross_attention", False),
             layer_plans=cls.attention_plans(args).decoder,
         )
+
+
+def keep_the_other_stack_whole(args) -> None:
+    """Where ``--model-overrides`` prunes one stack only (``encoder_layers_to_keep``), keep every
+    layer of the other: fairseq's ``prune_state_dict`` copies a layer's parameters only where a
+    pruning of its stack names it, so the other stack's would all be dropped (docs/fairseq-traps.md)."""
+    sides = ("encoder", "decoder")
+    pruned = [side for side in sides if getattr(args, f"{side}_layers_to_keep", None)]
+    if len(pruned) != 1:
+        return
+    whole = next(side for side in sides if side not in pruned)
+    layers = getattr(args, f"{whole}_layers", None)
+    if layers:
+        set_config_value(args, f"{whole}_layers_to_keep", ",".join(str(layer) for layer in range(layers)))
 
 
 def architecture(name, fairseq_architecture, **attention):

@@ -152,7 +152,9 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
         if key_padding_mask is not None:
             key_padding_mask = key_padding_mask.to(torch.bool)
 
-        dropout_p = self.dropout_module.p if self.training else 0.0
+        # fairseq's protocol: --retain-dropout (FairseqDropout.apply_during_inference) keeps it in eval mode
+        dropout = self.dropout_module
+        dropout_p = dropout.p if self.training or dropout.apply_during_inference else 0.0
         # the path is chosen by functional.paths.choose_path, for the op and for the recompute decision alike;
         # off flex_attention where --attention-flex says so (op_flex)
         flex = op_flex(self.attention_flex, self.flex_when_taken, keys["key"].size(2), self.recompute_length)

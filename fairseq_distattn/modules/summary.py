@@ -52,14 +52,21 @@ class AttentionSite:
         return f"{self.kind.description}, layer {self.layer}: {self.name}"
 
 
+def every_layer(stack: Optional[nn.Module]) -> List[nn.Module]:
+    """The layers of an encoder or decoder, all of them: iterating over fairseq's
+    ``LayerDropModuleList`` (``--encoder-layerdrop``) in training mode skips each
+    layer with the LayerDrop probability, while indexing it does not."""
+    layers = getattr(stack, "layers", None)
+    return [] if layers is None else [layers[index] for index in range(len(layers))]
+
+
 def attention_sites(model: nn.Module) -> List[AttentionSite]:
     """Every attention of a fairseq transformer (translation model or LM),
     encoder self-attention first, then decoder self- and cross-attention."""
     sites = []
-    encoder = getattr(model, "encoder", None)
-    for index, layer in enumerate(getattr(encoder, "layers", ())):
+    for index, layer in enumerate(every_layer(getattr(model, "encoder", None))):
         sites.append(AttentionSite(ENCODER_SELF, index, layer.self_attn))
-    decoder_layers = list(getattr(model.decoder, "layers", ()))
+    decoder_layers = every_layer(model.decoder)
     for index, layer in enumerate(decoder_layers):
         sites.append(AttentionSite(DECODER_SELF, index, layer.self_attn))
     for index, layer in enumerate(decoder_layers):

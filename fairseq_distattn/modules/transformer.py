@@ -8,13 +8,13 @@ next plan from an iterator prepared beforehand (no layer is ever built twice).
 """
 
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase, TransformerEncoderBase
 
 from ..mechanisms import Stack
 from ..registry import CROSS, DECODER_SELF, ENCODER_SELF
-from ..spec import AttentionOptions, SpecError, parse_spec
+from ..spec import AttentionOptions, SpecError, check_no_pruning_in_training, pruned_spec
 from .transformer_layer import DistAttnDecoderLayer, DistAttnEncoderLayer, LayerAttentionPlan, wrap_layer
 
 SOURCE_POSITIONS, TARGET_POSITIONS = "--max-source-positions", "--max-target-positions"
@@ -32,11 +32,18 @@ def mechanism_options(cfg, decoder_only: bool = False, target_flag: str = TARGET
     return AttentionOptions.from_args(cfg, max(p or 0 for p in positions) or None)
 
 
-def encoder_plans(cfg, options: AttentionOptions, new_model: bool = False) -> Tuple[LayerAttentionPlan, ...]:
+def encoder_plans(
+    cfg, options: AttentionOptions, new_model: bool = False, trained_layers: Optional[int] = None
+) -> Tuple[LayerAttentionPlan, ...]:
     """Each encoder layer's plan, its SPEC parsed and ``options`` checked against the stack.
     ``new_model``: the plans of a model fairseq-train's flags describe (True), or of one
-    being built, which may be a checkpoint's, trained before a check was added (False)."""
-    layers = parse_spec(ENCODER_SELF, getattr(cfg, ENCODER_SELF.attr, None), cfg.encoder.layers)
+    being built, which may be a checkpoint's, trained before a check was added (False).
+    ``trained_layers``: the stack's layer count before fairseq's pruning (``layers_to_keep``)
+    set ``cfg.encoder.layers`` to the kept count (None: ``cfg.encoder.layers`` is it)."""
+    spec = getattr(cfg, ENCODER_SELF.attr, None)
+    if new_model:
+        check_no_pruning_in_training(ENCODER_SELF, cfg.encoder.layers_to_keep)
+    layers = pruned_spec(ENCODER_SELF, spec, trained_layers or cfg.encoder.layers, cfg.encoder.layers_to_keep)
     head_dim = cfg.encoder.embed_dim // cfg.encoder.attention_heads
     options.check_kind(ENCODER_SELF, layers, cfg.max_source_positions or None, SOURCE_POSITIONS, new_model, head_dim)
     stack = Stack(ENCODER_SELF.description, cfg.max_source_positions or None)
@@ -49,11 +56,26 @@ def decoder_plans(
     no_encoder_attn: bool,
     target_flag: str = TARGET_POSITIONS,
     new_model: bool = False,
+    trained_layers: Optional[int] = None,
 ) -> Tuple[LayerAttentionPlan, ...]:
     """Each decoder layer's plan, as :func:`encoder_plans`; ``target_flag``: the flag that
     set ``max_target_positions`` (a language model takes it from ``--tokens-per-sample``
     when it is not given)."""
-    self_layers = parse_spec(DECODER_SELF, getattr(cfg, DECODER_SELF.attr, None), cfg.decoder.layers)
+    num_layers, kept = trained_layers or cfg.decoder.layers, cfg.decoder.layers_to_keep
+    if new_model:
+        check_no_pruning_in_training(DECODER_SELF, kept)
+    self_layers = pruned_spec(DECODER_SELF, getattr(cfg, DECODER_SELF.attr, None), num_layers, kept)
+    if getattr(cfg, "cross_self_attention", False) and set(self_layers) != {"vanilla"}:
+        # fairseq's decoder layer then attends over [source tokens; target prefix] in its self-attention,
+        # two sequences with no common position axis for a distance, a rotation or a causal window
+        raise SpecError(
+            DECODER_SELF.flag,
+            getattr(cfg, DECODER_SELF.attr),
+            "--cross-self-attention concatenates the source tokens to the decoder's keys, where no distance "
+            "between a target and a source position is defined",
+            "vanilla with --cross-self-attention (the mechanism may go in --cross-attention and "
+            "--encoder-self-attention), or leave out --cross-self-attention",
+        )
     head_dim = cfg.decoder.embed_dim // cfg.decoder.attention_heads
     options.check_kind(DECODER_SELF, self_layers, cfg.max_target_positions or None, target_flag, new_model, head_dim)
     cross_spec = getattr(cfg, CROSS.attr, None)
@@ -66,7 +88,7 @@ def decoder_plans(
                 "vanilla, or leave out --no-cross-attention",
             )
         cross_spec = None
-    cross_layers = parse_spec(CROSS, cross_spec, cfg.decoder.layers)
+    cross_layers = pruned_spec(CROSS, cross_spec, num_layers, kept)
     options.check_kind(CROSS, cross_layers, head_dim=head_dim)
     self_stack = Stack(DECODER_SELF.description, cfg.max_target_positions or None)
     cross_stack = Stack(CROSS.description, cfg.max_source_positions or None)
@@ -92,13 +114,19 @@ class ModelAttentionPlans:
         return sorted(names - {"vanilla"})
 
 
-def translation_plans(cfg: TransformerConfig, new_model: bool = False) -> ModelAttentionPlans:
-    """The plans of an encoder-decoder model (``new_model`` as for :func:`encoder_plans`)."""
+def translation_plans(
+    cfg: TransformerConfig, new_model: bool = False, trained_layers: Tuple[Optional[int], Optional[int]] = (None, None)
+) -> ModelAttentionPlans:
+    """The plans of an encoder-decoder model (``new_model`` as for :func:`encoder_plans`;
+    ``trained_layers``: the encoder's and the decoder's, as there)."""
     options = mechanism_options(cfg)
+    encoder_layers, decoder_layers = trained_layers
     return ModelAttentionPlans(
         options,
-        encoder=encoder_plans(cfg, options, new_model),
-        decoder=decoder_plans(cfg, options, no_encoder_attn=cfg.no_cross_attention, new_model=new_model),
+        encoder=encoder_plans(cfg, options, new_model, encoder_layers),
+        decoder=decoder_plans(
+            cfg, options, no_encoder_attn=cfg.no_cross_attention, new_model=new_model, trained_layers=decoder_layers
+        ),
     )
 
 

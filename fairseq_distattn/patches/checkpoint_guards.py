@@ -13,13 +13,18 @@ instead, for every mechanism the registry holds:
   rank 0 loads and broadcasts it): any difference stops the run with one line
   naming both sides, unless it is a deliberate fine-tune (the optimizer is reset,
   as ``--finetune-from-model`` does, and the checkpoint lies outside
-  ``--save-dir``), which is logged instead;
+  ``--save-dir``), which is logged instead; a checkpoint that loading converts from an
+  earlier arithmetic revision resumes only with ``--reset-optimizer``;
 - ``--model-overrides`` (``fairseq-generate``, ``-interactive``, ``-validate``,
   ``-eval-lm``, hub loading): an override may change only the parameter-free
   (``EVALUATION``) and ``RUNTIME`` options (not a mechanism, nor the head count or
   width the attention was trained with); a key close to an option's name but no
-  option's (``'rope_bse'``), which fairseq would ignore, and a mechanism option that
-  configures no layer of the checkpoint (``'rope_scaling'`` for ``kerple``) are refused.
+  option's (``'rope_bse'``), which fairseq would ignore, a mechanism option that
+  configures no layer of the checkpoint (``'rope_scaling'`` for ``kerple``), a changed
+  layer count (``*_layers_to_keep`` prunes instead) and a ``distattn_revisions`` that
+  contradicts the checkpoint's record are refused;
+- the hub's ``from_pretrained``: the same refusals reach the caller as an exception it
+  can catch (:class:`~fairseq_distattn.spec.RefusedConfiguration`), with nothing on stderr.
 """
 
 import copy
@@ -30,9 +35,10 @@ from argparse import Namespace
 from pathlib import Path
 
 from ..checkpoint_configuration import model_config, model_name, settings_of
-from ..spec import SpecError, exit_on_spec_error, exit_with_error
+from ..spec import SpecError, exit_on_spec_error, exit_with_error, library_call
 from ..trained_configuration import (
     PLUGIN_MODELS,
+    check_layer_count_overrides,
     check_override_keys,
     check_overrides,
     check_unused_overrides,
@@ -41,6 +47,7 @@ from ..trained_configuration import (
     plugin_override_keys,
 )
 from .checkpoint_loading import read_checkpoint
+from .checkpoint_upgrade import CheckpointRefused, check_revision_override, corrupt_configuration, pending_conversions
 
 logger = logging.getLogger(__name__)
 
@@ -93,8 +100,10 @@ def check_model_overrides(before_model, after_model, overrides, cfg_keys=()) -> 
     model_keys = _keys(before_model)
     known = {*model_keys, *cfg_keys, *plugin_override_keys(), *fairseq_option_names()}
     check_override_keys(overrides, known, {*plugin_override_keys(), *model_keys})
+    check_revision_override(before_model, overrides)
     check_overrides(settings_of(before_model), settings_of(after_model), overrides)
     check_unused_overrides(before_model, after_model, overrides, model_name(after_model))
+    check_layer_count_overrides(before_model, after_model, overrides, model_name(after_model))
 
 
 def check_resume(filename, cfg, reset_optimizer: bool) -> None:
@@ -103,7 +112,11 @@ def check_resume(filename, cfg, reset_optimizer: bool) -> None:
     stored, requested = model_config(read_checkpoint(filename)), cfg.model
     if stored is None or not {model_name(stored), model_name(requested)} & set(PLUGIN_MODELS):
         return  # fairseq's own models on both sides: fairseq's own checks
-    found = differences(settings_of(stored), settings_of(requested))
+    try:
+        check_resumed_arithmetic(filename, stored, reset_optimizer)
+        found = differences(settings_of(stored), settings_of(requested))
+    except SpecError as error:
+        exit_with_error(f"{filename}: {corrupt_configuration(error)}")
     if not found:
         return
     described = describe_differences(found, "this command")
@@ -116,6 +129,21 @@ def check_resume(filename, cfg, reset_optimizer: bool) -> None:
         f"checkpoint's own flags (python -m fairseq_distattn.check {filename} lists them); to fine-tune it into "
         f"this configuration on purpose, pass --finetune-from-model {filename} and a new --save-dir"
     )
+
+
+def check_resumed_arithmetic(filename, stored, reset_optimizer: bool) -> None:
+    """Exit (one line, status 2) when loading converts the checkpoint ``filename`` (model
+    configuration ``stored``) from an earlier arithmetic revision and the optimizer state would
+    be resumed: Adam's moments belong to the unconverted rows of the query and key projections."""
+    try:
+        conversions = pending_conversions(stored)
+    except CheckpointRefused as error:
+        exit_with_error(str(error))
+    if conversions and not reset_optimizer:
+        exit_with_error(
+            f"{filename} is converted on loading ({'; '.join(map(str, conversions))}), and its optimizer state "
+            "holds the moments of the unconverted query and key rows: resume it with --reset-optimizer"
+        )
 
 
 def _load_failure(filename, error: Exception) -> str:
@@ -180,9 +208,29 @@ def guard_model_overrides():
     checkpoint_utils.overwrite_args_by_name = overwrite_args_by_name
 
 
+def guard_hub_loading():
+    """Wrap ``hub_utils.from_pretrained`` (every model's ``from_pretrained``) so that a refusal
+    inside it reaches the caller as a :class:`~fairseq_distattn.spec.RefusedConfiguration` it can
+    catch, not as a line on stderr: a library call is not a command line."""
+    from fairseq import hub_utils
+
+    fairseq_from_pretrained = hub_utils.from_pretrained
+    if getattr(fairseq_from_pretrained, "raises_catchable_errors", False):
+        return
+
+    @functools.wraps(fairseq_from_pretrained)
+    def from_pretrained(*args, **kwargs):
+        with library_call():
+            return fairseq_from_pretrained(*args, **kwargs)
+
+    from_pretrained.raises_catchable_errors = True
+    hub_utils.from_pretrained = from_pretrained
+
+
 def guard_checkpoints():
     guard_resuming()
     guard_model_overrides()
+    guard_hub_loading()
 
 
 __all__ = [

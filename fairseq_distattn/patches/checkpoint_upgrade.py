@@ -23,13 +23,14 @@ refused, naming the override that says which it is, where those cannot tell.
 """
 
 import logging
-from typing import Dict, Iterable, List, Optional
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 
 from ..checkpoint_configuration import model_config, model_name
 from ..registry import REGISTRY, option_flag
-from ..spec import AttentionOptions, exit_with_error, option_fields, parse_spec, specs_name
+from ..spec import AttentionOptions, SpecError, exit_with_error, option_fields, parse_spec, specs_name
 from ..trained_configuration import PLUGIN_MODELS, attention_kinds, trained_settings
 
 logger = logging.getLogger(__name__)
@@ -53,10 +54,11 @@ def record_unrecorded_options(config) -> None:
         return
     for attr, value in CHANGED_DEFAULTS.items():
         if getattr(config, attr, None) is None:
-            _set(config, attr, value)
+            set_config_value(config, attr, value)
 
 
-def _set(config, attr: str, value) -> None:
+def set_config_value(config, attr: str, value) -> None:
+    """Set ``attr`` on a model configuration: an ``argparse.Namespace`` or a (struct) omegaconf node."""
     from omegaconf import DictConfig, open_dict
 
     if isinstance(config, DictConfig):
@@ -80,10 +82,20 @@ def upgrade_plugin_checkpoints():
             upgrade_plugin_state(state)
         except CheckpointRefused as error:
             exit_with_error(str(error))
+        except SpecError as error:  # a stored SPEC or option no flag would accept (a damaged or edited checkpoint)
+            exit_with_error(corrupt_configuration(error))
         return state
 
     upgrade_state_dict.records_unrecorded_options = True
     checkpoint_utils._upgrade_state_dict = upgrade_state_dict
+
+
+def corrupt_configuration(error: SpecError) -> str:
+    """One line for a checkpoint whose recorded attention configuration no flag would accept."""
+    return (
+        f"the checkpoint records an attention configuration this plugin cannot build ({error}); "
+        "python -m fairseq_distattn.check CHECKPOINT shows what it records"
+    )
 
 
 def upgrade_plugin_state(state) -> None:
@@ -117,8 +129,10 @@ def revisions_of(mechanisms: Iterable[str]) -> str:
     return ",".join(f"{name}:{REGISTRY[name].revision}" for name in mechanisms)
 
 
-def parse_record(text) -> Dict[str, int]:
-    record = {}
+def record_items(text) -> List[Tuple[str, int]]:
+    """The ``NAME:N`` items of a ``distattn_revisions`` record, in order; raise
+    :class:`CheckpointRefused` for one that names no revision of a mechanism."""
+    items = []
     for item in str(text or "").split(","):
         name, _, number = item.strip().partition(":")
         if name:
@@ -127,8 +141,12 @@ def parse_record(text) -> Dict[str, int]:
                     f"{REVISIONS_ATTR} {text!r}: {item.strip()!r} names no revision of a mechanism; "
                     "allowed: NAME:N items, N from 1 to the mechanism's revision"
                 )
-            record[name] = int(number)
-    return record
+            items.append((name, int(number)))
+    return items
+
+
+def parse_record(text) -> Dict[str, int]:
+    return dict(record_items(text))
 
 
 def record_arithmetic(config, mechanisms: Iterable[str]) -> None:
@@ -136,7 +154,7 @@ def record_arithmetic(config, mechanisms: Iterable[str]) -> None:
     use, sorted: ``ModelAttentionPlans.mechanisms``) compute, unless it records it already (a
     checkpoint's, which :func:`check_arithmetic` has made current)."""
     if getattr(config, REVISIONS_ATTR, None) is None:
-        _set(config, REVISIONS_ATTR, revisions_of(mechanisms))
+        set_config_value(config, REVISIONS_ATTR, revisions_of(mechanisms))
 
 
 def inferred_revision(config, info) -> Optional[int]:
@@ -148,16 +166,31 @@ def inferred_revision(config, info) -> Optional[int]:
     return None
 
 
-def check_arithmetic(state) -> None:
-    """Convert a checkpoint whose mechanisms computed an earlier revision, exactly, or raise
-    :class:`CheckpointRefused`; then record today's revisions in its configuration."""
-    config = model_config(state)
+@dataclass(frozen=True)
+class Conversion:
+    """One mechanism of a checkpoint that loading converts from an earlier arithmetic revision."""
+
+    mechanism: str
+    revision: int  # the checkpoint's
+    current: int  # today's
+
+    def __str__(self) -> str:
+        info = REGISTRY[self.mechanism]
+        return (
+            f"{self.mechanism} from revision {self.revision} ({info.revisions[self.revision - 1].arithmetic}) to "
+            f"{self.current} ({info.revisions[self.current - 1].arithmetic})"
+        )
+
+
+def pending_conversions(config) -> List[Conversion]:
+    """What loading a plugin checkpoint whose model configuration is ``config`` (with any
+    ``--model-overrides``) converts; raise :class:`CheckpointRefused` where a mechanism's
+    revision is unknown or cannot be converted."""
     if config is None or model_name(config) not in PLUGIN_MODELS:
-        return
-    model = model_name(config)
-    recorded_text = getattr(config, REVISIONS_ATTR, None)
-    recorded = parse_record(recorded_text)
-    for name in used_mechanisms(config, model):
+        return []
+    recorded = parse_record(getattr(config, REVISIONS_ATTR, None))
+    found = []
+    for name in used_mechanisms(config, model_name(config)):
         info = REGISTRY[name]
         if info.revision == 1:
             continue
@@ -171,9 +204,68 @@ def check_arithmetic(state) -> None:
                     f"{step.number - 1}), which this plugin no longer computes ({step.arithmetic} since {step.since})"
                     f" and cannot convert; evaluate it with the plugin at revision {step.since}^"
                 )
-            _reorder_query_key_rows(state["model"], config, model, name, info, step.query_key_rows_from_previous)
-            logger.info(f"converted {name} from revision {step.number - 1} to {step.number} ({step.arithmetic})")
-    _set(config, REVISIONS_ATTR, arithmetic_record(config, model))
+        if revision < info.revision:
+            found.append(Conversion(name, revision, info.revision))
+    return found
+
+
+def check_arithmetic(state) -> None:
+    """Convert a checkpoint whose mechanisms computed an earlier revision, exactly, or raise
+    :class:`CheckpointRefused`; then record today's revisions in its configuration."""
+    config = model_config(state)
+    if config is None or model_name(config) not in PLUGIN_MODELS:
+        return
+    model = model_name(config)
+    for conversion in pending_conversions(config):
+        info = REGISTRY[conversion.mechanism]
+        for step in info.revisions[conversion.revision : conversion.current]:
+            rows_of = step.query_key_rows_from_previous
+            _reorder_query_key_rows(state["model"], config, model, conversion.mechanism, info, rows_of)
+            logger.info(
+                f"converted {conversion.mechanism} from revision {step.number - 1} to {step.number} ({step.arithmetic})"
+            )
+    set_config_value(config, REVISIONS_ATTR, arithmetic_record(config, model))
+
+
+def check_revision_override(config, overrides) -> None:
+    """Raise :class:`SpecError` (flag ``--model-overrides``) where ``overrides`` names a
+    ``distattn_revisions`` that contradicts the checkpoint whose model configuration is
+    ``config`` (before the overrides): the override exists to say which revision a checkpoint
+    that records none was trained with, so it may name only a mechanism the checkpoint uses,
+    each once, and not another revision than the one the checkpoint records."""
+    if REVISIONS_ATTR not in (overrides or {}):
+        return
+    text = overrides[REVISIONS_ATTR]
+
+    def refuse(problem: str):
+        raise SpecError(
+            "--model-overrides",
+            dict(overrides),
+            f"{REVISIONS_ATTR!r}: {text!r} {problem}",
+            "the revision of a mechanism the checkpoint uses whose revision it does not record (the override "
+            "loading asks for); python -m fairseq_distattn.check CHECKPOINT shows what it records",
+        )
+
+    try:
+        items = record_items(text)
+    except CheckpointRefused as error:
+        refuse(f"is no record of revisions ({error})")
+    used = used_mechanisms(config, model_name(config))
+    recorded = parse_record(getattr(config, REVISIONS_ATTR, None))
+    names = [name for name, _ in items]
+    for name, number in items:
+        if names.count(name) > 1:
+            refuse(f"names {name} more than once")
+        if name not in used:
+            refuse(f"names {name}, which no layer of this checkpoint uses (it uses {', '.join(used) or 'none'})")
+        if name in recorded and recorded[name] != number:
+            refuse(f"contradicts the checkpoint, which records {name}:{recorded[name]}")
+        inferred = None if name in recorded else inferred_revision(config, REGISTRY[name])
+        if inferred is not None and inferred != number:
+            refuse(
+                f"contradicts the checkpoint, which records no revision but options that tell it was saved "
+                f"with {name}:{inferred}"
+            )
 
 
 def _ambiguous(info) -> str:
@@ -213,8 +305,13 @@ __all__ = [
     "REVISIONS_ATTR",
     "arithmetic_record",
     "check_arithmetic",
+    "check_revision_override",
+    "corrupt_configuration",
+    "Conversion",
+    "pending_conversions",
     "record_arithmetic",
     "record_unrecorded_options",
+    "set_config_value",
     "upgrade_plugin_checkpoints",
     "upgrade_plugin_state",
 ]

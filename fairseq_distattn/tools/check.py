@@ -21,7 +21,7 @@ from pathlib import Path
 from ..checkpoint_configuration import model_config, model_name, settings_of
 from ..patches.checkpoint_guards import PLUGIN_MODELS, check_model_overrides, configuration_keys
 from ..patches.checkpoint_loading import read_checkpoint
-from ..patches.checkpoint_upgrade import CheckpointRefused, upgrade_plugin_state
+from ..patches.checkpoint_upgrade import CheckpointRefused, pending_conversions, upgrade_plugin_state
 from ..registry import EVALUATION, RUNTIME, TRAINED, SpecError, option_flag
 from ..spec import option_fields
 from ..trained_configuration import MODEL, attention_kinds, option_value, shown
@@ -33,15 +33,21 @@ COMMANDS = "fairseq-generate, fairseq-interactive, fairseq-validate, fairseq-eva
 def layer_lines(config):
     """Lines naming the mechanism of every layer of each attention kind, the absolute
     positions and every option it runs with, by what they are to the trained model."""
-    from ..spec import parse_spec
+    from ..spec import kept_layers, pruned_spec
 
     lines = []
     for kind in attention_kinds(model_name(config)):
         spec, num_layers = getattr(config, kind.attr, None), getattr(config, kind.layers_attr, None)
         if num_layers is None:
             continue
-        layers = parse_spec(kind, spec or "vanilla", num_layers)
-        lines.append(f"  {kind.description}: " + ", ".join(f"{i}={mechanism}" for i, mechanism in enumerate(layers)))
+        layers_to_keep = getattr(config, kind.layers_to_keep_attr, None)
+        layers = pruned_spec(kind, spec or "vanilla", num_layers, layers_to_keep)
+        pruning = ""
+        if layers_to_keep:
+            kept = kept_layers(kind.layers_to_keep_flag, layers_to_keep, num_layers)
+            pruning = f", pruned to trained layers {','.join(map(str, kept))} of {num_layers}"
+        listed = ", ".join(f"{i}={mechanism}" for i, mechanism in enumerate(layers))
+        lines.append(f"  {kind.description}{pruning}: {listed}")
     settings = settings_of(config)
     positions = "none" if settings["--no-token-positional-embeddings"] else None
     sides = [side for side in ("encoder", "decoder") if f"--{side}-learned-pos" in settings]
@@ -115,6 +121,19 @@ def loaded_config(state, config):
     return config
 
 
+def conversion_lines(config):
+    """What loading converts of the arithmetic (an older revision named by the checkpoint or by
+    ``--model-overrides``), and what that asks of a resume."""
+    conversions = pending_conversions(config)
+    if not conversions:
+        return []
+    return [
+        "  converted on loading: " + "; ".join(map(str, conversions)) + " (its query and key projection rows "
+        "permuted); fairseq-train resumes it only with --reset-optimizer, its Adam moments being those of the "
+        "unconverted rows"
+    ]
+
+
 def builds(state, config) -> bool:
     try:
         loaded_config(state, config)
@@ -147,6 +166,7 @@ def describe(path: Path, overrides=None) -> str:
             raise  # the overrides' doing: a bad command line
         lines.append(f"needs the plugin: pass --user-dir {PLUGIN_DIR} to {COMMANDS}")
         lines.extend(layer_lines(config))
+        lines.extend(conversion_lines(config))
     else:
         lines.append(
             "not a fairseq_distattn model; fairseq 0.12 still cannot load it under torch >= 2.6 on its own "
@@ -155,22 +175,38 @@ def describe(path: Path, overrides=None) -> str:
     return "\n".join(lines)
 
 
+# words of torch's advice around its finding: how to load the file anyway, which we never repeat
+TORCH_ADVICE = ("weights_only", "Re-running", "trusted source", "two options", "Alternatively", "file an issue")
+
+
+def torch_finding(text: str) -> str:
+    """What torch's weights-only unpickler found, without its advice: the text after
+    ``WeightsUnpickler error:`` where it names one, else its first line that is no advice
+    (a blocked module's global: "Trying to load unsupported GLOBAL posix.system whose module
+    posix is blocked."), cut before any "Please use ... add_safe_globals" or "Check the
+    documentation" that follows."""
+    marker = "WeightsUnpickler error:"
+    lines = text.split(marker, 1)[1].splitlines() if marker in text else text.splitlines()[1:]
+    found = [line.strip() for line in lines if line.strip() and not any(a in line for a in TORCH_ADVICE)]
+    finding = found[0] if found else ""
+    for advice in (". Please", "Check the documentation"):
+        finding = finding.split(advice)[0]
+    return finding.strip().rstrip(".")
+
+
 def failure_reason(error: Exception) -> str:
     """One line. torch's weights-only refusal opens with advice to load with
-    weights_only=False, which we must not repeat; what it found is on the line
-    that names the WeightsUnpickler (or the next one): a global outside the
-    allow-list (a checkpoint holding code or foreign classes), or bytes that
-    are no pickle at all (not a checkpoint, or a damaged one)."""
+    weights_only=False, which we must not repeat; we name what it found
+    (:func:`torch_finding`): a global outside the allow-list (a checkpoint holding
+    code or foreign classes: refused, whatever its source), or bytes that are no
+    pickle at all (not a checkpoint, or a damaged one)."""
     text = str(error)
-    marker = "WeightsUnpickler error:"
-    if marker in text:
-        after = [line.strip() for line in text.split(marker, 1)[1].splitlines()]
-        finding = next((line for line in after if line), "").split(". Please")[0].strip()
-        if finding.startswith("Unsupported global"):
-            # keep torch's finding, not its advice to allow-list whatever the file names
+    if text.startswith("Weights only load failed"):
+        finding = torch_finding(text)
+        if "GLOBAL" in finding:
             return (
-                f"it holds an object outside the allow-list of fairseq's config classes ({finding}); "
-                "do not load it with weights_only=False unless you trust its source"
+                f"it holds an object outside the allow-list of fairseq's config classes ({finding}); refused: "
+                "a fairseq checkpoint holds no code, and unpickling one that does would run it"
             )
         return f"it is not a PyTorch checkpoint, or it is damaged (torch's unpickler: {finding or 'no detail'})"
     if isinstance(error, EOFError):
