@@ -63,7 +63,8 @@ def test_cells_are_mean_std_and_seed_count_with_deltas(tmp_path):
     cells = [cell.strip() for cell in alibi.strip("|").split("|")]
     # BLEU: +2.00 against vanilla's std 1.41 * sqrt(1/1 + 1/2) = 1.73; the LM baseline's one seed has no spread
     translation = ["alibi", "33.00 (1)", "+2.00", "better, beyond noise", "-"]
-    assert cells[2:] == [*translation, "190.00 (1)", "-10.00", "-", "180.00 (1)", "-", "-", "185.50 (1)", "-", "-"]
+    lm = ["190.00 (1)", "-10.00", "-", "180.00 (1)", "-", "-", "185.50 (1)", "-", "-"]
+    assert cells[2:] == [*translation, *lm, "-"]  # no speed report in these results: no speed cell
     kerple = next(line for line in markdown.splitlines() if line.startswith("| `kerple`"))
     assert kerple.count("| - ") >= 12  # not run: dashes, no numbers
     # window-mw has a translation configuration but no LM preset: its LM cell names the family's row
@@ -80,3 +81,25 @@ def test_a_row_without_an_lm_preset_names_its_familys_row_or_says_nothing():
     )
     assert methods.shared_preset_note("window", presets) == "-"  # its own preset is no family's
     assert methods.shared_preset_note("qvi", presets) == "-"
+
+
+def test_the_speed_cell_reads_the_committed_speed_report(tmp_path):
+    """Cost beside quality: a row's CPU train-speed ratio to vanilla, from the speed report's
+    candidate of its translation configuration (the preset of a family's paper configuration)."""
+    report = {
+        "train": {
+            "translation": {
+                "transformer": {"throughput": {"median": 800.0}},
+                "alibi": {"ratio": {"median": 0.987, "min": 0.85, "max": 1.04}},
+                "window-preset": {"ratio": {"median": 0.77, "min": 0.7, "max": 0.8}},
+            }
+        }
+    }
+    (tmp_path / "speed").mkdir()
+    (tmp_path / "speed" / "results.json").write_text(json.dumps(report))
+    speeds = methods.train_speed_ratios(tmp_path)
+    assert methods.speed_cell(speeds, "alibi") == "0.99 [0.85-1.04]"
+    assert methods.speed_cell(speeds, "window") == "0.77 [0.70-0.80]"
+    assert methods.speed_cell(speeds, "rope") == "-" and methods.speed_cell(speeds, None) == "-"
+    committed = methods.train_speed_ratios(methods.RESULTS)
+    assert all(methods.speed_cell(committed, name) != "-" for name in ("rpr", "alibi", "rope", "window"))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import statistics
 from pathlib import Path
 from typing import Callable, Collection, Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -172,6 +173,7 @@ def column_headings(base_length: int) -> List[str]:
             for factor in FACTORS
             for heading in (f"ppl at {factor}x ({factor * base_length} tokens)", "delta", "reading")
         ),
+        "CPU train speed vs vanilla",
     ]
 
 
@@ -184,8 +186,9 @@ def method_table_rows(
     from .mt_grid import default_configs, raw_references
 
     references = functools.lru_cache(maxsize=None)(lambda: raw_references(data))
+    speeds = train_speed_ratios(results)
     baseline = ["baseline: sinusoidal positions", "Vaswani et al. 2017", f"{MT_BASELINE}+abs"]
-    rows = [table_row([*baseline, *row_cells(columns, MT_BASELINE, LM_BASELINE, "-")])]
+    rows = [table_row([*baseline, *row_cells(columns, MT_BASELINE, LM_BASELINE, "-"), "1 (the reference)"])]
     entries: List[Tuple[str, Optional[str], Optional[str]]] = [(BASELINE_LABEL, MT_BASELINE, LM_BASELINE)]
     configs = default_configs()
     listed = method_rows(list(configs), list(lm_configs()))
@@ -196,9 +199,32 @@ def method_table_rows(
         )
         bootstrap = bootstrap_cell(results / "quality" / "runs", mt, references)
         no_lm = "-" if lm else shared_preset_note(method, listed_presets)
-        rows.append(table_row([f"`{method}`", paper, translation, *row_cells(columns, mt, lm, bootstrap, no_lm)]))
+        cells = [*row_cells(columns, mt, lm, bootstrap, no_lm), speed_cell(speeds, mt)]
+        rows.append(table_row([f"`{method}`", paper, translation, *cells]))
         entries.append((f"`{method}`", mt, lm))
     return rows, entries
+
+
+def train_speed_ratios(results: Path) -> Dict[str, Dict[str, float]]:
+    """The CPU training speed of each translation candidate of the committed speed report
+    (``benchmarks/results/speed/results.json``, ``python -m benchmarks.run``): its tokens/s as a
+    ratio to vanilla fairseq's in the same run, median, min and max over the rounds. Empty where
+    no report is committed."""
+    path = results / "speed" / "results.json"
+    if not path.is_file():
+        return {}
+    train = json.loads(path.read_text(encoding="utf-8")).get("train", {}).get("translation", {})
+    return {key: entry["ratio"] for key, entry in train.items() if entry.get("ratio")}
+
+
+def speed_cell(speeds: Dict[str, Dict[str, float]], config: Optional[str]) -> str:
+    """``median [min-max]`` of the speed report's candidate for a row's translation configuration:
+    the mechanism of that name in every attention that accepts it, or (a family's paper
+    configuration, ``window``) its preset, ``<name>-preset``; "-" without one."""
+    ratio = speeds.get(config or "") or speeds.get(f"{config}-preset")
+    if not config or ratio is None:
+        return "-"
+    return f"{ratio['median']:.2f} [{ratio['min']:.2f}-{ratio['max']:.2f}]"
 
 
 class Column(NamedTuple):
@@ -283,7 +309,12 @@ def caption(base_length: int) -> str:
         "difference and sacreBLEU's p-value. It measures test-set sampling, whether another test set drawn like "
         "this one would rank the two systems the same, on one seed each; the reading measures training "
         "randomness (another seed), and is the one the summary below uses. - : no seed with both runs' "
-        "translations (the runs before the harness kept them have none)."
+        "translations (the runs before the harness kept them have none).\n\n"
+        "*CPU train speed*: the cost beside the quality: training tokens/s of the method's translation "
+        "configuration as a ratio to vanilla fairseq's measured in the same run, median [min-max] over the "
+        "rounds, from the committed speed report (`benchmarks/results/speed`, `python -m benchmarks.run` on "
+        "the CPU, transformer_wmt_en_de size; the mechanism in every attention that accepts it, the window "
+        "family's paper configuration for `window`); - : no candidate in that report."
     )
 
 
