@@ -24,7 +24,10 @@ def _fairseq_imported() -> bool:
 
 
 def _register_fairseq_side():
-    from . import models  # noqa: F401 (registers models, architectures and the fairseq hooks)
+    from . import (
+        criterions,  # noqa: F401 (registers the criteria: answer_cross_entropy)
+        models,  # noqa: F401 (registers models, architectures and the fairseq hooks)
+    )
 
 
 def _initializing_here() -> bool:

@@ -5,7 +5,7 @@ only from its own floor or below, never from the repository around it.
     1  mechanisms/ (one module per mechanism)
     2  spec, trained_configuration, checkpoint_configuration (configuration from flags and checkpoints)
     3  modules/ (the fairseq layers), patches/ (the changes to fairseq and torch)
-    4  models/ (registered models and architectures, flags)
+    4  models/ (registered models and architectures, flags), criterions/ (registered losses)
     5  tools/ (check, inspection, docs, translation scoring)
     6  entry points: the package's import hook, ``python -m`` forwarders
 """
@@ -28,6 +28,7 @@ FLOORS = {
     "modules": 3,
     "patches": 3,
     "models": 4,
+    "criterions": 4,
     "tools": 5,
 }
 ENTRY_POINTS = {PACKAGE, f"{PACKAGE}.check", f"{PACKAGE}.docs", f"{PACKAGE}.inspect", f"{PACKAGE}.mechanisms.__main__"}

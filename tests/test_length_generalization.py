@@ -1,0 +1,281 @@
+"""The length-generalization harness (``benchmarks.quality.length_generalization``): its
+metric on a fixture, how it reads fairseq's completions, its command-line errors, the
+task folders it reads (a hand-made one, without task.json, needs no code), the methods it
+derives from the methods table, its report from hand-made run files, and one tiny run
+end to end (it checks that the harness works and writes well-formed outputs, not what
+the models score)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from benchmarks.quality import length_generalization as harness
+from benchmarks.quality import length_grid, length_report
+from benchmarks.quality.methods import method_rows
+
+from .conftest import write_lines
+
+# ------------------------------------------------------------------------------ metric
+
+
+def test_exact_match_counts_an_empty_or_over_long_completion_as_wrong():
+    hypotheses = ["a b c", "", "a b c d", "a  b ", "x", ""]
+    references = ["a b c", "a", "a b c", "a b", "y", ""]
+    assert harness.exact_match(hypotheses, references) == {
+        "correct": 2,  # the first, and the fourth: tokens are compared, not spacing
+        "total": 6,
+        "empty": 2,  # the second, and the last: empty is wrong even against an empty reference
+        "over_long": 1,  # the third: a copy that runs on past its reference
+        "accuracy": round(100 * 2 / 6, 2),
+    }
+    assert harness.exact_match([], [])["accuracy"] is None
+    with pytest.raises(ValueError, match="2 hypotheses for 1 references"):
+        harness.exact_match(["a", "b"], ["a"])
+
+
+GENERATED = """S-0\tw1 w2 =
+W-0\t0.003\tseconds
+H-0\t-0.01\tw1 w2 = w1 w2
+D-0\t-0.01\tw1 w2 = w1 w2
+H-1\t-2.5\tw3 =
+H-2\t-0.7\tw4 = w4 w4 w4
+H-3\t-0.2\t
+"""
+
+
+def test_a_completion_is_what_follows_the_prompt_s_separator():
+    by_id = harness.hypotheses_by_id(GENERATED)
+    assert by_id == {0: "w1 w2 = w1 w2", 1: "w3 =", 2: "w4 = w4 w4 w4", 3: ""}
+    decoder_only = [harness.completion(by_id[i], length_grid.DECODER_ONLY) for i in range(4)]
+    assert decoder_only == ["w1 w2", "", "w4 w4 w4", ""]
+    assert harness.completion("w1 w2", length_grid.ENCODER_DECODER) == "w1 w2"
+    references = ["w1 w2", "w3", "w4"]
+    counts = harness.exact_match(decoder_only[:3], references)
+    assert (counts["correct"], counts["empty"], counts["over_long"]) == (1, 1, 1)
+    assert harness.prompt("w1 w2", length_grid.DECODER_ONLY) == "w1 w2 ="
+    assert harness.prompt("w1 w2", length_grid.ENCODER_DECODER) == "w1 w2"
+
+
+# ------------------------------------------------------------------------------ data
+
+
+def hand_made_task(folder: Path, buckets=("x1", "x2"), train: int = 60, test: int = 6, task_json=None) -> Path:
+    """A task folder written by hand, no generator involved: ``mirror`` reverses a few letters."""
+    import random
+
+    rng = random.Random(0)
+
+    def pairs(count, low, high):
+        sources = [" ".join(rng.choice("abcd") for _ in range(rng.randint(low, high))) for _ in range(count)]
+        return sources, [" ".join(source.split()[::-1]) for source in sources]
+
+    for split, count, (low, high) in [("train", train, (1, 4)), ("valid", test, (1, 4))] + [
+        (f"test-{bucket}", test, (5, 8)) for bucket in buckets
+    ]:
+        sources, targets = pairs(count, low, high)
+        write_lines(folder / f"{split}.src", sources)
+        write_lines(folder / f"{split}.tgt", targets)
+    if task_json is not None:
+        (folder / "task.json").write_text(json.dumps(task_json), encoding="utf-8")
+    return folder
+
+
+def test_a_hand_made_task_folder_is_read_without_code(tmp_path):
+    folder = hand_made_task(tmp_path / "mirror", buckets=("x10", "x2", "long", "x1"))
+    (task,) = length_grid.read_task_data(folder)
+    assert (task.name, task.forms) == ("mirror", (length_grid.DECODER_ONLY,))  # no task.json: decoder-only
+    assert task.buckets == ("x1", "x2", "x10", "long")  # by multiplier, other names last
+    assert task.splits() == ("valid", "test-x1", "test-x2", "test-x10", "test-long")
+    assert len(task.lines("test-x2")[0]) == 6
+    # a folder of task folders: each one, by name; task.json names the forms
+    hand_made_task(tmp_path / "all" / "b", task_json={"forms": ["decoder-only", "encoder-decoder"]})
+    hand_made_task(tmp_path / "all" / "a")
+    (tmp_path / "all" / "notes").mkdir()
+    tasks = length_grid.read_task_data(tmp_path / "all")
+    assert [(t.name, t.forms) for t in tasks] == [
+        ("a", ("decoder-only",)),
+        ("b", ("decoder-only", "encoder-decoder")),
+    ]
+
+
+def test_the_positions_fit_the_longest_bucket_and_its_answer(tmp_path):
+    folder = hand_made_task(tmp_path / "mirror")
+    write_lines(folder / "test-x2.src", ["a b c d e f g h i j"])  # 10 tokens, the longest source
+    write_lines(folder / "test-x2.tgt", ["j i h g f e d c b a a a"])  # 12, the longest answer
+    (task,) = length_grid.read_task_data(folder)
+    assert harness.longest_answer(task) == 12
+    # 10 + 1 (=) + 12 + MARGIN (8) + 3 (begin, end of sentence, one spare) = 34, rounded up
+    assert harness.max_positions(task) == 64
+
+
+def test_the_methods_are_the_methods_table_s_rows():
+    from benchmarks.quality.lm_grid import lm_configs
+    from benchmarks.quality.mt_grid import default_configs
+
+    methods = length_grid.length_methods()
+    rows = method_rows(list(default_configs()), list(lm_configs()))
+    assert list(methods) == [length_grid.BASELINE, *(row[0] for row in rows)]
+    baseline = methods[length_grid.BASELINE]
+    assert baseline.decoder_only == ("--arch", "transformer_lm_gbw")
+    assert baseline.encoder_decoder == ("--arch", "transformer_iwslt_de_en")
+    for name, _, mt, lm in rows:
+        assert methods[name].decoder_only == (("--arch", lm) if lm else None), name
+        assert methods[name].encoder_decoder == (tuple(default_configs()[mt].arch_args()) if mt else None), name
+    assert methods["nope"].encoder_decoder is None and methods["nope"].decoder_only == (
+        "--arch",
+        "distattn_lm_nope_gbw",
+    )
+    # cross-attention gets a mechanism only where the translation configuration puts it
+    assert "--cross-attention" not in methods["alibi"].encoder_decoder
+    assert "--cross-attention" in methods["window"].encoder_decoder
+
+
+# ------------------------------------------------------------------------------ command line
+
+ERRORS = [
+    (["--seeds", "1,x"], "argument --seeds: '1,x' is not a comma-separated list of integers"),
+    (["--forms", "decoder-only,seq2seq"], "argument --forms: unknown seq2seq; choose from decoder-only"),
+    (["--methods", "alibi,nosuch"], "argument --methods: unknown nosuch; choose from baseline, "),
+    (["--updates", "0"], "argument --updates: invalid value '0': must be an integer >= 1"),
+    (["--threads", "0"], "argument --threads: invalid value '0': must be an integer >= 1"),
+    (["--task-data", "{missing}"], "argument --task-data: no such directory: {missing}"),
+    (["--task-data", "{empty}"], "argument --task-data: {empty} holds no task folder"),
+    (["--task-data", "{broken}"], "argument --task-data: {broken}/mirror: valid.src has 6 lines and valid.tgt 5"),
+    (["--task-data", "{tasks}", "--tasks", "mirror,nosuch"], "argument --tasks: unknown nosuch; choose from mirror"),
+    (
+        ["--task-data", "{tasks}", "--forms", "encoder-decoder"],
+        "argument --forms: no selected task has the form(s) encoder-decoder with a selected method",
+    ),
+    (
+        ["--task-data", "{tasks}", "--methods", "window-mw", "--forms", "decoder-only"],
+        "argument --forms: no selected task has the form(s) decoder-only",
+    ),
+]
+
+
+@pytest.mark.parametrize("argv, message", ERRORS, ids=[" ".join(case[0]) for case in ERRORS])
+def test_a_bad_flag_is_one_error_line_naming_it(argv, message, tmp_path, capsys):
+    hand_made_task(tmp_path / "tasks" / "mirror")
+    broken = hand_made_task(tmp_path / "broken" / "mirror")
+    (broken / "valid.tgt").write_text("".join(f"{i}\n" for i in range(5)), encoding="utf-8")
+    (tmp_path / "empty").mkdir()
+    names = {name: tmp_path / name for name in ("missing", "empty", "broken", "tasks")}
+    argv = [item.format(**names) for item in argv] + ["--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as exit_info:
+        harness.parse_args(argv)
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    assert err.splitlines()[-1].split(": error: ", 1)[1].startswith(message.format(**names))
+    assert not (tmp_path / "work").exists()  # nothing made before the flags are right
+
+
+# ------------------------------------------------------------------------------ report
+
+
+def fixture_run(out: Path, task: str, method: str, seed: int, accuracy: dict, form: str = "decoder-only") -> None:
+    record = {
+        "config": f"{task}-{form}-{method}",
+        "task": task,
+        "form": form,
+        "method": method,
+        "seed": seed,
+        "updates": 2000,
+        "model": length_grid.model_text(),
+        "max_tokens": 2048,
+        "machine": "a test",
+        "train_wall_s": 100.0 + seed,
+        "accuracy": accuracy,
+    }
+    path = out / "runs" / f"{record['config']}-seed{seed}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record), encoding="utf-8")
+
+
+def cells(markdown: str, section: str, first_cell: str):
+    """The cells of the row starting with ``first_cell`` in the table under heading ``section``."""
+    table = markdown.split(f"### {section}\n", 1)[1].split("\n\n", 1)[0]
+    for row in table.splitlines():
+        if row.startswith(f"| {first_cell} |"):
+            return [cell.strip() for cell in re.split(r"(?<!\\)\|", row)[1:-1]]
+    raise AssertionError(f"no row {first_cell} under {section}")
+
+
+def test_the_report_reads_each_delta_against_seed_noise(tmp_path):
+    out = tmp_path / "out"
+    for seed, (valid, x2, x4) in enumerate([(100, 40, 0), (98, 50, 10)], start=1):
+        fixture_run(out, "copy", "baseline", seed, {"valid": valid, "x1": 99, "x2": x2, "x4": x4})
+    for seed, (valid, x2, x4) in enumerate([(100, 90, 5), (100, 95, 5)], start=1):
+        fixture_run(out, "copy", "alibi", seed, {"valid": valid, "x1": 100, "x2": x2, "x4": x4})
+    fixture_run(out, "copy", "rope", 1, {"valid": 50, "x2": 0, "x4": 0}, form="encoder-decoder")
+    markdown = length_report.report(out, [("copy", "decoder-only"), ("parity", "decoder-only")])
+    assert markdown == (out / "length_generalization.md").read_text(encoding="utf-8")
+    assert (out / "accuracy_vs_length.png").stat().st_size > 0
+    baseline = cells(markdown, "copy (decoder-only)", "baseline")
+    assert baseline[1:5] == ["2 (1,2)", "99.0 +- 1.4 (2)", "-", "-"] and baseline[-2:] == ["x1 99.0", "101, 102"]
+    alibi = cells(markdown, "copy (decoder-only)", "`alibi`")
+    # valid: +1.0 within one standard error (1.41 x sqrt(1/2 + 1/2)); x2: +47.5 beyond 7.07; x4: 0.0
+    assert alibi[2:11] == [
+        "100.0 +- 0.0 (2)",
+        "+1.0",
+        "within noise",
+        "92.5 +- 3.5 (2)",
+        "+47.5",
+        "better, beyond noise",
+        "5.0 +- 0.0 (2)",
+        "+0.0",
+        "within noise",
+    ]
+    assert cells(markdown, "copy (decoder-only)", "`rope`")[1:] == ["-"] * 12  # in the grid, not run
+    assert cells(markdown, "parity (decoder-only)", "`alibi`")[1] == "-"  # a selected task without runs
+    # the overview: methods x tasks, in distribution / x2 / x4
+    overview = markdown.split("## decoder-only", 1)[1]
+    assert "| `alibi` | 100 / 92 / 5 | - |" in overview and "| method | copy | parity |" in overview
+    # the encoder-decoder form has its own section; one seed: no reading without the baseline's spread
+    rope = cells(markdown, "copy (encoder-decoder)", "`rope`")
+    assert rope[1:5] == ["1 (1)", "50.0 (1)", "-", "-"]
+    assert "`nope`" not in markdown.split("## encoder-decoder", 1)[1]  # no translation configuration
+
+
+def test_the_report_without_runs_says_so(tmp_path):
+    assert harness.main(["--report", "--out", str(tmp_path / "out")]) == 0
+    markdown = (tmp_path / "out" / "length_generalization.md").read_text(encoding="utf-8")
+    assert "Budget: no runs yet" in markdown and not (tmp_path / "out" / "accuracy_vs_length.png").exists()
+
+
+# ------------------------------------------------------------------------------ end to end
+
+
+def test_one_tiny_run_end_to_end_writes_its_run_file_and_is_not_run_twice(tmp_path, capsys):
+    tasks, work, out = tmp_path / "tasks", tmp_path / "work", tmp_path / "out"
+    hand_made_task(tasks / "mirror", train=40, test=4)
+    argv = ["--task-data", str(tasks), "--methods", "baseline", "--seeds", "2", "--updates", "2"]
+    argv += ["--work", str(work), "--out", str(out)]
+    assert harness.main(argv) == 0
+    (path,) = (out / "runs").glob("*.json")
+    assert path.name == "mirror-decoder-only-baseline-seed2.json"
+    record = json.loads(path.read_text(encoding="utf-8"))
+    assert (record["task"], record["form"], record["method"], record["seed"]) == (
+        "mirror",
+        "decoder-only",
+        "baseline",
+        2,
+    )
+    assert record["updates"] == 2 and record["train_args"] == ["--arch", "transformer_lm_gbw"]
+    assert set(record["accuracy"]) == {"valid", "x1", "x2"} == set(record["counts"])
+    assert all(count["total"] == 4 for count in record["counts"].values())
+    assert "--criterion answer_cross_entropy" in record["train_command"] and "--seed 2" in record["train_command"]
+    assert "fairseq-interactive" in record["eval_command"] and "--beam 1" in record["eval_command"]
+    assert record["data_lines"] == {"train": 40, "valid": 4, "test-x1": 4, "test-x2": 4}
+    assert record["git_revision"] and record["machine"] and record["checkpoint_sha256"]
+    assert (
+        work / "updates-2" / "mirror-decoder-only-baseline-seed2" / "checkpoint_best.pt"
+    ).is_file()  # its budget names it
+    assert (out / "length_generalization.md").is_file() and (out / "accuracy_vs_length.png").is_file()
+    written = path.stat().st_mtime_ns
+    capsys.readouterr()
+    assert harness.main(argv) == 0  # done: skipped, the report rebuilt
+    assert "0 runs to do" in capsys.readouterr().err and path.stat().st_mtime_ns == written
