@@ -21,6 +21,7 @@ REPORTS = {
     "benchmarks.quality.lm": ("lm_quality", ("lm_quality.md",)),
     "benchmarks.quality.lm_extrapolation": ("lm_extrapolation", ("lm_extrapolation.md", "summary.md")),
     "benchmarks.quality.methods": ("methods", ("methods.md",)),
+    "benchmarks.quality.length_generalization": ("length_generalization", ("length_generalization.md",)),
     "benchmarks.diagnostics.window": ("window_diagnostics", ("window_diagnostics.md",)),
 }
 

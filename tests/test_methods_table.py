@@ -64,7 +64,8 @@ def test_cells_are_mean_std_and_seed_count_with_deltas(tmp_path):
     # BLEU: +2.00 against vanilla's std 1.41 * sqrt(1/1 + 1/2) = 1.73; the LM baseline's one seed has no spread
     translation = ["alibi", "33.00 (1)", "+2.00", "better, beyond noise", "-"]
     lm = ["190.00 (1)", "-10.00", "-", "180.00 (1)", "-", "-", "185.50 (1)", "-", "-"]
-    assert cells[2:] == [*translation, *lm, "-"]  # no speed report in these results: no speed cell
+    # no length-generalization runs nor speed report in these results: dashes
+    assert cells[2:] == [*translation, *lm, "-", "-", "-", "-"]
     kerple = next(line for line in markdown.splitlines() if line.startswith("| `kerple`"))
     assert kerple.count("| - ") >= 12  # not run: dashes, no numbers
     # window-mw has a translation configuration but no LM preset: its LM cell names the family's row
@@ -103,3 +104,39 @@ def test_the_speed_cell_reads_the_committed_speed_report(tmp_path):
     assert methods.speed_cell(speeds, "rope") == "-" and methods.speed_cell(speeds, None) == "-"
     committed = methods.train_speed_ratios(methods.RESULTS)
     assert all(methods.speed_cell(committed, name) != "-" for name in ("rpr", "alibi", "rope", "window"))
+
+
+def test_the_length_generalization_cell_is_the_mean_over_tasks_per_seed(tmp_path):
+    """Per seed, the mean exact match at 2x over the tasks the method has a run of (decoder-only
+    form); then mean +- std over seeds, read against the baseline's seed noise."""
+
+    def run(task, method, seed, x2, form="decoder-only"):
+        return {
+            "config": f"{task}-{form}-{method}",
+            "task": task,
+            "form": form,
+            "method": method,
+            "seed": seed,
+            "accuracy": {"valid": 99.0, "x2": x2},
+        }
+
+    write(
+        tmp_path / "length_generalization" / "runs",
+        [
+            run("copy", "baseline", 1, 10.0),
+            run("parity", "baseline", 1, 50.0),  # seed 1: 30
+            run("copy", "baseline", 2, 20.0),
+            run("parity", "baseline", 2, 60.0),  # seed 2: 40
+            run("copy", "alibi", 1, 90.0),
+            run("parity", "alibi", 1, 70.0),  # seed 1: 80
+            run("copy", "alibi", 2, 5.0, form="encoder-decoder"),  # another form: not in the cell
+        ],
+    )
+    values = methods.length_generalization_values(tmp_path)
+    assert values == {"baseline": [30.0, 40.0], "alibi": [80.0]}
+    markdown = methods.report(tmp_path / "out", tmp_path)
+    alibi = next(line for line in markdown.splitlines() if line.startswith("| `alibi`"))
+    cells = [cell.strip() for cell in alibi.strip("|").split("|")]
+    # +45 against the baseline's std 7.07 * sqrt(1/1 + 1/2) = 8.66: beyond noise
+    assert cells[-4:-1] == ["80.00 (1)", "+45.00", "better, beyond noise"]
+    assert "Length generalization (exact match at x2, decoder-only)" in markdown

@@ -63,6 +63,9 @@ NO_TRANSLATION = {
     "(a bag of words)",
 }
 BASELINE_LABEL = "the baseline"  # how the summary under the table names the baseline row
+# the length-generalization summary: benchmarks.quality.length_generalization's runs of this form, at this bucket
+LENGTH_FORM, LENGTH_BUCKET, LENGTH_BASELINE = "decoder-only", "x2", "baseline"
+LENGTH_TITLE = f"Length generalization (exact match at {LENGTH_BUCKET}, {LENGTH_FORM})"
 
 
 def by_config(records: Sequence[Dict], value) -> Dict[str, List[float]]:
@@ -173,23 +176,27 @@ def column_headings(base_length: int) -> List[str]:
             for factor in FACTORS
             for heading in (f"ppl at {factor}x ({factor * base_length} tokens)", "delta", "reading")
         ),
+        f"exact match at {LENGTH_BUCKET} ({LENGTH_FORM}, mean over tasks)",
+        "delta",
+        "reading",
         "CPU train speed vs vanilla",
     ]
 
 
 def method_table_rows(
     columns: Sequence["Column"], results: Path, data: Optional[Path]
-) -> Tuple[List[str], List[Tuple[str, Optional[str], Optional[str]]]]:
-    """The baseline's row, then one per method (:func:`method_rows`); and the
-    ``(label, translation config, LM preset)`` of each, for :func:`summary_lines`."""
+) -> Tuple[List[str], List[Tuple[str, Dict[str, Optional[str]]]]]:
+    """The baseline's row, then one per method (:func:`method_rows`); and the ``(label, its
+    configuration of each column kind)`` of each, for :func:`summary_lines`."""
     from .lm_grid import lm_configs
     from .mt_grid import default_configs, raw_references
 
     references = functools.lru_cache(maxsize=None)(lambda: raw_references(data))
     speeds = train_speed_ratios(results)
     baseline = ["baseline: sinusoidal positions", "Vaswani et al. 2017", f"{MT_BASELINE}+abs"]
-    rows = [table_row([*baseline, *row_cells(columns, MT_BASELINE, LM_BASELINE, "-"), "1 (the reference)"])]
-    entries: List[Tuple[str, Optional[str], Optional[str]]] = [(BASELINE_LABEL, MT_BASELINE, LM_BASELINE)]
+    baseline_configs = {"mt": MT_BASELINE, "lm": LM_BASELINE, "length": LENGTH_BASELINE}
+    rows = [table_row([*baseline, *row_cells(columns, baseline_configs, "-"), "1 (the reference)"])]
+    entries: List[Tuple[str, Dict[str, Optional[str]]]] = [(BASELINE_LABEL, baseline_configs)]
     configs = default_configs()
     listed = method_rows(list(configs), list(lm_configs()))
     listed_presets = {lm for _, _, _, lm in listed if lm}
@@ -199,9 +206,10 @@ def method_table_rows(
         )
         bootstrap = bootstrap_cell(results / "quality" / "runs", mt, references)
         no_lm = "-" if lm else shared_preset_note(method, listed_presets)
-        cells = [*row_cells(columns, mt, lm, bootstrap, no_lm), speed_cell(speeds, mt)]
+        row_configs = {"mt": mt, "lm": lm, "length": method}
+        cells = [*row_cells(columns, row_configs, bootstrap, no_lm), speed_cell(speeds, mt)]
         rows.append(table_row([f"`{method}`", paper, translation, *cells]))
-        entries.append((f"`{method}`", mt, lm))
+        entries.append((f"`{method}`", row_configs))
     return rows, entries
 
 
@@ -256,8 +264,24 @@ def measured_columns(results: Path) -> Tuple[List[Column], int]:
         Column("Translation BLEU", "mt", by_config(mt_runs, lambda record: record[MT_METRIC]), MT_BASELINE, True),
         Column("LM test ppl", "lm", by_config(lm_runs, lambda record: record["test_ppl"]), LM_BASELINE, False),
         *(Column(f"LM ppl at {factor}x", "lm", at_length[factor], LM_BASELINE, False) for factor in FACTORS),
+        Column(LENGTH_TITLE, "length", length_generalization_values(results), LENGTH_BASELINE, True),
     ]
     return columns, min(trained)
+
+
+def length_generalization_values(results: Path) -> Dict[str, List[float]]:
+    """``{method: one value per seed}``: the exact match (%) at LENGTH_BUCKET of
+    ``benchmarks.quality.length_generalization``'s decoder-only runs, averaged over the tasks the
+    method has a run of at that seed (the per-task cells are in its report)."""
+    by_seed: Dict[Tuple[str, int], List[float]] = {}
+    for record in load_runs(results / "length_generalization"):
+        accuracy = record.get("accuracy", {}).get(LENGTH_BUCKET)
+        if record.get("form") == LENGTH_FORM and accuracy is not None:
+            by_seed.setdefault((record["method"], record["seed"]), []).append(accuracy)
+    values: Dict[str, List[float]] = {}
+    for (method, _), accuracies in sorted(by_seed.items()):
+        values.setdefault(method, []).append(statistics.fmean(accuracies))
+    return values
 
 
 def measured_cells(column: Column, config: Optional[str], absent: str = "-") -> List[str]:
@@ -310,6 +334,12 @@ def caption(base_length: int) -> str:
         "this one would rank the two systems the same, on one seed each; the reading measures training "
         "randomness (another seed), and is the one the summary below uses. - : no seed with both runs' "
         "translations (the runs before the harness kept them have none).\n\n"
+        f"*exact match at {LENGTH_BUCKET}*: `benchmarks.quality.length_generalization` "
+        "(`benchmarks/results/length_generalization/length_generalization.md` has every task, bucket and form): "
+        f"the method's LM preset (the baseline: `{LM_BASELINE}`, sinusoidal positions) trained on the algorithmic "
+        f"tasks' training lengths, its greedy answers' exact match (%) at twice them ({LENGTH_FORM} form), per seed "
+        "the mean over the tasks the method has a run of, then mean +- std over seeds; read against the "
+        "baseline's seed noise as above.\n\n"
         "*CPU train speed*: the cost beside the quality: training tokens/s of the method's translation "
         "configuration as a ratio to vanilla fairseq's measured in the same run, median [min-max] over the "
         "rounds, from the committed speed report (`benchmarks/results/speed`, `python -m benchmarks.run` on "
@@ -319,20 +349,21 @@ def caption(base_length: int) -> str:
 
 
 def row_cells(
-    columns: Sequence[Column], mt: Optional[str], lm: Optional[str], bootstrap: str, no_lm: str = "-"
+    columns: Sequence[Column], configs: Dict[str, Optional[str]], bootstrap: str, no_lm: str = "-"
 ) -> List[str]:
-    """A row's measured cells: translation (with the paired bootstrap after its reading), then
-    the language model's (``no_lm`` in the first of them when the row has no LM preset)."""
-    translation, test_ppl, *lengths = columns
-    return [
-        *measured_cells(translation, mt),
-        bootstrap,
-        *measured_cells(test_ppl, lm, no_lm),
-        *(c for col in lengths for c in measured_cells(col, lm)),
-    ]
+    """A row's measured cells, each column's from the row's configuration of its kind (``configs``):
+    translation (with the paired bootstrap after its reading), the language model's (``no_lm`` in
+    the first of them when the row has no LM preset), then length generalization."""
+    cells: List[str] = []
+    for index, column in enumerate(columns):
+        first_lm = column.kind == "lm" and all(other.kind != "lm" for other in columns[:index])
+        cells += measured_cells(column, configs.get(column.kind), no_lm if first_lm else "-")
+        if column.kind == "mt":
+            cells.append(bootstrap)
+    return cells
 
 
-def summary_lines(columns: Sequence[Column], entries: Sequence[Tuple[str, Optional[str], Optional[str]]]) -> List[str]:
+def summary_lines(columns: Sequence[Column], entries: Sequence[Tuple[str, Dict[str, Optional[str]]]]) -> List[str]:
     """The section under the table: per column, the methods beyond seed noise of the baseline
     (better, worse), and the methods the data cannot separate from the best."""
     lines = [
@@ -347,8 +378,8 @@ def summary_lines(columns: Sequence[Column], entries: Sequence[Tuple[str, Option
     for column in columns:
         named = [
             (label, column.values[config])
-            for label, mt, lm in entries
-            for config in [mt if column.kind == "mt" else lm]
+            for label, configs in entries
+            for config in [configs.get(column.kind)]
             if config and column.values.get(config)
         ]
         lines.append(f"- **{column.title}**: " + column_summary(column, named))
