@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 
 def table_row(cells: Sequence[str]) -> str:
@@ -110,3 +110,13 @@ def plot_curves(
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def mean_std_cell(values: Optional[Sequence[float]], digits: int = 2) -> str:
+    """A table cell of per-seed values: ``mean +- std (n)``; one seed: ``mean (1)``; none: ``-``."""
+    if not values:
+        return "-"
+    mean = statistics.fmean(values)
+    if len(values) == 1:
+        return f"{mean:.{digits}f} (1)"
+    return f"{mean:.{digits}f} +- {statistics.stdev(values):.{digits}f} ({len(values)})"

@@ -14,7 +14,7 @@ import statistics
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
-from ..harness.report import table_row
+from ..harness.report import mean_std_cell, table_row
 from ..harness.runs import load_runs
 from ..harness.seeds import NOISE_RULE, compare_means, seed_std
 from .length_grid import BASELINE, DECODER_ONLY, FORMS, IN_DISTRIBUTION, bucket_multiplier, bucket_order, length_methods
@@ -60,23 +60,13 @@ def accuracies(records: Sequence[Dict], bucket: str) -> List[float]:
     return [r["accuracy"][bucket] for r in records if r["accuracy"].get(bucket) is not None]
 
 
-def mean_text(values: Sequence[float], digits: int = 1) -> str:
-    """``mean +- std (n)``; one seed: ``mean (1)``; none: ``-``."""
-    if not values:
-        return "-"
-    mean = statistics.fmean(values)
-    if len(values) == 1:
-        return f"{mean:.{digits}f} (1)"
-    return f"{mean:.{digits}f} +- {statistics.stdev(values):.{digits}f} ({len(values)})"
-
-
 def bucket_cells(records: Sequence[Dict], baseline: Sequence[Dict], bucket: str, is_baseline: bool) -> List[str]:
     """``[mean +- std (n), delta vs the baseline in points, its reading against seed noise]``."""
     values, base = accuracies(records, bucket), accuracies(baseline, bucket)
     if is_baseline:
-        return [mean_text(values), "-", "-"]
+        return [mean_std_cell(values, digits=1), "-", "-"]
     difference, _, reading = compare_means(values, base, seed_std(base), higher_is_better=True)
-    return [mean_text(values), "-" if difference is None else f"{difference:+.1f}", reading]
+    return [mean_std_cell(values, digits=1), "-" if difference is None else f"{difference:+.1f}", reading]
 
 
 def other_buckets(records: Sequence[Dict]) -> str:

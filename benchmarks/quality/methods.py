@@ -35,7 +35,7 @@ from fairseq_distattn.tools.generated_blocks import update_pages
 from fairseq_distattn.tools.translation_scoring import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, paired_bootstrap
 
 from ..common import REPO_ROOT, shown
-from ..harness.report import table_row
+from ..harness.report import mean_std_cell, table_row
 from ..harness.runs import kept_hypotheses, load_lines, load_runs
 from ..harness.seeds import (
     BETTER,
@@ -73,15 +73,6 @@ def by_config(records: Sequence[Dict], value) -> Dict[str, List[float]]:
     for record in records:
         table.setdefault(record["config"], []).append(value(record))
     return table
-
-
-def cell(values: Optional[Sequence[float]], digits: int = 2) -> str:
-    if not values:
-        return "-"
-    mean = statistics.fmean(values)
-    if len(values) == 1:
-        return f"{mean:.{digits}f} (1)"
-    return f"{mean:.{digits}f} +- {statistics.stdev(values):.{digits}f} ({len(values)})"
 
 
 def method_rows(
@@ -291,9 +282,9 @@ def measured_cells(column: Column, config: Optional[str], absent: str = "-") -> 
         return [absent, "-", "-"]
     values, baseline = column.values.get(config), column.values.get(column.baseline) or []
     if config == column.baseline:
-        return [cell(values), "-", "-"]
+        return [mean_std_cell(values), "-", "-"]
     reading = read_means(values or [], baseline, seed_std(baseline), column.higher_is_better)
-    return [cell(values), difference_text(values or [], baseline), reading]
+    return [mean_std_cell(values), difference_text(values or [], baseline), reading]
 
 
 def bootstrap_cell(runs: Path, config: Optional[str], references: Callable[[], Sequence[str]]) -> str:
