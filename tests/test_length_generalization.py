@@ -240,6 +240,51 @@ def test_the_report_reads_each_delta_against_seed_noise(tmp_path):
     assert "`nope`" not in markdown.split("## encoder-decoder", 1)[1]  # no translation configuration
 
 
+def test_the_report_reads_kazemnejad_et_al_s_ordering_on_the_tasks_every_compared_method_has(tmp_path):
+    out = tmp_path / "out"
+    # per seed, the x2 accuracy on copy and reverse (the same on both)
+    x2 = {"baseline": (0, 2), "rope": (1, 1), "alibi": (30, 34), "t5-bias": (20, 24), "nope": (22, 22)}
+    for method, per_seed in x2.items():
+        for seed, accuracy in enumerate(per_seed, start=1):
+            for task in ("copy", "reverse"):
+                fixture_run(out, task, method, seed, {"valid": 100, "x2": accuracy, "x4": 0})
+    fixture_run(out, "parity", "nope", 1, {"valid": 100, "x2": 100, "x4": 0})  # only nope: not compared
+    fixture_run(out, "copy", "alibi", 1, {"valid": 100, "x2": 0, "x4": 0}, form="encoder-decoder")  # not compared
+    section = length_report.report(out).split("## Against Kazemnejad et al. 2023\n", 1)[1]
+    assert "(copy, reverse)" in section
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+    # the methods by mean (ties in the paper's order), then each claim: rope - baseline 0 within
+    # the baseline's noise (1.41); alibi - rope +31 beyond rope's 0; t5 - alibi -10 beyond
+    # alibi's 2.83; nope - t5 0 within t5's
+    assert rows[1:6] == [
+        "| `alibi` | ALiBi | 32.0 +- 2.8 (2) |",
+        "| `nope` | NoPE | 22.0 +- 0.0 (2) |",
+        "| `t5-bias` | T5's relative bias | 22.0 +- 2.8 (2) |",
+        "| `rope` | Rotary | 1.0 +- 0.0 (2) |",
+        "| baseline | APE | 1.0 +- 1.4 (2) |",
+    ]
+    assert rows[7:] == [
+        "| NoPE ~ T5's relative bias | +0.0 | within noise | reproduced |",
+        "| T5's relative bias > ALiBi | -10.0 | worse, beyond noise | contradicted |",
+        "| ALiBi > Rotary | +31.0 | better, beyond noise | reproduced |",
+        "| Rotary ~ APE | +0.0 | within noise | reproduced |",
+    ]
+    assert "Of the 4 claims: 3 reproduced, 1 contradicted, 0 not separated, 0 without a reading yet." in section
+
+
+def test_the_kazemnejad_claims_have_no_reading_with_one_seed_and_no_section_tables_without_common_tasks(tmp_path):
+    out = tmp_path / "out"
+    for method in ("baseline", "rope", "alibi", "t5-bias", "nope"):
+        fixture_run(out, "copy", method, 1, {"valid": 100, "x2": 10, "x4": 0})
+    section = length_report.report(out).split("## Against Kazemnejad et al. 2023\n", 1)[1]
+    assert "| T5's relative bias > ALiBi | +0.0 | - | - |" in section and "4 without a reading yet" in section
+    fixture_run(out, "reverse", "rope", 1, {"valid": 100, "x2": 10, "x4": 0})
+    assert "(copy)" in length_report.report(out)  # reverse lacks four of the five methods
+    (out / "runs" / "copy-decoder-only-nope-seed1.json").unlink()
+    section = length_report.report(out).split("## Against Kazemnejad et al. 2023\n", 1)[1]
+    assert "(none yet)" in section and "| their claim |" not in section
+
+
 def test_the_report_without_runs_says_so(tmp_path):
     assert harness.main(["--report", "--out", str(tmp_path / "out")]) == 0
     markdown = (tmp_path / "out" / "length_generalization.md").read_text(encoding="utf-8")

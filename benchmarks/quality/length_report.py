@@ -5,7 +5,8 @@ Built from the run files alone (``python -m benchmarks.quality.length_generaliza
 --report``): per form, an overview of every method on every task (in-distribution, x2
 and x4 exact match), then one table per task with the mean +- std over seeds, each
 delta against the baseline and its reading against seed noise, read with the rule of
-the methods table (``benchmarks.harness.seeds``).
+the methods table (``benchmarks.harness.seeds``); last, Kazemnejad et al.'s ordering read
+against the runs (``length_papers``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Dict, List, Sequence, Tuple
 from ..harness.report import mean_std_cell, table_row
 from ..harness.runs import load_runs
 from ..harness.seeds import NOISE_RULE, compare_means, seed_std
+from . import length_papers
 from .length_grid import BASELINE, DECODER_ONLY, FORMS, IN_DISTRIBUTION, bucket_multiplier, bucket_order, length_methods
 
 REPORT = "length_generalization.md"
@@ -41,6 +43,7 @@ def report(out: Path, selected: Sequence[Tuple[str, str]] = ()) -> str:
         tasks = [task for task, task_form in grid if task_form == form]
         if tasks:
             lines += form_section(form, tasks, grid)
+    lines += length_papers.section(runs)
     markdown = "\n".join(lines) + "\n"
     out.mkdir(parents=True, exist_ok=True)
     (out / REPORT).write_text(markdown, encoding="utf-8")
