@@ -14,7 +14,7 @@ import platform
 import re
 import subprocess
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,20 +37,43 @@ def at_least(least: int) -> Callable[[str], int]:
     return parse
 
 
+# fairseq flag (without "--") -> value: True a bare switch, None or False left out; the
+# harnesses state their fairseq-train recipes as these, merged, and :func:`command_line`
+# writes them out
+Flags = Dict[str, object]
+
+
+def command_line(*flags: Mapping[str, object]) -> List[object]:
+    """The fairseq command-line arguments of ``flags``, merged in order (a later value
+    of a flag replaces an earlier one, where it stood)."""
+    merged: Flags = {}
+    for part in flags:
+        merged.update(part)
+    arguments: List[object] = []
+    for name, value in merged.items():
+        if value is None or value is False:
+            continue
+        arguments.append(f"--{name}")
+        if value is not True:
+            arguments.append(value)
+    return arguments
+
+
+def model_size(
+    dim: int, ffn: int, heads: int, layers: Optional[int] = None, sides: Sequence[str] = ("encoder", "decoder")
+) -> Flags:
+    """A Transformer's size, each for every side in ``sides`` (``("decoder",)`` for a language
+    model): ``{side}-layers`` (unless None), ``{side}-embed-dim``, ``{side}-ffn-embed-dim``,
+    ``{side}-attention-heads``."""
+    sizes = {"layers": layers, "embed-dim": dim, "ffn-embed-dim": ffn, "attention-heads": heads}
+    return {f"{side}-{name}": value for name, value in sizes.items() for side in sides}
+
+
 def size_flags(
     dim: int, ffn: int, heads: int, layers: Optional[int] = None, sides: Sequence[str] = ("encoder", "decoder")
 ) -> List[str]:
-    """fairseq's flags for a Transformer's size, each for every side in ``sides``
-    (``("decoder",)`` for a language model): ``--{side}-layers`` (unless None),
-    ``--{side}-embed-dim``, ``--{side}-ffn-embed-dim``, ``--{side}-attention-heads``."""
-    sizes = [("layers", layers), ("embed-dim", dim), ("ffn-embed-dim", ffn), ("attention-heads", heads)]
-    return [
-        item
-        for name, value in sizes
-        if value is not None
-        for side in sides
-        for item in (f"--{side}-{name}", str(value))
-    ]
+    """:func:`model_size` as command-line strings."""
+    return [str(item) for item in command_line(model_size(dim, ffn, heads, layers, sides))]
 
 
 def scale_results(default: Path, scale: str) -> Path:

@@ -1,6 +1,5 @@
 """``python -m fairseq_distattn.docs [--write]``: :mod:`fairseq_distattn.tools.docs`, beside
-``check`` and ``inspect`` (``python -m fairseq_distattn.mechanisms`` is the same command
-under its older name)."""
+``check`` and ``inspect``."""
 
 import sys
 

@@ -267,8 +267,16 @@ class MechanismInfo:
     # its papers' models keep the sinusoidal position embeddings beside it (the LM preset and the
     # translation benchmark derived from it keep them too); else it replaces them
     keeps_position_embeddings: bool = False
+    # its papers name the layers it goes in (the window's first three decoder layers): no LM preset
+    # nor translation configuration is derived with it in every layer; the papers' own ones stand
+    papers_place_it: bool = False
     # what it has computed, oldest first (empty: one revision since it was registered)
     revisions: Tuple[ArithmeticRevision, ...] = ()
+
+    @property
+    def family(self) -> str:
+        """The name before its first "-": the names one options dataclass serves (``window``)."""
+        return self.name.split("-")[0]
 
     @property
     def revision(self) -> int:
@@ -357,6 +365,7 @@ def register_attention(
     extra_queries: Tuple[str, ...] = (),
     extra_keys: Tuple[str, ...] = (),
     keeps_position_embeddings: bool = False,
+    papers_place_it: bool = False,
     revisions: Tuple[ArithmeticRevision, ...] = (),
 ):
     """Class decorator registering a mechanism module under the SPEC ``name``
@@ -413,6 +422,7 @@ def register_attention(
             description=description,
             paper=paper,
             keeps_position_embeddings=keeps_position_embeddings,
+            papers_place_it=papers_place_it,
             revisions=tuple(revisions),
         )
         for callback in _REGISTRATION_CALLBACKS:

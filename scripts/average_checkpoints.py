@@ -39,8 +39,7 @@ if str(REPO_ROOT) not in sys.path:
 import torch  # noqa: E402
 
 import fairseq_distattn.models  # noqa: E402,F401  (registers the safe globals for fairseq checkpoints)
-from fairseq_distattn.checkpoint_configuration import model_config, settings_of  # noqa: E402
-from fairseq_distattn.trained_configuration import differences, shown  # noqa: E402
+from fairseq_distattn.trained_settings import differences, model_config, settings_of, shown  # noqa: E402
 
 EPOCH_RE = re.compile(r"^checkpoint(\d+)\.pt$")
 UPDATE_RE = re.compile(r"^checkpoint_\d+_(\d+)\.pt$")

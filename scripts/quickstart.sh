@@ -12,7 +12,7 @@
 #                              --cross-attention window-aw-seg@0-2
 #            vanilla:  no distance-aware attention (the baseline)
 #            any other mechanism that both self-attentions accept (rpr, da, alibi, ...;
-#            `python -m fairseq_distattn.mechanisms --accepted-by encoder-self decoder-self`
+#            `python -m fairseq_distattn.docs --accepted-by encoder-self decoder-self`
 #            lists them): --encoder-self-attention MECH --decoder-self-attention MECH
 #   ATTN_ARGS  attention flags to use instead of the MECH preset (a string); give
 #            MECH a new name with it, e.g. MECH=mine ATTN_ARGS='--encoder-self-attention
@@ -72,7 +72,7 @@ case "$MECH" in
         ATTN_DEFAULT="" ;;
     *)
         # the mechanisms MECH may name come from the registry, so a new one is offered without an edit here
-        SELF_MECHANISMS="$(python -m fairseq_distattn.mechanisms --accepted-by encoder-self decoder-self | grep -vx vanilla)"
+        SELF_MECHANISMS="$(python -m fairseq_distattn.docs --accepted-by encoder-self decoder-self | grep -vx vanilla)"
         if grep -qxF -e "$MECH" <<< "$SELF_MECHANISMS"; then
             ATTN_DEFAULT="--encoder-self-attention $MECH --decoder-self-attention $MECH"
         elif [ -n "${ATTN_ARGS:-}" ]; then

@@ -158,7 +158,7 @@ def t5_tables(stack):
     return [
         layer.self_attn.mechanism.relative_attention_bias
         for layer in stack.layers
-        if type(layer.self_attn).__name__ == "DistanceAwareMultiheadAttention"
+        if type(layer.self_attn).__name__ == "MechanismMultiheadAttention"
     ]
 
 

@@ -8,7 +8,6 @@ import json
 import math
 import os
 import re
-import shutil
 import struct
 import subprocess
 import sys
@@ -717,20 +716,6 @@ def test_each_alias_of_the_speed_harness_runs_it(alias, speed_help, tmp_path):
     assert done.stdout == speed_help and "usage: python -m benchmarks.run" in done.stdout
 
 
-def test_the_old_path_of_gpu_fetch_wheels_runs_the_script_with_its_arguments(tmp_path):
-    """benchmarks/gpu_fetch_wheels.sh forwards to benchmarks/gpu/fetch_wheels.sh, here a
-    stand-in (the real one downloads from PyPI), from any working directory."""
-    script = REPO_ROOT / "benchmarks" / "gpu" / "fetch_wheels.sh"
-    assert subprocess.run(["bash", "-n", str(script)], timeout=60).returncode == 0
-    repo = tmp_path / "repo"
-    (repo / "benchmarks" / "gpu").mkdir(parents=True)
-    shutil.copy(REPO_ROOT / "benchmarks" / "gpu_fetch_wheels.sh", repo / "benchmarks")
-    (repo / "benchmarks" / "gpu" / "fetch_wheels.sh").write_text('echo "fetch_wheels [$1] [$2]"\n')
-    for cwd, path in ((repo, "benchmarks/gpu_fetch_wheels.sh"), (tmp_path, "repo/benchmarks/gpu_fetch_wheels.sh")):
-        done = subprocess.run(["bash", path, "a b", "c"], cwd=str(cwd), capture_output=True, text=True, timeout=60)
-        assert (done.returncode, done.stdout) == (0, "fetch_wheels [a b] [c]\n"), done.stderr
-
-
 # --------------------------------------------------------------------------- pieces
 
 
@@ -913,3 +898,20 @@ def test_configs_flex_names_every_candidate_that_may_take_the_flex_path():
     script = (REPO_ROOT / "benchmarks" / "gpu" / "speed_check.sh").read_text()
     assert "--configs flex" in script and "--attention-flex never" in script and "--attention-flex always" in script
     assert subprocess.run(["bash", "-n", str(REPO_ROOT / "benchmarks" / "gpu" / "speed_check.sh")]).returncode == 0
+    assert subprocess.run(["bash", "-n", str(REPO_ROOT / "benchmarks" / "gpu" / "fetch_wheels.sh")]).returncode == 0
+
+
+def test_a_recipe_s_flags_are_written_out_in_order_switches_bare_and_absent_values_left_out():
+    from benchmarks.common import command_line, model_size
+
+    flags = command_line({"max-tokens": 2048, "share-all-embeddings": True, "save-interval": None}, {"no-x": False})
+    assert flags == ["--max-tokens", 2048, "--share-all-embeddings"]
+    assert command_line({"lr": "1e-3", "seed": 1}, {"lr": "5e-4"}) == ["--lr", "5e-4", "--seed", 1]
+    assert command_line(model_size(64, 256, 4, None, ("decoder",))) == [
+        "--decoder-embed-dim",
+        64,
+        "--decoder-ffn-embed-dim",
+        256,
+        "--decoder-attention-heads",
+        4,
+    ]

@@ -25,9 +25,14 @@ from argparse import Namespace
 
 import pytest
 
-from fairseq_distattn.checkpoint_configuration import architecture_defaults, settings_of
 from fairseq_distattn.registry import SpecError
-from fairseq_distattn.trained_configuration import check_overrides, differences, trained_settings
+from fairseq_distattn.trained_settings import (
+    architecture_defaults,
+    check_overrides,
+    differences,
+    settings_of,
+    trained_settings,
+)
 
 try:  # tests/ is a package (tests/__init__.py)
     from .conftest import run_cli

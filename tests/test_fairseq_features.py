@@ -175,7 +175,7 @@ def test_the_build_summary_lists_every_layer_under_layerdrop():
 
 @pytest.mark.parametrize("mechanism", DECODER_MECHANISMS)
 def test_retain_dropout_keeps_attention_dropout_at_inference(mechanism):
-    """fairseq's ``--retain-dropout --retain-dropout-modules DistanceAwareMultiheadAttention``
+    """fairseq's ``--retain-dropout --retain-dropout-modules MechanismMultiheadAttention``
     sets ``apply_during_inference`` on the module's ``FairseqDropout``: two passes in eval mode
     then differ, as they do with fairseq's own attention; without it they are equal."""
     model = build_lm(lm_args(mechanism, "--attention-dropout", "0.5"))
@@ -184,7 +184,7 @@ def test_retain_dropout_keeps_attention_dropout_at_inference(mechanism):
     tokens = random_tokens(dictionary(), 2, 9, seed=1)
     with torch.no_grad():
         assert torch.equal(model(tokens)[0], model(tokens)[0])
-        model.make_generation_fast_(retain_dropout=True, retain_dropout_modules=["DistanceAwareMultiheadAttention"])
+        model.make_generation_fast_(retain_dropout=True, retain_dropout_modules=["MechanismMultiheadAttention"])
         model.eval()
         torch.manual_seed(0)
         first = model(tokens)[0]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fairseq_distattn.patches.checkpoint_upgrade import CHANGED_DEFAULTS
-from fairseq_distattn.trained_configuration import differences, trained_settings
+from fairseq_distattn.trained_settings import differences, trained_settings
 
 from .model_helpers import language_model, old_checkpoint_log_probabilities, translation_model
 

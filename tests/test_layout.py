@@ -3,7 +3,7 @@ only from its own floor or below, never from the repository around it.
 
     0  functional/ (pure torch math), registry (declarations)
     1  mechanisms/ (one module per mechanism)
-    2  spec, trained_configuration, checkpoint_configuration (configuration from flags and checkpoints)
+    2  spec, trained_settings (configuration from flags; what a model and a checkpoint were trained as)
     3  modules/ (the fairseq layers), patches/ (the changes to fairseq and torch)
     4  models/ (registered models and architectures, flags), criterions/ (registered losses)
     5  tools/ (check, inspection, docs, translation scoring)
@@ -23,15 +23,14 @@ FLOORS = {
     "registry": 0,
     "mechanisms": 1,
     "spec": 2,
-    "trained_configuration": 2,
-    "checkpoint_configuration": 2,
+    "trained_settings": 2,
     "modules": 3,
     "patches": 3,
     "models": 4,
     "criterions": 4,
     "tools": 5,
 }
-ENTRY_POINTS = {PACKAGE, f"{PACKAGE}.check", f"{PACKAGE}.docs", f"{PACKAGE}.inspect", f"{PACKAGE}.mechanisms.__main__"}
+ENTRY_POINTS = {PACKAGE, f"{PACKAGE}.check", f"{PACKAGE}.docs", f"{PACKAGE}.inspect"}
 TOP = max(FLOORS.values()) + 1
 # what lives beside the package in the repository: never imported by it
 REPOSITORY_NEIGHBOURS = {path.name.removesuffix(".py") for path in REPO_ROOT.iterdir()} - {PACKAGE}

@@ -96,11 +96,6 @@ def test_lm_harnesses_write_one_json_per_run_skip_done_runs_and_report(tmp_path)
     assert lm_quality.main([*argv, "--configs", config, "--retrain"]) == 0
     assert retrained.stat().st_mtime_ns != before[retrained]
     assert {path: path.stat().st_mtime_ns for path in others} == {path: before[path] for path in others}
-    # a run file written before the parameters were measured gets them from its kept checkpoint
-    older = out / "runs" / "distattn_lm_alibi_gbw-seed3.json"
-    older.write_text(json.dumps({k: v for k, v in records[older.stem].items() if k != "mechanism_parameters"}))
-    assert lm_quality.main(argv) == 0
-    assert json.loads(older.read_text())["mechanism_parameters"] == {}
 
     # length extrapolation of one of the models: one JSON per (run, length), both modes
     extra = tmp_path / "extrapolation"

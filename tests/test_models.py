@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from fairseq_distattn.modules.multihead_attention import DistanceAwareMultiheadAttention
+from fairseq_distattn.modules.multihead_attention import MechanismMultiheadAttention
 from fairseq_distattn.registry import CROSS, DECODER_SELF, ENCODER_SELF
 from fairseq_distattn.registry import REGISTRY as MECHANISM_REGISTRY
 from fairseq_distattn.spec import MECHANISMS, AttentionOptions, parse_spec
@@ -215,8 +215,8 @@ def test_mechanisms_land_on_the_named_layers_only():
     )
     encoder_kinds = [type(layer.self_attn).__name__ for layer in model.encoder.layers]
     cross_kinds = [type(layer.encoder_attn).__name__ for layer in model.decoder.layers]
-    assert encoder_kinds == ["MultiheadAttention", "DistanceAwareMultiheadAttention"]
-    assert cross_kinds == ["DistanceAwareMultiheadAttention", "MultiheadAttention"]
+    assert encoder_kinds == ["MultiheadAttention", "MechanismMultiheadAttention"]
+    assert cross_kinds == ["MechanismMultiheadAttention", "MultiheadAttention"]
     assert model.decoder.layers[0].encoder_attn.mechanism.segment_size == 2
 
 
@@ -226,7 +226,7 @@ def test_a_carried_all_false_padding_mask_reaches_the_mechanism_as_none(mechanis
     every later step, also when no row has padding (left). The module hands
     the mechanism None then, which must not change a single value; a mask
     with padding still arrives and still masks."""
-    module = DistanceAwareMultiheadAttention(8, 2, mechanism, AttentionOptions(), causal=True, self_attention=True)
+    module = MechanismMultiheadAttention(8, 2, mechanism, AttentionOptions(), causal=True, self_attention=True)
     module = module.double().eval()
     received = []
     real_forward = module.mechanism.forward

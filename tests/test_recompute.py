@@ -115,7 +115,7 @@ def test_no_score_sized_tensor_is_kept_for_backward(mechanism):
     scores = rows * heads * length * length  # one [B, H, Tq, Tk] tensor; the largest other tensor is T*B*E
     for recompute_length, keeps_scores in ((0, True), (length, False)):
         model, _ = translation_model(extra=model_flags(mechanism, recompute_length))
-        modules = [m for m in model.modules() if isinstance(m, attention.DistanceAwareMultiheadAttention)]
+        modules = [m for m in model.modules() if isinstance(m, attention.MechanismMultiheadAttention)]
         assert modules
         for module in modules:
             largest = max(saved_tensor_sizes(module.train(), inputs, inputs))
@@ -157,7 +157,7 @@ def test_a_long_sequence_runs_at_most_recompute_max_blocks_per_layer(mechanism, 
     length, rows, embed_dim = 5 * attention.RECOMPUTE_MAX_BLOCKS + 3, 2, 16
     inputs = torch.randn(length, rows, embed_dim, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     model, _ = translation_model(extra=model_flags(mechanism, 0))
-    kept = next(m for m in model.modules() if isinstance(m, attention.DistanceAwareMultiheadAttention)).train()
+    kept = next(m for m in model.modules() if isinstance(m, attention.MechanismMultiheadAttention)).train()
     recomputed = copy.deepcopy(kept)
     recomputed.recompute_length = length
     results = []

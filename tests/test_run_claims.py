@@ -117,7 +117,6 @@ def test_a_harness_skips_a_run_another_process_trains_or_finished(harness, tmp_p
     else:
         monkeypatch.setattr(module, "prepare", lambda data, directory, env: (directory / "b", {}))
     monkeypatch.setattr(module, "train_run", fake_train_run)
-    monkeypatch.setattr(module, "backfill_mechanism_parameters", lambda *args: None)
     monkeypatch.setattr(module, "report", lambda out_dir: "")
     holder = holders(work / "tiny" / f"{names[1]}-seed1")  # another process trains the second run
 

@@ -1,39 +1,58 @@
-"""What the translation and language-model quality runs share about training: the
-optimiser recipe, the training wall time their fairseq-train logs give, and how far
-the mechanisms' parameters moved from the initial model."""
+"""What the quality runs (translation, language models, length generalization) share about
+training: the recipe's shared flags (:func:`optimizer`, :func:`routine`; the model's size is
+``common.model_size``, and ``common.command_line`` writes them out), the training wall time
+their fairseq-train logs give, and how far the mechanisms' parameters moved from the initial
+model."""
 
 from __future__ import annotations
 
 import datetime
 import json
-import os
 import re
 import sys
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, Optional
 
-from .process import log, run
+from ..common import Flags
+from .process import run
 
 
-def optimizer_args(updates: int) -> List[object]:
-    """The optimiser and schedule of every quality recipe (translation and LM):
-    Adam, inverse square root with a warm-up of a quarter of the run, at most 400."""
-    return [
-        "--optimizer",
-        "adam",
-        "--adam-betas",
-        "(0.9, 0.98)",
-        "--clip-norm",
-        "1.0",
-        "--lr",
-        "1e-3",
-        "--lr-scheduler",
-        "inverse_sqrt",
-        "--warmup-updates",
-        max(1, min(updates // 4, 400)),
-        "--warmup-init-lr",
-        "1e-7",
-    ]
+def optimizer(updates: int) -> Flags:
+    """The optimiser and schedule of every quality recipe (translation, LM, length
+    generalization): Adam, inverse square root with a warm-up of a quarter of the run, at most 400."""
+    return {
+        "optimizer": "adam",
+        "adam-betas": "(0.9, 0.98)",
+        "clip-norm": "1.0",
+        "lr": "1e-3",
+        "lr-scheduler": "inverse_sqrt",
+        "warmup-updates": max(1, min(updates // 4, 400)),
+        "warmup-init-lr": "1e-7",
+    }
+
+
+def routine(
+    save_dir: Path, seed: int, updates: int, every: int, keep: int, log_interval: int, epoch_ends: bool = False
+) -> Flags:
+    """What every quality run does besides learning: ``updates`` updates, a checkpoint and a
+    validation every ``every`` updates (the last ``keep`` checkpoints kept, none per epoch), its
+    ``seed``, single-process data loading and plain logs. ``epoch_ends``: also validate at the end
+    of each epoch, as fairseq does by default; without it, only the evenly spaced validations."""
+    return {
+        "max-update": updates,
+        "save-dir": save_dir,
+        "no-epoch-checkpoints": True,
+        "save-interval-updates": every,
+        "keep-interval-updates": keep,
+        "validate-interval-updates": every,
+        "validate-interval": None if epoch_ends else 10**6,
+        "save-interval": None if epoch_ends else 10**6,
+        "required-batch-size-multiple": 1,
+        "seed": seed,
+        "num-workers": 0,
+        "log-format": "simple",
+        "log-interval": log_interval,
+    }
 
 
 TRAIN_WALL = re.compile(r"\bwall[= ](\d+(?:\.\d+)?)")
@@ -71,22 +90,3 @@ def mechanism_parameters(checkpoint: Path, data_bin: Path, log_path: Path, env: 
         stdout_path=output,
     )
     return json.loads(output.read_text(encoding="utf-8"))
-
-
-def backfill_mechanism_parameters(
-    out: Path, model_of: Callable[[Dict[str, object], Path], Tuple[Path, Path, Path]]
-) -> None:
-    """Add ``mechanism_parameters`` to run files written before it was measured.
-    ``model_of(record, run_file)``: where the run kept ``(checkpoint, data-bin, log)``;
-    a run whose checkpoint or data is gone is left as it is."""
-    for path in sorted((out / "runs").glob("*.json")):
-        record = json.loads(path.read_text(encoding="utf-8"))
-        if "mechanism_parameters" in record:
-            continue
-        found = model_of(record, path)
-        if not found[0].is_file() or not found[1].is_dir():
-            continue
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        record["mechanism_parameters"] = mechanism_parameters(*found, env)
-        path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-        log(f"measured the mechanism parameters of {path.stem}")

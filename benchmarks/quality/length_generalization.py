@@ -46,16 +46,17 @@ from ..common import (
     check_same_budget,
     comma_separated_ints,
     comma_separated_names,
+    command_line,
     device_model,
     git_revision,
-    size_flags,
+    model_size,
     without_machine_paths,
 )
 from ..harness.claims import claimed
 from ..harness.fingerprints import checkpoint_fingerprint
 from ..harness.grid import PlannedRun, plan_runs, train_planned
 from ..harness.process import log, run, tool, tool_env
-from ..harness.training import optimizer_args, training_wall_seconds
+from ..harness.training import optimizer, routine, training_wall_seconds
 from .length_grid import (
     BUDGET,
     DECODER_ONLY,
@@ -219,11 +220,11 @@ def train_args(
     every = max(1, updates // VALIDATIONS)
     decoder_only = config.form == DECODER_ONLY
     sides = ("decoder",) if decoder_only else ("encoder", "decoder")
-    form_args = (
-        ["--sample-break-mode", "eos", "--share-decoder-input-output-embed"]
-        + ["--criterion", "answer_cross_entropy", "--answer-separator", SEPARATOR]
+    form_flags = (
+        {"sample-break-mode": "eos", "share-decoder-input-output-embed": True}
+        | {"criterion": "answer_cross_entropy", "answer-separator": SEPARATOR}
         if decoder_only
-        else ["--share-all-embeddings", "--criterion", "cross_entropy"]
+        else {"share-all-embeddings": True, "criterion": "cross_entropy"}
     )
     return [
         tool("fairseq-train"),
@@ -232,16 +233,14 @@ def train_args(
         "fairseq_distattn",
         *task_args(config.form, positions),
         *config.method.arch_args(config.form),
-        *size_flags(budget["dim"], budget["ffn"], budget["heads"], budget["layers"], sides),
-        *form_args,
-        *["--dropout", budget["dropout"], "--attention-dropout", budget["dropout"], "--weight-decay", "0.01"],
-        *optimizer_args(updates),
-        *["--max-tokens", budget["max_tokens"], "--max-update", updates, "--seed", seed],
-        *["--save-dir", save_dir, "--no-epoch-checkpoints", "--keep-interval-updates", 1],
-        *["--save-interval-updates", every, "--validate-interval-updates", every],
-        # no extra validation at the end of each (short) epoch: an evenly spaced curve
-        *["--validate-interval", 10**6, "--save-interval", 10**6],
-        *["--required-batch-size-multiple", 1, "--num-workers", 0, "--log-format", "simple", "--log-interval", 100],
+        *command_line(
+            model_size(budget["dim"], budget["ffn"], budget["heads"], budget["layers"], sides),
+            form_flags,
+            {"dropout": budget["dropout"], "attention-dropout": budget["dropout"], "weight-decay": "0.01"},
+            {"max-tokens": budget["max_tokens"]},
+            optimizer(updates),
+            routine(save_dir, seed, updates, every, keep=1, log_interval=100),
+        ),
     ]
 
 

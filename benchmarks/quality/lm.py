@@ -52,8 +52,10 @@ from ..common import (
     check_same_budget,
     comma_separated_ints,
     comma_separated_names,
+    command_line,
     device_model,
     git_revision,
+    model_size,
     scale_results,
     text_lines,
     without_machine_paths,
@@ -63,9 +65,9 @@ from ..harness.fingerprints import checkpoint_fingerprint
 from ..harness.grid import PlannedRun, plan_runs, train_planned
 from ..harness.process import log, run, tool, tool_env
 from ..harness.training import (
-    backfill_mechanism_parameters,
     mechanism_parameters,
-    optimizer_args,
+    optimizer,
+    routine,
     training_wall_seconds,
 )
 from .lm_grid import (
@@ -165,71 +167,30 @@ def train_args(config: LMConfig, scale: Dict, seed: int, data_bin: Path, save_di
     return [
         tool("fairseq-train"),
         data_bin,
-        "--user-dir",
-        "fairseq_distattn",
-        "--task",
-        "language_modeling",
         *config.arch_args(),
-        "--decoder-layers",
-        scale["layers"],
-        "--decoder-embed-dim",
-        scale["dim"],
-        # --arch transformer_lm (and so distattn_lm) defaults both to 512 whatever --decoder-embed-dim
-        # says, while the named architectures (transformer_lm_gbw, ...) follow it: without them the
-        # transformer_lm baseline got 512-wide token embeddings projected down to the model width and
-        # back (9.3M parameters against the gbw presets' 5.7M at scale small)
-        "--decoder-input-dim",
-        scale["dim"],
-        "--decoder-output-dim",
-        scale["dim"],
-        "--decoder-ffn-embed-dim",
-        scale["ffn"],
-        "--decoder-attention-heads",
-        scale["heads"],
-        "--share-decoder-input-output-embed",
-        "--dropout",
-        "0.3",
-        "--attention-dropout",
-        "0.1",
-        "--tokens-per-sample",
-        scale["tokens_per_sample"],
-        "--sample-break-mode",
-        "none",
-        "--max-target-positions",
-        MAX_POSITIONS,
-        "--criterion",
-        "cross_entropy",
-        *optimizer_args(updates),
-        "--weight-decay",
-        "0.01",
-        "--max-tokens",
-        scale["max_tokens"],
-        "--max-update",
-        updates,
-        "--save-dir",
-        save_dir,
-        "--no-epoch-checkpoints",
-        "--save-interval-updates",
-        every,
-        "--keep-interval-updates",
-        1,
-        "--validate-interval-updates",
-        every,
-        # no extra validation at the end of each (short) epoch: an evenly spaced curve
-        "--validate-interval",
-        10**6,
-        "--save-interval",
-        10**6,
-        "--required-batch-size-multiple",
-        "1",
-        "--seed",
-        seed,
-        "--num-workers",
-        "0",
-        "--log-format",
-        "simple",
-        "--log-interval",
-        "50",
+        *command_line(
+            {"user-dir": "fairseq_distattn", "task": "language_modeling"},
+            model_size(scale["dim"], scale["ffn"], scale["heads"], scale["layers"], ("decoder",)),
+            {
+                # --arch transformer_lm (and so distattn_lm) defaults both to 512 whatever --decoder-embed-dim
+                # says, while the named architectures (transformer_lm_gbw, ...) follow it: without them the
+                # transformer_lm baseline got 512-wide token embeddings projected down to the model width and
+                # back (9.3M parameters against the gbw presets' 5.7M at scale small)
+                "decoder-input-dim": scale["dim"],
+                "decoder-output-dim": scale["dim"],
+                "share-decoder-input-output-embed": True,
+                "dropout": "0.3",
+                "attention-dropout": "0.1",
+                "tokens-per-sample": scale["tokens_per_sample"],
+                "sample-break-mode": "none",
+                "max-target-positions": MAX_POSITIONS,
+                "criterion": "cross_entropy",
+                "weight-decay": "0.01",
+                "max-tokens": scale["max_tokens"],
+            },
+            optimizer(updates),
+            routine(save_dir, seed, updates, every, keep=1, log_interval=50),
+        ),
     ]
 
 
@@ -439,13 +400,7 @@ def save_run(planned: PlannedRun, record: Dict[str, object]) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     if not args.report:
-        data_bin = train_grid(args)
-
-        def model_of(record: Dict[str, object], path: Path) -> Tuple[Path, Path, Path]:
-            run_dir = args.work / str(record.get("scale", args.scale)) / path.stem
-            return run_dir / "checkpoint_best.pt", data_bin, run_dir / "eval.log"
-
-        backfill_mechanism_parameters(args.out, model_of)
+        train_grid(args)
     print(report(args.out))
     return 0
 

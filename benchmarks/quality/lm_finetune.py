@@ -132,9 +132,9 @@ def flag_value(args: Sequence[object], flag: str) -> object:
 def recipe_differences(checkpoint: Path, args: Sequence[object], flags: Sequence[str]) -> List[Tuple[str, object]]:
     """``(flag, the checkpoint's value)`` of each of ``flags`` whose value in the checkpoint's model
     configuration is not the one ``args`` gives it; a checkpoint that cannot be read is one error line."""
-    from fairseq_distattn.checkpoint_configuration import model_config
     from fairseq_distattn.patches.checkpoint_loading import read_checkpoint
     from fairseq_distattn.tools.check import failure_reason
+    from fairseq_distattn.trained_settings import model_config
 
     try:
         config = model_config(read_checkpoint(checkpoint))

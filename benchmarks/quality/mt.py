@@ -40,8 +40,10 @@ from ..common import (
     check_same_budget,
     comma_separated_ints,
     comma_separated_names,
+    command_line,
     device_model,
     git_revision,
+    model_size,
     scale_results,
 )
 from ..harness.claims import claimed
@@ -50,9 +52,9 @@ from ..harness.grid import PlannedRun, plan_runs, train_planned
 from ..harness.process import BIN_DIR, log, run, tool, tool_env
 from ..harness.runs import hypotheses_file, load_runs, runs_by_config, save_lines
 from ..harness.training import (
-    backfill_mechanism_parameters,
     mechanism_parameters,
-    optimizer_args,
+    optimizer,
+    routine,
     training_wall_seconds,
 )
 from .mt_grid import (
@@ -167,53 +169,18 @@ def train_args(
         tool("fairseq-train"),
         *translation_args(data_bin),
         *config.arch_args(),
-        "--encoder-layers",
-        scale["layers"],
-        "--decoder-layers",
-        scale["layers"],
-        "--encoder-embed-dim",
-        scale["dim"],
-        "--decoder-embed-dim",
-        scale["dim"],
-        "--encoder-ffn-embed-dim",
-        scale["ffn"],
-        "--decoder-ffn-embed-dim",
-        scale["ffn"],
-        "--encoder-attention-heads",
-        scale["heads"],
-        "--decoder-attention-heads",
-        scale["heads"],
-        "--share-all-embeddings",
-        "--dropout",
-        "0.1",
-        "--criterion",
-        "label_smoothed_cross_entropy",
-        "--label-smoothing",
-        "0.1",
-        *optimizer_args(updates),
-        "--max-tokens",
-        scale["max_tokens"],
-        "--max-update",
-        updates,
-        "--save-dir",
-        save_dir,
-        "--no-epoch-checkpoints",
-        "--save-interval-updates",
-        save_every,
-        "--keep-interval-updates",
-        CHECKPOINTS_AVERAGED,
-        "--validate-interval-updates",
-        save_every,
-        "--required-batch-size-multiple",
-        "1",
-        "--seed",
-        seed,
-        "--num-workers",
-        "0",
-        "--log-format",
-        "simple",
-        "--log-interval",
-        "50",
+        *command_line(
+            model_size(scale["dim"], scale["ffn"], scale["heads"], scale["layers"], ("encoder", "decoder")),
+            {
+                "share-all-embeddings": True,
+                "dropout": "0.1",
+                "criterion": "label_smoothed_cross_entropy",
+                "label-smoothing": "0.1",
+                "max-tokens": scale["max_tokens"],
+            },
+            optimizer(updates),
+            routine(save_dir, seed, updates, save_every, keep=CHECKPOINTS_AVERAGED, log_interval=50, epoch_ends=True),
+        ),
         *PRECISION[precision][0],
     ]
 
@@ -514,13 +481,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     if not args.report:
         train_grid(args)
-
-    def model_of(record: Dict[str, object], path: Path) -> Tuple[Path, Path, Path]:
-        run_dir = args.work / str(record.get("scale", "small")) / path.stem
-        data_bin = args.work / f"data-{record.get('bpe_merges')}" / "data-bin"
-        return run_dir / "averaged.pt", data_bin, run_dir / "eval.log"
-
-    backfill_mechanism_parameters(args.out, model_of)
     print(report(args.out))
     return 0
 

@@ -49,8 +49,8 @@ WINDOW_PAPER = (
     "window-aw-seg@0-2",
 )
 BASELINE = QualityConfig("vanilla", (), True, "fairseq transformer_iwslt_de_en, sinusoidal positions")
-# The papers' special configurations, each listed after the mechanism (or the family of
-# SPECIAL_FAMILIES, the name before its first "-") it belongs to.
+# The papers' special configurations, each listed after the mechanism it belongs to (for a
+# mechanism its papers place in named layers, papers_place_it: after its family, MechanismInfo.family).
 PAPER_CONFIGS = {
     "rpr": (QualityConfig("rpr+abs", both_self("rpr"), True, "rpr with sinusoidal positions kept"),),
     "da": (QualityConfig("da+abs", both_self("da"), True, "da with sinusoidal positions kept"),),
@@ -105,9 +105,6 @@ PAPER_CONFIGS = {
 }
 
 
-SPECIAL_FAMILIES = ("window",)  # the paper's layer choices are the configurations: none derived
-
-
 def derived_config(info) -> Optional[QualityConfig]:
     """A registered mechanism in every encoder and decoder self-attention layer, without
     the position embeddings it replaces (kept where its papers keep them); None for
@@ -135,9 +132,8 @@ def default_configs() -> Dict[str, QualityConfig]:
 
     configs = {BASELINE.name: BASELINE}
     for info in registered():
-        family = info.name.split("-")[0]
-        if family in SPECIAL_FAMILIES:
-            candidates = PAPER_CONFIGS[family]
+        if info.papers_place_it:  # the papers' layer choices are its configurations: none derived
+            candidates = PAPER_CONFIGS[info.family]
         else:
             special = PAPER_CONFIGS.get(info.name, ())
             derived = derived_config(info)

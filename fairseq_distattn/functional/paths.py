@@ -199,15 +199,6 @@ def choose_path(call: Call, paths: AbstractSet[Path]) -> Path:
     return Path.EAGER
 
 
-def flex_applies(q: Tensor, *, flex: str, need_weights: bool, dropout_p: float, query_offset: int) -> bool:
-    """Whether a full-length call (``Tk = Tq``) with these arguments takes the flex
-    path where an op offers it (:func:`choose_path`); ``flex`` is the caller's
-    setting, an argument of every op rather than a global, so that one call's
-    choice cannot leak into another's."""
-    call = Call.of(q, q, need_weights=need_weights, dropout_p=dropout_p, query_offset=query_offset, flex=flex)
-    return choose_path(call, {Path.EAGER, Path.FLEX}) is Path.FLEX
-
-
 def op_flex(attention_flex: str, flex_when_taken: str, key_length: int, recompute_length: int) -> str:
     """The ops' ``flex`` argument for a call of the attention module on ``key_length``
     keys under ``--attention-flex`` (``attention_flex``) and
@@ -243,5 +234,4 @@ __all__ = [
     "Keeps",
     "Path",
     "choose_path",
-    "flex_applies",
 ]

@@ -4,7 +4,7 @@ per-stack store of parameters shared across layers. No fairseq imports.
 Every mechanism sees per-head tensors ``[B, H, T, D]``: ``queries`` holds
 ``"query"`` plus any extra query-side projections it declares, ``keys`` holds
 ``"key"``, ``"value"`` and its extra key-side projections (these are cached
-by :class:`~fairseq_distattn.modules.multihead_attention.DistanceAwareMultiheadAttention`
+by :class:`~fairseq_distattn.modules.multihead_attention.MechanismMultiheadAttention`
 exactly like fairseq caches ``prev_key``).
 """
 

@@ -70,6 +70,7 @@ def _window(name, additive, segments, description):
         description=description,
         paper=PAPER,
         keeps_position_embeddings=True,  # the paper adds windows to the Transformer with its positions
+        papers_place_it=True,  # Nguyen et al.'s models have windows in named layers (the first three)
     )
 
 

@@ -103,8 +103,6 @@ def transformer_lm_architecture(args):
 transformer_lm_architecture.__name__ = "transformer_lm"
 architecture("distattn_lm", transformer_lm_architecture)
 architecture("distattn_lm_gbw", fairseq_lm.transformer_lm_baevski_gbw)
-# The papers' special configurations (below); a mechanism of their family gets no derived preset.
-SPECIAL_PRESET_FAMILIES = ("window",)
 
 
 def preset_name(mechanism: str) -> str:
@@ -116,9 +114,9 @@ def register_mechanism_preset(info) -> None:
     """``distattn_lm_<name>_gbw``: fairseq's gbw LM with the mechanism in every decoder
     layer, without the position embeddings it replaces (kept where its papers keep
     them, ``keeps_position_embeddings``). Derived for every mechanism that applies to
-    decoder self-attention, outside the special families above."""
-    family = info.name.split("-")[0]
-    if DECODER_SELF.key not in info.kinds or family in SPECIAL_PRESET_FAMILIES:
+    decoder self-attention, except one whose papers place it in named layers (their
+    presets are below)."""
+    if DECODER_SELF.key not in info.kinds or info.papers_place_it:
         return
     architecture(
         preset_name(info.name),

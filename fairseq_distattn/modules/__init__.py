@@ -1,6 +1,6 @@
 """The fairseq layers the plugin subclasses, as in fairseq's own ``modules/``:
 
-- :mod:`.multihead_attention`: :class:`DistanceAwareMultiheadAttention`, the one
+- :mod:`.multihead_attention`: :class:`MechanismMultiheadAttention`, the one
   attention module; it composes a registered mechanism
   (:mod:`fairseq_distattn.mechanisms`) and owns the incremental state;
 - :mod:`.transformer_layer`: encoder and decoder layers that build it (build hooks only);

@@ -29,7 +29,11 @@ RECOMPUTE_CHUNK_ELEMENTS = 2**18
 RECOMPUTE_MAX_BLOCKS = 8
 
 
-class DistanceAwareMultiheadAttention(MultiheadAttention):
+class MechanismMultiheadAttention(MultiheadAttention):
+    """fairseq's multi-head attention running one registered mechanism of one layer (any of
+    them, vanilla included): the projections, the incremental state and the execution path are
+    its own, the arithmetic the mechanism's."""
+
     def __init__(
         self,
         embed_dim: int,
@@ -110,7 +114,7 @@ class DistanceAwareMultiheadAttention(MultiheadAttention):
         if attn_mask is not None and not self.causal:
             # Decoder self-attention passes fairseq's future mask, which `causal`
             # reproduces exactly; any other mask has no meaning for these mechanisms.
-            raise ValueError("DistanceAwareMultiheadAttention supports attn_mask only as the causal future mask")
+            raise ValueError("MechanismMultiheadAttention supports attn_mask only as the causal future mask")
         need_weights = need_weights or need_head_weights
         tgt_len, bsz, _ = query.shape
 

@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class AttentionSite:
     """One attention module of a model: fairseq's ``MultiheadAttention``
-    (vanilla) or the plugin's ``DistanceAwareMultiheadAttention``."""
+    (vanilla) or the plugin's ``MechanismMultiheadAttention``."""
 
     kind: AttentionKind
     layer: int

@@ -10,7 +10,7 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 
 from ..mechanisms import Stack
 from ..spec import AttentionOptions
-from .multihead_attention import DistanceAwareMultiheadAttention
+from .multihead_attention import MechanismMultiheadAttention
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ def build_distance_aware_attention(
     stack: Optional[Stack] = None,
     **kind,
 ):
-    return DistanceAwareMultiheadAttention(
+    return MechanismMultiheadAttention(
         embed_dim,
         num_heads,
         mechanism,

@@ -5,7 +5,7 @@ model it is loaded into. A parameter-free mechanism (``alibi``,
 ``distance-mask``) has no key to mismatch, so resuming an ``alibi`` run with the
 attention flags left out trained on as vanilla, and a changed table size
 (``--max-relative-position``) ended in a ``size mismatch`` traceback. These
-hooks compare :func:`~fairseq_distattn.trained_configuration.trained_settings`
+hooks compare :func:`~fairseq_distattn.trained_settings.trained_settings`
 instead, for every mechanism the registry holds:
 
 - ``fairseq-train`` resuming (``Trainer.load_checkpoint``, on every rank: each
@@ -34,9 +34,8 @@ import logging
 from argparse import Namespace
 from pathlib import Path
 
-from ..checkpoint_configuration import model_config, model_name, settings_of
 from ..spec import SpecError, exit_on_spec_error, exit_with_error, library_call
-from ..trained_configuration import (
+from ..trained_settings import (
     PLUGIN_MODELS,
     check_layer_count_overrides,
     check_override_keys,
@@ -44,7 +43,10 @@ from ..trained_configuration import (
     check_unused_overrides,
     describe_differences,
     differences,
+    model_config,
+    model_name,
     plugin_override_keys,
+    settings_of,
 )
 from .checkpoint_loading import read_checkpoint
 from .checkpoint_upgrade import CheckpointRefused, check_revision_override, corrupt_configuration, pending_conversions
@@ -165,7 +167,7 @@ def guard_resuming():
     from fairseq.trainer import Trainer
 
     fairseq_load = Trainer.load_checkpoint
-    if getattr(fairseq_load, "checks_trained_configuration", False):
+    if getattr(fairseq_load, "checks_trained_settings", False):
         return
 
     def load_checkpoint(self, filename, reset_optimizer=False, *args, **kwargs):
@@ -178,7 +180,7 @@ def guard_resuming():
                 raise
             exit_with_error(_load_failure(filename, error))
 
-    load_checkpoint.checks_trained_configuration = True
+    load_checkpoint.checks_trained_settings = True
     Trainer.load_checkpoint = load_checkpoint
 
 
@@ -189,7 +191,7 @@ def guard_model_overrides():
     from fairseq import checkpoint_utils
 
     fairseq_overwrite = checkpoint_utils.overwrite_args_by_name
-    if getattr(fairseq_overwrite, "checks_trained_configuration", False):
+    if getattr(fairseq_overwrite, "checks_trained_settings", False):
         return
 
     def overwrite_args_by_name(cfg, overrides):
@@ -204,7 +206,7 @@ def guard_model_overrides():
             exit_on_spec_error(error)
         return result
 
-    overwrite_args_by_name.checks_trained_configuration = True
+    overwrite_args_by_name.checks_trained_settings = True
     checkpoint_utils.overwrite_args_by_name = overwrite_args_by_name
 
 

@@ -28,10 +28,9 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from ..checkpoint_configuration import model_config, model_name
 from ..registry import REGISTRY, option_flag
 from ..spec import AttentionOptions, SpecError, exit_with_error, option_fields, parse_spec, specs_name
-from ..trained_configuration import PLUGIN_MODELS, attention_kinds, trained_settings
+from ..trained_settings import PLUGIN_MODELS, attention_kinds, model_config, model_name, trained_settings
 
 logger = logging.getLogger(__name__)
 

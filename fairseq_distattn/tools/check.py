@@ -18,13 +18,12 @@ import copy
 import sys
 from pathlib import Path
 
-from ..checkpoint_configuration import model_config, model_name, settings_of
 from ..patches.checkpoint_guards import PLUGIN_MODELS, check_model_overrides, configuration_keys
 from ..patches.checkpoint_loading import read_checkpoint
 from ..patches.checkpoint_upgrade import CheckpointRefused, pending_conversions, upgrade_plugin_state
 from ..registry import EVALUATION, RUNTIME, TRAINED, SpecError, option_flag
 from ..spec import option_fields
-from ..trained_configuration import MODEL, attention_kinds, option_value, shown
+from ..trained_settings import MODEL, attention_kinds, model_config, model_name, option_value, settings_of, shown
 
 PLUGIN_DIR = Path(__file__).resolve().parents[1]  # the package: what --user-dir names
 COMMANDS = "fairseq-generate, fairseq-interactive, fairseq-validate, fairseq-eval-lm and fairseq-train (to resume)"

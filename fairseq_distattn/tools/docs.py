@@ -173,8 +173,8 @@ def _models_with(kind) -> str:
     return "both models; the LM's only attention" if kind.in_language_model else "`distattn_transformer` only"
 
 
-def main(argv=None, prog: str = "python -m fairseq_distattn.docs") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fairseq_distattn.docs", description=__doc__.split("\n\n")[0])
     action = parser.add_mutually_exclusive_group()
     action.add_argument(
         "--write",

@@ -3,7 +3,7 @@
 A parameter-free mechanism (``alibi``, ``distance-mask``) has no state-dict key,
 so fairseq's strict loading cannot notice a checkpoint loaded into another
 mechanism. The plugin compares what a checkpoint was trained as
-(:mod:`fairseq_distattn.trained_configuration`) wherever a checkpoint meets a
+(:mod:`fairseq_distattn.trained_settings`) wherever a checkpoint meets a
 configuration: resuming, ``--model-overrides``, averaging and ``check``. The
 checks are parametrised over the registry (a new mechanism is covered with no
 edit here); the end-to-end tests run the real commands on one tiny model.
@@ -30,7 +30,7 @@ from fairseq_distattn.registry import (
     registered,
 )
 from fairseq_distattn.spec import option_fields, option_users
-from fairseq_distattn.trained_configuration import (
+from fairseq_distattn.trained_settings import (
     canonical_spec,
     check_overrides,
     differences,
@@ -99,7 +99,7 @@ def test_every_mechanism_differs_from_vanilla_and_from_itself_elsewhere(mechanis
 
 
 def test_a_message_names_a_swapped_mechanism_not_the_options_only_one_side_has():
-    from fairseq_distattn.trained_configuration import describe_differences
+    from fairseq_distattn.trained_settings import describe_differences
 
     alibi = settings(["--encoder-self-attention", "alibi"])
     da = settings(["--encoder-self-attention", "da"])
@@ -123,7 +123,7 @@ def test_positions_and_the_model_are_compared_too():
 
 
 def test_a_language_model_compares_its_decoder_only():
-    from fairseq_distattn.trained_configuration import trained_settings as settings_of
+    from fairseq_distattn.trained_settings import trained_settings as settings_of
 
     def lm(extra=()):
         return settings_of(parse("language_modeling", "distattn_lm", [*TINY_LM, *extra]), "distattn_lm")
@@ -562,7 +562,7 @@ def test_the_model_lists_are_the_models_the_plugin_registers():
     from fairseq.models import MODEL_REGISTRY, FairseqLanguageModel
 
     import fairseq_distattn  # noqa: F401 (registers the plugin's models)
-    from fairseq_distattn.trained_configuration import LANGUAGE_MODELS, PLUGIN_MODELS
+    from fairseq_distattn.trained_settings import LANGUAGE_MODELS, PLUGIN_MODELS
 
     plugin = {name: cls for name, cls in MODEL_REGISTRY.items() if cls.__module__.startswith("fairseq_distattn.")}
     assert sorted(PLUGIN_MODELS) == sorted(plugin)
