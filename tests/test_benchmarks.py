@@ -15,6 +15,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+import torch
 
 import fairseq_distattn.mechanisms  # noqa: F401 (discovers the registry)
 from benchmarks.speed import configs as C
@@ -820,21 +821,25 @@ def test_attention_flex_reaches_every_plugin_model_and_never_the_ops_too(monkeyp
     mechanism = next(c for c in C.translation_configs() if c.kind == "mechanism")
     seen = []
 
-    def record(args, argv):
-        flags = {c.kind: C.common_flags(c, C.SCALES["tiny"], 64) for c in (C.MT_BASELINE, C.MT_PRESETS[0], mechanism)}
-        seen.append((run.ops_flex(args.attention_flex), flags))
-        return 0
+    class Stop(Exception):
+        pass
 
-    monkeypatch.setattr(run, "_run", record)
-    for setting in ("never", "always", "auto"):
-        assert run.main(["--attention-flex", setting]) == 0
-    assert run.main([]) == 0
+    def record(session):
+        flags = {c.kind: C.common_flags(c, session.scale, 64) for c in (C.MT_BASELINE, C.MT_PRESETS[0], mechanism)}
+        seen.append((run.ops_flex(session.args.attention_flex), flags))
+        raise Stop  # before any data or model
+
+    monkeypatch.setattr(run, "_set_up_process", lambda args: (torch.device("cpu"), 1, "perf_counter"))
+    monkeypatch.setattr(run, "_load_data", record)
+    for argv in (["--attention-flex", "never"], ["--attention-flex", "always"], ["--attention-flex", "auto"], []):
+        with pytest.raises(Stop):
+            run.main(argv)
     assert [mode for mode, _ in seen] == ["never", "auto", "auto", "auto"]
     for (_, flags), setting in zip(seen, ("never", "always", "auto", "auto")):
         assert "--attention-flex" not in flags["baseline"]
         for kind in ("preset", "mechanism"):
             assert flags[kind][flags[kind].index("--attention-flex") + 1] == setting
-    outside = C.common_flags(mechanism, C.SCALES["tiny"], 64)
+    outside = C.common_flags(mechanism, C.SCALES["tiny"], 64)  # a scale as declared: the default
     assert outside[outside.index("--attention-flex") + 1] == "auto"
     with pytest.raises(SystemExit):
         run.parse_args(["--attention-flex", "sometimes"])

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from fairseq_distattn import functional
+from fairseq_distattn.functional.paths import CallOptions
 from fairseq_distattn.mechanisms import build_mechanism
 from fairseq_distattn.mechanisms.kerple import KerpleOptions
 from fairseq_distattn.registry import DECODER_SELF, ENCODER_SELF
@@ -137,11 +138,11 @@ def test_kerple_initialisation_and_projection_are_the_authors(kernel, r1_range, 
         mechanism.scale.fill_(-1.0)
         mechanism.r2.fill_(5.0)
     mechanism.eval()
-    args = dict(key_padding_mask=None, causal=True, query_offset=0, dropout_p=0.0, need_weights=False, cache=None)
-    evaluated = mechanism({"query": q}, {"key": q, "value": q}, **args)[0]
+    options = CallOptions(causal=True, need_weights=False)
+    evaluated = mechanism({"query": q}, {"key": q, "value": q}, options)[0]
     assert (mechanism.scale == -1.0).all()  # evaluation projects nothing: the op clamps
     mechanism.train()
-    trained = mechanism({"query": q}, {"key": q, "value": q}, **args)[0]
+    trained = mechanism({"query": q}, {"key": q, "value": q}, options)[0]
     assert (mechanism.scale == 0.01).all()
     assert (mechanism.r2 == (2.0 if kernel == "power" else 5.0)).all()
     torch.testing.assert_close(trained, evaluated)  # the same kernel either way

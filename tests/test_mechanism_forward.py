@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import fairseq_distattn.mechanisms  # noqa: F401 (registers every mechanism)
+from fairseq_distattn.functional.paths import CallOptions
 from fairseq_distattn.mechanisms import build_mechanism
-from fairseq_distattn.mechanisms.base import Mechanism, shared_arguments
+from fairseq_distattn.mechanisms.base import Mechanism
 from fairseq_distattn.mechanisms.examples import ExampleDraw, example_call
 from fairseq_distattn.registry import DECODER_SELF_KIND, ENCODER_SELF_KIND, registered
 from fairseq_distattn.spec import AttentionOptions
@@ -41,12 +42,12 @@ def call(info):
 def test_the_layer_computes_its_registered_op_with_its_op_arguments(info):
     module, queries, keys, causal, padding = call(info)
     positional, own = module.op_arguments(queries, keys, causal)
-    shared = shared_arguments(padding, causal, 0, 0.0, True)
+    options = CallOptions(padding, causal)
     with torch.no_grad():
-        expected = info.op(queries["query"], keys["key"], keys["value"], *positional, **own, **shared)
+        expected = info.op(queries["query"], keys["key"], keys["value"], *positional, **own, **options._asdict())
         # the attention module hands forward what encode_positions made of the projections (rope rotates them)
         encoded_queries, encoded_keys = module.encode_positions(queries, keys, padding, 0)
-        out, probs = module(encoded_queries, encoded_keys, padding, causal, 0, 0.0, True, None)
+        out, probs = module(encoded_queries, encoded_keys, options)
     torch.testing.assert_close(out, expected[0], rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(probs, expected[1], rtol=1e-10, atol=1e-10)
 

@@ -231,7 +231,9 @@ def test_a_carried_all_false_padding_mask_reaches_the_mechanism_as_none(mechanis
     received = []
     real_forward = module.mechanism.forward
     monkeypatch.setattr(
-        module.mechanism, "forward", lambda q, k, pad, *rest: received.append(pad) or real_forward(q, k, pad, *rest)
+        module.mechanism,
+        "forward",
+        lambda q, k, options, cache: received.append(options.key_padding_mask) or real_forward(q, k, options, cache),
     )
     steps = torch.randn(4, 3, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
 

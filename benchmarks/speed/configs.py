@@ -9,7 +9,6 @@ same flags go to the vanilla baseline and to every candidate.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -55,6 +54,9 @@ class Scale:
     op_head_dim: int
     op_lengths: Tuple[int, ...]
     op_min_time: float = 0.05  # seconds of repeated calls per op measurement
+    # the plugin's models' --attention-flex (fairseq's own models have no such flag): a run's
+    # setting, given by replacing it (benchmarks.speed.run's --attention-flex)
+    attention_flex: str = "auto"
 
 
 SCALES: Dict[str, Scale] = {
@@ -266,25 +268,10 @@ def select(configs: Sequence[Config], only: Optional[Sequence[str]]) -> List[Con
 # --------------------------------------------------------------------------- building
 
 
-_attention_flex = "auto"
-
-
-@contextlib.contextmanager
-def attention_flex(setting: str):
-    """Within the block, the plugin's models are built with ``--attention-flex setting``
-    (fairseq's own models have no such flag)."""
-    global _attention_flex
-    previous, _attention_flex = _attention_flex, setting
-    try:
-        yield
-    finally:
-        _attention_flex = previous
-
-
 def common_flags(config: Config, scale: Scale, max_positions: int) -> List[str]:
     flags = list(scale.mt_flags if config.task == MT else scale.lm_flags)
     if config.kind in ("preset", "mechanism"):
-        flags += ["--attention-flex", _attention_flex]
+        flags += ["--attention-flex", scale.attention_flex]
     if config.task == MT:
         flags += [
             "--max-source-positions",

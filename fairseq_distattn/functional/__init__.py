@@ -28,7 +28,7 @@ from .fire import fire_attention, fire_bias
 from .flex import check_flex, flex_attend
 from .kerple import KERPLE_KERNELS, kerple_attention, kerple_bias
 from .masking import logit_mask, masked_softmax, relative_distance, sequence_positions
-from .paths import Call, Capability, Keeps, Path, choose_path
+from .paths import Call, CallOptions, Capability, Keeps, Path, choose_path
 from .position_tables import LseValueTerm, OffsetTable, ScoreTable, index_scalar, offsets
 from .query_value_interaction import query_aware_values, query_value_interaction_attention
 from .relative_position import relative_position_attention
@@ -52,6 +52,7 @@ from .transformer_xl import relative_sinusoids, transformer_xl_attention
 
 __all__ = [
     "Call",
+    "CallOptions",
     "Capability",
     "KERPLE_KERNELS",
     "Keeps",

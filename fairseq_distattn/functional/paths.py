@@ -96,6 +96,20 @@ class Capability:
 EAGER_CAPABILITY = Capability()
 
 
+class CallOptions(NamedTuple):
+    """What one attention call asks for besides its tensors: every attention op's keyword
+    arguments after them (``functional``'s conventions), built once per call by the
+    attention module and handed down whole (``op(q, k, v, ..., **options._asdict())``);
+    the defaults are the ops'."""
+
+    key_padding_mask: Optional[Tensor] = None
+    causal: bool = False
+    query_offset: int = 0
+    dropout_p: float = 0.0
+    need_weights: bool = True
+    flex: str = "auto"
+
+
 class Call(NamedTuple):
     """What one attention call is, as far as its path depends on it (a tuple: one is
     made per attention call, and a tuple is cheaper to build than a frozen dataclass)."""
@@ -230,6 +244,7 @@ def recomputes_in_row_blocks(call: Call, paths: Mapping[Path, Capability], row_w
 
 __all__ = [
     "Call",
+    "CallOptions",
     "Capability",
     "Keeps",
     "Path",

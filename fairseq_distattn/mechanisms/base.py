@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from ..functional.paths import (
     EAGER_CAPABILITY,
     Call,
+    CallOptions,
     Capability,
     Path,
     choose_path,
@@ -235,7 +236,7 @@ class Mechanism(nn.Module):
         """What this layer hands its registered op after ``q, k, v`` for one call: the
         positional arguments (its parameters, its extra projections out of ``queries`` and
         ``keys``) and its own keyword arguments (its options); :meth:`forward` adds the
-        shared ones (:func:`shared_arguments`). Tests and benchmarks call the op with it,
+        call's (:class:`~fairseq_distattn.functional.paths.CallOptions`). Tests and benchmarks call the op with it,
         as the model does. By default none: the op needs nothing but the tensors."""
         return (), {}
 
@@ -259,30 +260,12 @@ class Mechanism(nn.Module):
         self,
         queries: Dict[str, Tensor],
         keys: Dict[str, Tensor],
-        key_padding_mask: Optional[Tensor],
-        causal: bool,
-        query_offset: int,
-        dropout_p: float,
-        need_weights: bool,
-        cache: Optional[Dict[str, Optional[Tensor]]],
-        flex: str = "auto",
+        options: CallOptions,
+        cache: Optional[Dict[str, Optional[Tensor]]] = None,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """``(out [B,H,Tq,D], probs [B,H,Tq,Tk] or None when not need_weights)``: the
-        registered op on the call's tensors and :meth:`op_arguments`. ``cache`` is the
-        layer's incremental state (batch-first tensors), or None. A mechanism overrides
-        this only where it must, and says why in ``overrides_forward_because``."""
-        positional, own = self.op_arguments(queries, keys, causal)
-        shared = shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights, flex)
-        return self.info.op(queries["query"], keys["key"], keys["value"], *positional, **own, **shared)
-
-
-def shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights, flex="auto") -> Dict[str, Any]:
-    """The keyword arguments every functional attention op takes after its tensors."""
-    return dict(
-        key_padding_mask=key_padding_mask,
-        causal=causal,
-        query_offset=query_offset,
-        dropout_p=dropout_p,
-        need_weights=need_weights,
-        flex=flex,
-    )
+        registered op on the call's tensors, :meth:`op_arguments` and the call's ``options``.
+        ``cache`` is the layer's incremental state (batch-first tensors), or None. A mechanism
+        overrides this only where it must, and says why in ``overrides_forward_because``."""
+        positional, own = self.op_arguments(queries, keys, options.causal)
+        return self.info.op(queries["query"], keys["key"], keys["value"], *positional, **own, **options._asdict())

@@ -11,6 +11,7 @@ from typing import Dict, List, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
+from ..functional.paths import CallOptions
 from ..registry import MechanismInfo
 from .base import Mechanism, MechanismConfig
 
@@ -100,9 +101,8 @@ class ExampleCall:
         flex: str = "auto",
     ) -> Tuple[Tensor, Optional[Tensor]]:
         queries, keys = self.mechanism.encode_positions(self.queries, self.keys, key_padding_mask, query_offset)
-        return self.mechanism(
-            queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, None, flex
-        )
+        options = CallOptions(key_padding_mask, causal, query_offset, dropout_p, need_weights, flex)
+        return self.mechanism(queries, keys, options)
 
 
 def example_call(info: MechanismInfo, draw: ExampleDraw, options=None) -> ExampleCall:

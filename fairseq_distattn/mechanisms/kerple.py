@@ -152,11 +152,7 @@ class Kerple(Mechanism):
 
     overrides_forward_because = "r1, r2 go back into their constraints before each training call (the authors' step)"
 
-    def forward(
-        self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache, flex="auto"
-    ):
+    def forward(self, queries, keys, options, cache=None):
         if self.training:
             self.project_onto_constraints()
-        return super().forward(
-            queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache, flex
-        )
+        return super().forward(queries, keys, options, cache)

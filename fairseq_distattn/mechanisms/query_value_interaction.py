@@ -16,7 +16,7 @@ from ..registry import (
     option,
     register_attention,
 )
-from .base import Mechanism, MechanismConfig, shared_arguments
+from .base import Mechanism, MechanismConfig
 
 
 @dataclass(frozen=True)
@@ -86,14 +86,10 @@ class QueryValueInteraction(Mechanism):
         "the layer caches the queries and the query-aware values it made"
     )
 
-    def forward(
-        self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache, flex="auto"
-    ):
-        arguments = (queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache, flex)
+    def forward(self, queries, keys, options, cache=None):
         if cache is None or self.interaction == "values-only":  # g_1 = V depends on no query: nothing to cache
-            return super().forward(*arguments)
-        query = queries["query"]
-        shared = shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights, flex)
+            return super().forward(queries, keys, options, cache)
+        query, query_offset = queries["query"], options.query_offset
         seen_queries = cache.get("prev_qvi_query")
         all_queries = query if seen_queries is None else torch.cat([seen_queries, query], dim=2)
         new_values = query_aware_values(
@@ -102,7 +98,7 @@ class QueryValueInteraction(Mechanism):
             self.value_projection,
             self.gate_weight,
             self.gate_bias,
-            causal=causal,
+            causal=options.causal,
             value_offset=query_offset,
             interaction=self.interaction,
         )
@@ -110,4 +106,4 @@ class QueryValueInteraction(Mechanism):
         values = new_values if seen_values is None else torch.cat([seen_values, new_values], dim=2)
         cache["prev_qvi_query"] = all_queries
         cache["prev_qvi_value"] = values
-        return softmax_attention(query, keys["key"], values, **shared)
+        return softmax_attention(query, keys["key"], values, **options._asdict())

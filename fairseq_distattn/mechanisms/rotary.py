@@ -39,7 +39,7 @@ from ..registry import (
     option,
     register_attention,
 )
-from .base import Mechanism, MechanismConfig, PositionTerm, shared_arguments
+from .base import Mechanism, MechanismConfig, PositionTerm
 
 # The flag of each argument of the functional op that an option sets: the options are checked by the
 # functional module's predicates (functional/rotary.py, ``*_problem``), which the op raises as ValueErrors
@@ -304,12 +304,5 @@ class Rotary(Mechanism):
     def op_arguments(self, queries, keys, causal):
         return (), dict(self.arguments)
 
-    def forward(
-        self, queries, keys, key_padding_mask, causal, query_offset, dropout_p, need_weights, cache, flex="auto"
-    ):
-        return attend(
-            queries["query"],
-            keys["key"],
-            keys["value"],
-            **shared_arguments(key_padding_mask, causal, query_offset, dropout_p, need_weights, flex),
-        )
+    def forward(self, queries, keys, options, cache=None):
+        return attend(queries["query"], keys["key"], keys["value"], **options._asdict())

@@ -14,7 +14,7 @@ from fairseq.modules.quant_noise import quant_noise
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..functional.paths import Call, op_flex
+from ..functional.paths import Call, CallOptions, op_flex
 from ..mechanisms import Stack, build_mechanism
 from ..spec import AttentionOptions
 
@@ -162,16 +162,11 @@ class MechanismMultiheadAttention(MultiheadAttention):
         # the path is chosen by functional.paths.choose_path, for the op and for the recompute decision alike;
         # off flex_attention where --attention-flex says so (op_flex)
         flex = op_flex(self.attention_flex, self.flex_when_taken, keys["key"].size(2), self.recompute_length)
-        if saved_state is None and self._recomputes_in_row_blocks(
-            queries, keys, key_padding_mask, dropout_p, need_weights, flex
-        ):
-            out, probs = self._attend_in_recomputed_chunks(
-                queries, keys, key_padding_mask, dropout_p, need_weights, flex
-            )
+        options = CallOptions(key_padding_mask, self.causal, query_offset, dropout_p, need_weights, flex)
+        if saved_state is None and self._recomputes_in_row_blocks(queries, keys, options):
+            out, probs = self._attend_in_recomputed_chunks(queries, keys, options)
         else:
-            out, probs = self.mechanism(
-                queries, keys, key_padding_mask, self.causal, query_offset, dropout_p, need_weights, saved_state, flex
-            )
+            out, probs = self.mechanism(queries, keys, options, saved_state)
         if saved_state is not None:
             self._set_input_buffer(incremental_state, saved_state)
 
@@ -183,29 +178,14 @@ class MechanismMultiheadAttention(MultiheadAttention):
                 weights = weights.mean(dim=0)
         return out, weights
 
-    def _recomputes_in_row_blocks(self, queries, keys, key_padding_mask, dropout_p, need_weights, flex) -> bool:
+    def _recomputes_in_row_blocks(self, queries, keys, options: CallOptions) -> bool:
         """Whether this full-sequence call runs in recomputed row blocks (the
         mechanism decides, from the call: :func:`functional.paths.recomputes_in_row_blocks`)."""
-        call = Call.of(
-            queries["query"],
-            keys["key"],
-            key_padding_mask=key_padding_mask,
-            causal=self.causal,
-            dropout_p=dropout_p,
-            need_weights=need_weights,
-            flex=flex,
-            recompute_length=self.recompute_length,
-        )
+        call = Call.of(queries["query"], keys["key"], **options._asdict(), recompute_length=self.recompute_length)
         return self.mechanism.recomputes_in_row_blocks(call)
 
     def _attend_in_recomputed_chunks(
-        self,
-        queries: Dict[str, Tensor],
-        keys: Dict[str, Tensor],
-        key_padding_mask: Optional[Tensor],
-        dropout_p: float,
-        need_weights: bool,
-        flex: str,
+        self, queries: Dict[str, Tensor], keys: Dict[str, Tensor], options: CallOptions
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """The mechanism over blocks of query rows, each under activation
         checkpointing: backward recomputes one block at a time, so no
@@ -217,27 +197,22 @@ class MechanismMultiheadAttention(MultiheadAttention):
         outputs, weights = [], []
         for start in range(0, tgt_len, rows):
             end = min(start + rows, tgt_len)
-            chunk_keys, chunk_padding = keys, key_padding_mask
-            if self.causal and not need_weights:
+            chunk_keys, chunk_padding = keys, options.key_padding_mask
+            if options.causal and not options.need_weights:
                 # keys after the block's last query are invisible to all of it
                 chunk_keys = {name: tensor[:, :, :end] for name, tensor in keys.items()}
-                chunk_padding = None if key_padding_mask is None else key_padding_mask[:, :end]
+                chunk_padding = None if chunk_padding is None else chunk_padding[:, :end]
             out, probs = checkpoint(
                 self.mechanism,
                 {name: tensor[:, :, start:end] for name, tensor in queries.items()},
                 chunk_keys,
-                chunk_padding,
-                self.causal,
-                start,
-                dropout_p,
-                need_weights,
+                options._replace(key_padding_mask=chunk_padding, query_offset=start),
                 None,
-                flex,
                 use_reentrant=False,
             )
             outputs.append(out)
             weights.append(probs)
-        return torch.cat(outputs, dim=2), torch.cat(weights, dim=2) if need_weights else None
+        return torch.cat(outputs, dim=2), torch.cat(weights, dim=2) if options.need_weights else None
 
     def _is_cached_key(self, name: str) -> bool:
         return name.startswith("prev_") and name[len("prev_") :] in ("key", "value") + tuple(self.extra_key_proj)
