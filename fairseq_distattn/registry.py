@@ -21,7 +21,7 @@ dataclass) and their validation (:mod:`fairseq_distattn.spec`); the
 command-line flags and ``--help`` (:mod:`fairseq_distattn.models.arguments`), the generated docs
 (:mod:`fairseq_distattn.tools.docs`), and the lists of the tests and
 benchmarks, which run every mechanism's module on drawn inputs
-(:mod:`fairseq_distattn.mechanisms.examples`). The attention kinds
+(:mod:`fairseq_distattn.tools.examples`). The attention kinds
 are one table here too (:class:`AttentionKind`). The execution paths a
 mechanism's op may take besides the eager one are data too (``paths``: a
 :class:`~fairseq_distattn.functional.paths.Capability` per

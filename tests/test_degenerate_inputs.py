@@ -1,5 +1,5 @@
 """Degenerate inputs to every registered mechanism's op (its module's example
-call, mechanisms.examples): empty sequences give what vanilla attention (and
+call, tools.examples): empty sequences give what vanilla attention (and
 ``F.scaled_dot_product_attention``) gives, and NaN or infinite inputs come out
 as NaN, never as a traceback from inside an op.
 
@@ -23,8 +23,8 @@ import torch
 import fairseq_distattn.mechanisms  # noqa: F401 (registers every mechanism)
 from fairseq_distattn import functional
 from fairseq_distattn.functional import position_tables
-from fairseq_distattn.mechanisms.examples import ExampleDraw, example_call
 from fairseq_distattn.registry import REGISTRY, OptionContext, SpecError, option_flag, registered
+from fairseq_distattn.tools.examples import ExampleDraw, example_call
 
 B, H, D = 2, 2, 4
 # longer than any CPU vector of float64 lanes: the fused path's CPU kernel turns a NaN row shorter
@@ -40,7 +40,7 @@ SHARED = {
 
 
 def example(info, tgt_len, src_len, seed=0):
-    """``(call, q, k, v)``: ``info``'s example call (mechanisms.examples) and its q, k, v,
+    """``(call, q, k, v)``: ``info``'s example call (tools.examples) and its q, k, v,
     which the call reads when it runs (so a value set in them after this is seen)."""
     call = example_call(info, ExampleDraw(B, H, tgt_len, src_len, D, seed=seed))
     return call, call.queries["query"], call.keys["key"], call.keys["value"]

@@ -11,8 +11,9 @@ import torch
 
 from fairseq_distattn import functional
 from fairseq_distattn.functional import paths as P
-from fairseq_distattn.mechanisms.examples import ExampleDraw, example_call
 from fairseq_distattn.registry import registered
+from fairseq_distattn.tools.examples import ExampleDraw, example_call
+from fairseq_distattn.tools.inspectable import layer_path
 
 from .test_fused_paths import option_variants
 
@@ -96,7 +97,9 @@ def test_the_attention_module_plans_the_path_its_op_takes(info, label, options, 
     with torch.no_grad():  # flex's CPU form: inference only
         example(key_padding_mask=padding(), need_weights=need_weights, flex=flex)
         q = example.queries["query"]
-        planned = mechanism.path(P.Call.of(q, q, key_padding_mask=padding(), need_weights=need_weights, flex=flex))
+        planned = layer_path(
+            mechanism, P.Call.of(q, q, key_padding_mask=padding(), need_weights=need_weights, flex=flex)
+        )
     assert planned in {P.declared_as(each) for each in chosen}, (planned, chosen)
 
 

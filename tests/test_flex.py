@@ -11,6 +11,7 @@ import torch
 
 from fairseq_distattn import functional
 from fairseq_distattn.functional import flex, paths, position_tables
+from fairseq_distattn.tools.inspectable import may_take_flex_path
 
 # the core's module (functional.attend is the function the package exports under its name)
 CORE = importlib.import_module("fairseq_distattn.functional.attention")
@@ -665,7 +666,7 @@ def test_the_registry_declares_which_mechanisms_take_the_flex_path(mechanism, fl
             eager, _ = model(src_tokens, src_lengths, prev_output_tokens)
         with flex_setting(model, on_cpu=True):
             fused, _ = model(src_tokens, src_lengths, prev_output_tokens)
-    takes_flex = model.encoder.layers[0].self_attn.mechanism.may_take_flex_path()
+    takes_flex = may_take_flex_path(model.encoder.layers[0].self_attn.mechanism)
     assert not takes_flex or _flex_declared(name)
     # every mechanism that declares flex takes it with its default options
     assert takes_flex == _flex_declared(name)
@@ -682,7 +683,7 @@ def test_da_late_adjustments_stay_eager():
             extra=[*TINY, "--encoder-self-attention", "da", "--da-adjusting", adjusting], perturb=False
         )
         mechanism = model.encoder.layers[0].self_attn.mechanism
-        assert mechanism.may_take_flex_path() is offset_table
+        assert may_take_flex_path(mechanism) is offset_table
 
 
 def test_layers_on_the_flex_path_are_not_recomputed(monkeypatch):

@@ -1,7 +1,7 @@
 """The logits of the weights path (``need_weights=True``) are formed in float32 for
 half inputs, QK^T included: float16 queries and keys whose dot products pass 65504
 give the float64 answer on the same rounded inputs, not NaN, for every registered
-mechanism's op (its module's example call, mechanisms.examples, at its defaults and
+mechanism's op (its module's example call, tools.examples, at its defaults and
 at every other choice of each of its options) and for ``softmax_attention``.
 
 Before, QK^T was formed in float16 and widened after: the product was inf already,
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from fairseq_distattn import functional
-from fairseq_distattn.mechanisms.examples import ExampleDraw, example_call
 from fairseq_distattn.registry import REGISTRY, registered
+from fairseq_distattn.tools.examples import ExampleDraw, example_call
 
 from .functional_cases import single_thread_torch  # noqa: F401 (autouse: one torch thread in this module)
 from .test_fused_paths import option_variants

@@ -2,7 +2,7 @@
 an additive bias, or flex_attention on CUDA) computes exactly what the
 explicit path computes, values and gradients, including padded rows with no
 visible key: for every registered mechanism's op (its module's example call,
-mechanisms.examples), at its default options and at every other choice of each of its
+tools.examples), at its default options and at every other choice of each of its
 options (where a choice decides the path, e.g. rpr's ``--no-relative-values``)."""
 
 import dataclasses
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from fairseq_distattn import functional
-from fairseq_distattn.mechanisms.examples import ExampleDraw, example_call
 from fairseq_distattn.registry import option_flag, registered
+from fairseq_distattn.tools.examples import ExampleDraw, example_call
 
 B, H, T, D = 3, 2, 6, 4
 

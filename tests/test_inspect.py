@@ -842,7 +842,7 @@ def test_the_length_limit_counts_tokens_after_bpe_with_eos_as_fairseq_does(short
 def test_the_newer_relative_methods_show_what_they_learned(tmp_path, capsys):
     """KERPLE's kernel per head, FIRE's learned function of the distance (their position
     terms, per sentence and against the distance) and CoPE's contextual positions of the
-    sentence (Mechanism.sentence_term), through the per-mechanism hooks."""
+    sentence (inspectable.HasSentenceTerm), through the per-mechanism hooks."""
     d = dictionary()
     flags = [*TINY_LM, "--decoder-layers", "3", "--decoder-self-attention", "cope@0,kerple@1,fire@2"]
     model, args = build(

@@ -10,9 +10,9 @@ import fairseq_distattn.mechanisms  # noqa: F401 (registers every mechanism)
 from fairseq_distattn.functional.paths import CallOptions
 from fairseq_distattn.mechanisms import build_mechanism
 from fairseq_distattn.mechanisms.base import Mechanism
-from fairseq_distattn.mechanisms.examples import ExampleDraw, example_call
 from fairseq_distattn.registry import DECODER_SELF_KIND, ENCODER_SELF_KIND, registered
 from fairseq_distattn.spec import AttentionOptions
+from fairseq_distattn.tools.examples import ExampleDraw, example_call
 
 INFOS = registered()
 HEADS, HEAD_DIM, LENGTH, BATCH = 2, 16, 7, 2
@@ -54,7 +54,7 @@ def test_the_layer_computes_its_registered_op_with_its_op_arguments(info):
 
 @pytest.mark.parametrize("info", INFOS, ids=[info.name for info in INFOS])
 def test_the_example_call_of_the_tests_and_benchmarks_is_the_layer_on_drawn_parameters(info):
-    """What the tests and benchmarks that run every mechanism call (mechanisms.examples) is
+    """What the tests and benchmarks that run every mechanism call (tools.examples) is
     its layer, with each parameter one of the draw's leaves, in the draw's dtype, so that
     gradient checks reach every parameter and a half call sees half parameters."""
     draw = ExampleDraw(dtype=torch.float32, requires_grad=True)

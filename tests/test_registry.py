@@ -17,7 +17,6 @@ import torch
 
 from fairseq_distattn import functional
 from fairseq_distattn.functional.paths import CallOptions
-from fairseq_distattn.mechanisms.examples import ExampleDraw, example_call
 from fairseq_distattn.registry import (
     CROSS,
     DECODER_SELF,
@@ -37,6 +36,7 @@ from fairseq_distattn.tools.docs import (
     mechanism_table,
     spec_grammar,
 )
+from fairseq_distattn.tools.examples import ExampleDraw, example_call
 from fairseq_distattn.tools.functional_exports import FUNCTIONAL_INIT, export_block, functional_init, module_exports
 
 from .conftest import REPO_ROOT
@@ -242,7 +242,7 @@ def test_shared_arguments_are_keyword_only_and_identical(name):
 @pytest.mark.parametrize("name", [info.name for info in registered()])
 @pytest.mark.parametrize("causal", [False, True])
 def test_need_weights_false_returns_no_probabilities_and_the_same_output(name, causal):
-    """Every registered op, called by its module (mechanisms.examples)."""
+    """Every registered op, called by its module (tools.examples)."""
     call = example_call(REGISTRY[name], ExampleDraw(batch=2, heads=2, tgt_len=4, head_dim=3, dtype=torch.float32))
     padding = torch.zeros(2, 4, dtype=torch.bool)
     padding[1, 0] = True

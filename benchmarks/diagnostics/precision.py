@@ -2,7 +2,7 @@
 
 For each registered mechanism's functional op (called by its module as the
 model calls it, on drawn parameters and inputs:
-``fairseq_distattn.mechanisms.examples``), float16 and bfloat16 outputs are
+``fairseq_distattn.tools.examples``), float16 and bfloat16 outputs are
 compared with the same op in float64 on the same (half-rounded) inputs, with
 the queries scaled so the logits grow by 1, 100 and 1e4. Prints the relative error
 ``||out - out64|| / ||out64||`` (``nan``/``inf`` when the half result is not
@@ -45,8 +45,8 @@ def op_call(
     ``rounded_to`` rounds them first), the queries scaled by ``scale``; ``draw.leaves`` are its
     tensors, parameters included."""
     from fairseq_distattn import functional
-    from fairseq_distattn.mechanisms.examples import ExampleDraw, example_call
     from fairseq_distattn.registry import REGISTRY
+    from fairseq_distattn.tools.examples import ExampleDraw, example_call
 
     draw = ExampleDraw(
         BATCH,

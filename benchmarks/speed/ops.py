@@ -1,6 +1,6 @@
 """Attention-op microbenchmarks: every registered mechanism's functional op
 (called by its module as the model calls it, on drawn parameters and inputs at
-the default options: ``fairseq_distattn.mechanisms.examples``) and
+the default options: ``fairseq_distattn.tools.examples``) and
 the plugin's softmax attention (``vanilla``) against
 ``torch.nn.functional.scaled_dot_product_attention`` on the same
 ``[B, H, L, D]`` inputs, at several lengths L, forward only and forward +
@@ -30,8 +30,8 @@ def _op_table(flex: str = "auto") -> Dict[str, Callable]:
     baseline, the plugin's softmax attention (vanilla), and every registered mechanism's op, called
     by its module (its example call) at the default options; ``flex``: the ops' own argument."""
     from fairseq_distattn import functional
-    from fairseq_distattn.mechanisms.examples import ExampleDraw, example_call
     from fairseq_distattn.registry import registered
+    from fairseq_distattn.tools.examples import ExampleDraw, example_call
 
     def draw_of(B, H, L, D, device, seed):
         return ExampleDraw(B, H, L, L, D, seed=seed, dtype=torch.float32, device=device, requires_grad=True)

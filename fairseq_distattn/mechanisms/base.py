@@ -19,7 +19,6 @@ from ..functional.paths import (
     CallOptions,
     Capability,
     Path,
-    choose_path,
     recomputes_in_row_blocks,
 )
 from ..registry import REGISTRY, MechanismInfo
@@ -161,19 +160,11 @@ class Mechanism(nn.Module):
         declared = {path: c for path, c in self.info.paths.items() if c.holds(self.config.options)}
         return {Path.EAGER: EAGER_CAPABILITY, **declared}
 
-    def path(self, call: Call) -> Path:
-        """The path this layer's op takes for ``call`` (:func:`paths.choose_path`)."""
-        return choose_path(call, self.paths().keys())
-
-    def may_take_flex_path(self) -> bool:
-        """Whether this layer's op runs in flex_attention where that applies."""
-        return Path.FLEX in self.paths()
-
     def recomputes_in_row_blocks(self, call: Call) -> bool:
         """Whether the attention module recomputes ``call`` (a training call from the
         recompute length on) in blocks of query rows, :func:`paths.recomputes_in_row_blocks`:
         only for mechanisms whose every query row depends on that row's queries alone
-        (declared ``row_wise``), where the path :meth:`path` takes keeps [B, H, Tq, Tk]
+        (declared ``row_wise``), where the path the call takes among :meth:`paths` keeps [B, H, Tq, Tk]
         tensors for backward (the eager path; a fused path whose bias has a batch
         dimension; MW's flex path, whose window has one)."""
         return recomputes_in_row_blocks(call, self.paths(), self.info.row_wise)
@@ -200,36 +191,6 @@ class Mechanism(nn.Module):
         (:func:`parameter_values`); a mechanism names what its values mean."""
         return parameter_values(self, self.config.num_heads)
 
-    def position_term(self, tgt_len: int, src_len: int, causal: bool) -> Optional[PositionTerm]:
-        """What this layer adds to (or multiplies into) the attention as a function
-        of the positions alone, per head; None where that depends on the content."""
-        return None
-
-    def sentence_term(
-        self,
-        queries: Dict[str, Tensor],
-        keys: Dict[str, Tensor],
-        key_padding_mask: Optional[Tensor],
-        causal: bool,
-        query_offset: int,
-    ) -> Optional[PositionTerm]:
-        """What this layer computes from its forward's inputs as a function of the
-        sentence as well as the positions (CoPE's contextual positions), for the
-        inspection plots: the first sentence's ``[H, Tq, Tk]`` (None: nothing such)."""
-        return None
-
-    def soft_window(
-        self,
-        queries: Dict[str, Tensor],
-        keys: Dict[str, Tensor],
-        key_padding_mask: Optional[Tensor],
-        causal: bool,
-        query_offset: int,
-    ) -> Optional[SoftWindow]:
-        """The soft window this layer computes from its forward's inputs, for the
-        inspection plots (None: it has none)."""
-        return None
-
     def op_arguments(
         self, queries: Dict[str, Tensor], keys: Dict[str, Tensor], causal: bool
     ) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
@@ -239,22 +200,6 @@ class Mechanism(nn.Module):
         call's (:class:`~fairseq_distattn.functional.paths.CallOptions`). Tests and benchmarks call the op with it,
         as the model does. By default none: the op needs nothing but the tensors."""
         return (), {}
-
-    def example_distribution(self, name: str) -> Dict[str, Any]:
-        """How the tests and benchmarks that run every mechanism (:mod:`.examples`) draw
-        its parameter ``name`` (a ``named_parameters`` name): ``mean`` (a number, or a
-        tensor that broadcasts) and ``std`` of a normal distribution. Values a trained
-        layer may hold, where the initial ones would hide a term (DA's w = 0 makes f = 1
-        at every distance) or leave the domain the op is meant for. By default N(0, 1)."""
-        return {}
-
-    @classmethod
-    def example_options(cls, options, src_len: int):
-        """The options an example call over ``src_len`` keys runs with, given ``options``
-        (its options dataclass, which the tests vary one field at a time): where a choice
-        works only with others that the flags' checks would ask for, those. By default
-        ``options`` as they are."""
-        return options
 
     def forward(
         self,

@@ -9,15 +9,15 @@ the hub refuse it):
 
 - the attention probabilities of every head of every layer of each attention
   kind (encoder self, decoder self, cross);
-- for a layer whose mechanism has a soft window (``Mechanism.soft_window``:
+- for a layer whose mechanism has a soft window (``inspectable.HasSoftWindow``:
   Nguyen et al. 2020) the left and right boundary distributions (eqs. 7-8),
   the soft mask M (eq. 9, or eq. 11 with segments) and each query's expected
   boundaries;
 - for a layer whose mechanism depends on the positions alone
-  (``Mechanism.position_term``: DA's coefficients f(w_h |i-j|) of eq. 5,
+  (``inspectable.HasPositionTerm``: DA's coefficients f(w_h |i-j|) of eq. 5,
   ALiBi's, T5's and the distance mask's biases) that term per head;
 - for a layer whose mechanism computes a term of the sentence itself
-  (``Mechanism.sentence_term``: CoPE's contextual positions p_ij) that term
+  (``inspectable.HasSentenceTerm``: CoPE's contextual positions p_ij) that term
   per head.
 
 Model-level plots, per mechanism the model uses: what its layers learned
@@ -54,6 +54,7 @@ from ..functional.attention import softmax_attention
 from ..mechanisms.base import LearnedValues, PositionTerm
 from ..modules.summary import AttentionSite, attention_sites, attention_summary
 from ..registry import CROSS, DECODER_SELF, ENCODER_SELF, AttentionKind
+from . import inspectable
 
 PROG = "python -m fairseq_distattn.inspect"
 
@@ -185,7 +186,7 @@ class AttentionRecord:
     site: AttentionSite
     probs: Tensor  # [H, Tq, Tk] float64 (MW: softmax * M, rows need not sum to 1)
     window: Optional[WindowInternals] = None
-    sentence_term: Optional[PositionTerm] = None  # Mechanism.sentence_term: CoPE's contextual positions
+    sentence_term: Optional[PositionTerm] = None  # inspectable.HasSentenceTerm: CoPE's contextual positions
 
 
 def _heads(module, x: Tensor) -> Tensor:
@@ -279,11 +280,18 @@ class AttentionRecorder:
 
         def hook(mechanism, args, kwargs, output):
             inputs = signature(mechanism.forward).bind(*args, **kwargs).arguments
-            arguments = [inputs[name] for name in ("queries", "keys", "key_padding_mask", "causal", "query_offset")]
-            window = mechanism.soft_window(*arguments)
+            options = inputs["options"]
+            arguments = (
+                inputs["queries"],
+                inputs["keys"],
+                options.key_padding_mask,
+                options.causal,
+                options.query_offset,
+            )
+            window = inspectable.soft_window(mechanism, *arguments)
             if window is not None:
                 self._windows[site] = WindowInternals.of_first_sentence(window)
-            term = mechanism.sentence_term(*arguments)
+            term = inspectable.sentence_term(mechanism, *arguments)
             if term is not None:
                 self._sentence_terms[site] = term
 
@@ -566,7 +574,9 @@ def plot_sentence(
         if record.window is not None:
             plot_window(record, axes, directory / f"window-{site.slug}.png", written)
         position_term = (
-            None if site.mechanism is None else site.mechanism.position_term(*record.probs.shape[-2:], site.kind.causal)
+            None
+            if site.mechanism is None
+            else inspectable.position_term(site.mechanism, *record.probs.shape[-2:], site.kind.causal)
         )
         for term in (position_term, record.sentence_term):
             if term is None:
@@ -659,7 +669,7 @@ def _plot_learned_values(name: str, sites: Sequence[AttentionSite], out: Path, w
 def _plot_position_term_curves(sites: Sequence[AttentionSite], max_distance: int, out: Path, written: List[Path]):
     """Each layer's position term per head against the distance to an earlier key."""
     length = max_distance + 1
-    terms = [(site, site.mechanism.position_term(length, length, site.kind.causal)) for site in sites]
+    terms = [(site, inspectable.position_term(site.mechanism, length, length, site.kind.causal)) for site in sites]
     terms = [(site, term) for site, term in terms if term is not None]
     if not terms:
         return

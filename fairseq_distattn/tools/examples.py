@@ -1,7 +1,7 @@
 """Example calls of every registered mechanism, for the tests and benchmarks that
 run them all (op contracts, fused paths, half precision, op cost): each is the
 mechanism's module, built as the model builds it, with its parameters drawn
-(:meth:`Mechanism.example_distribution <fairseq_distattn.mechanisms.base.Mechanism.example_distribution>`),
+(:class:`.inspectable.HasExampleDistribution`),
 called as the attention module calls it on drawn projections, so that its op
 gets what :meth:`~fairseq_distattn.mechanisms.base.Mechanism.op_arguments`
 hands it in the model. :class:`ExampleDraw` makes the random tensors."""
@@ -12,8 +12,9 @@ import torch
 from torch import Tensor, nn
 
 from ..functional.paths import CallOptions
+from ..mechanisms.base import Mechanism, MechanismConfig
 from ..registry import MechanismInfo
-from .base import Mechanism, MechanismConfig
+from .inspectable import example_distribution, example_options
 
 
 class ExampleDraw:
@@ -107,10 +108,10 @@ class ExampleCall:
 
 def example_call(info: MechanismInfo, draw: ExampleDraw, options=None) -> ExampleCall:
     """Mechanism ``info``'s module, built with ``options`` (its options dataclass; None:
-    the defaults) made runnable on ``draw``'s lengths (:meth:`Mechanism.example_options`),
+    the defaults) made runnable on ``draw``'s lengths (:class:`.inspectable.HasExampleOptions`),
     ``draw.heads`` heads of ``draw.head_dim``, and q, k, v, its extra projections and its
     parameters drawn by ``draw``, in that order."""
-    options = info.module.example_options(info.default_options() if options is None else options, draw.src_len)
+    options = example_options(info.module, info.default_options() if options is None else options, draw.src_len)
     # building initialises parameters from the global generator, which the draws never touch
     with torch.random.fork_rng(devices=[]):
         mechanism = info.module(MechanismConfig(info.name, draw.heads, draw.head_dim, options))
@@ -119,7 +120,7 @@ def example_call(info: MechanismInfo, draw: ExampleDraw, options=None) -> Exampl
     queries.update((name, draw.query()) for name in mechanism.extra_queries)
     keys.update((name, draw.key()) for name in mechanism.extra_keys)
     for name, parameter in list(mechanism.named_parameters()):
-        values = draw(*parameter.shape, **mechanism.example_distribution(name))
+        values = draw(*parameter.shape, **example_distribution(mechanism, name))
         owner, _, attribute = name.rpartition(".")
         setattr(mechanism.get_submodule(owner), attribute, draw.parameter(values))
     return ExampleCall(mechanism, queries, keys)
