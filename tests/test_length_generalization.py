@@ -250,8 +250,18 @@ def test_the_report_reads_kazemnejad_et_al_s_ordering_on_the_tasks_every_compare
                 fixture_run(out, task, method, seed, {"valid": 100, "x2": accuracy, "x4": 0})
     fixture_run(out, "parity", "nope", 1, {"valid": 100, "x2": 100, "x4": 0})  # only nope: not compared
     fixture_run(out, "copy", "alibi", 1, {"valid": 100, "x2": 0, "x4": 0}, form="encoder-decoder")  # not compared
-    section = length_report.report(out).split("## Against Kazemnejad et al. 2023\n", 1)[1]
-    assert "(copy, reverse)" in section
+    for method in x2:  # a task no method fits in distribution: not compared, and its table says why
+        for seed in (1, 2):
+            fixture_run(out, "addition", method, seed, {"valid": 2 + seed, "x2": 40 if method == "rope" else 0})
+    markdown = length_report.report(out)
+    section = markdown.split("## Against Kazemnejad et al. 2023\n", 1)[1]
+    assert "fits in distribution (at least 50%): copy, reverse;" in section
+    addition = markdown.split("### addition (decoder-only)\n", 1)[1].split("\n\n")[0].strip()
+    assert addition == (
+        "No method fits this task at the budget: the best in-distribution exact match is 3.5% (< 50%), so its "
+        "longer buckets say nothing about length generalization."
+    )
+    assert "No method fits" not in markdown.split("### copy (decoder-only)\n", 1)[1].split("###")[0]
     rows = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line]
     # the methods by mean (ties in the paper's order), then each claim: rope - baseline 0 within
     # the baseline's noise (1.41); alibi - rope +31 beyond rope's 0; t5 - alibi -10 beyond
@@ -279,10 +289,10 @@ def test_the_kazemnejad_claims_have_no_reading_with_one_seed_and_no_section_tabl
     section = length_report.report(out).split("## Against Kazemnejad et al. 2023\n", 1)[1]
     assert "| T5's relative bias > ALiBi | +0.0 | - | - |" in section and "4 without a reading yet" in section
     fixture_run(out, "reverse", "rope", 1, {"valid": 100, "x2": 10, "x4": 0})
-    assert "(copy)" in length_report.report(out)  # reverse lacks four of the five methods
+    assert "(at least 50%): copy;" in length_report.report(out)  # reverse lacks four of the five methods
     (out / "runs" / "copy-decoder-only-nope-seed1.json").unlink()
     section = length_report.report(out).split("## Against Kazemnejad et al. 2023\n", 1)[1]
-    assert "(none yet)" in section and "| their claim |" not in section
+    assert "(at least 50%): none yet;" in section and "| their claim |" not in section
 
 
 def test_the_report_without_runs_says_so(tmp_path):
