@@ -26,6 +26,7 @@ from .distance_aware import distance_aware_attention
 from .distance_mask import distance_mask_attention
 from .fire import fire_attention, fire_bias
 from .flex import check_flex, flex_attend
+from .forgetting import forget_gate_bias, forgetting_attention
 from .kerple import KERPLE_KERNELS, kerple_attention, kerple_bias
 from .masking import logit_mask, masked_softmax, relative_distance, sequence_positions
 from .paths import Call, CallOptions, Capability, Keeps, Path, choose_path
@@ -78,6 +79,8 @@ __all__ = [
     "fire_attention",
     "fire_bias",
     "flex_attend",
+    "forget_gate_bias",
+    "forgetting_attention",
     "index_scalar",
     "kerple_attention",
     "kerple_bias",
