@@ -48,6 +48,8 @@ from .rotary import (
     yarn_correction_range,
 )
 from .sandwich import sandwich_attention, sandwich_bias
+from .selective import selection_penalty, selective_attention
+from .stick_breaking import stick_breaking_attention, stick_breaking_weights
 from .t5_bias import relative_position_bucket_table, t5_bias_attention, t5_relative_bias
 from .transformer_xl import relative_sinusoids, transformer_xl_attention
 
@@ -101,9 +103,13 @@ __all__ = [
     "rotate",
     "sandwich_attention",
     "sandwich_bias",
+    "selection_penalty",
+    "selective_attention",
     "sequence_positions",
     "smallest_xpos_scale_base",
     "softmax_attention",
+    "stick_breaking_attention",
+    "stick_breaking_weights",
     "t5_bias_attention",
     "t5_relative_bias",
     "transformer_xl_attention",
