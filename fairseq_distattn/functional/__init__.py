@@ -16,6 +16,7 @@ applies 1/sqrt(D)); ``key_padding_mask`` ``[B,Tk]`` bool, True = padding;
 from .alibi import alibi_attention, alibi_bias, alibi_slopes
 from .attention import attend, attention_weights, softmax_attention
 from .cope import cope_attention, cope_positions
+from .dape import dape_attention
 from .differentiable_window import (
     additive_window_attention,
     differentiable_window_attention,
@@ -29,6 +30,7 @@ from .flex import check_flex, flex_attend
 from .forgetting import forget_gate_bias, forgetting_attention
 from .kerple import KERPLE_KERNELS, kerple_attention, kerple_bias
 from .masking import logit_mask, masked_softmax, relative_distance, sequence_positions
+from .path_attention import path_attention
 from .paths import Call, CallOptions, Capability, Keeps, Path, choose_path
 from .position_tables import LseValueTerm, OffsetTable, ScoreTable, index_scalar, offsets
 from .query_value_interaction import query_aware_values, query_value_interaction_attention
@@ -75,6 +77,7 @@ __all__ = [
     "choose_path",
     "cope_attention",
     "cope_positions",
+    "dape_attention",
     "differentiable_window_attention",
     "distance_aware_attention",
     "distance_mask_attention",
@@ -90,6 +93,7 @@ __all__ = [
     "masked_softmax",
     "multiplicative_window_attention",
     "offsets",
+    "path_attention",
     "query_aware_values",
     "query_value_interaction_attention",
     "relative_distance",
