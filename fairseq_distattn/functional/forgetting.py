@@ -92,23 +92,6 @@ def _check_query_positions(tgt_len: int, query_offset: int, src_len: int) -> Non
         )
 
 
-def _check_log_forget_values(log_forget: Tensor) -> None:
-    """ValueError naming ``log_forget`` for entries that are no log of a gate in (0, 1)
-    (one read of the values: a device sync)."""
-    positive, not_finite = torch.stack(
-        [(log_forget > 0).any(), log_forget.isnan().any() | log_forget.isneginf().any()]
-    ).tolist()
-    if positive:
-        raise ValueError(
-            "log_forget has positive entries: it must be log f with f = sigmoid(...) in (0, 1), so <= 0 "
-            "(e.g. torch.nn.functional.logsigmoid of the gate logits)"
-        )
-    if not_finite:
-        raise ValueError(
-            "log_forget has NaN or -inf entries: it must be finite (a -inf gate makes c_i - c_j = -inf - -inf NaN)"
-        )
-
-
 def _bias(log_forget: Tensor, tgt_len: int, query_offset: int) -> Tensor:
     """``c[query_offset + i] - c[j]`` with ``c`` the inclusive cumsum of ``log_forget``
     over positions, in ``log_forget``'s dtype; unchecked."""
@@ -119,7 +102,8 @@ def _bias(log_forget: Tensor, tgt_len: int, query_offset: int) -> Tensor:
 
 def forget_gate_bias(log_forget: Tensor, tgt_len: int, query_offset: int = 0) -> Tensor:
     """FoX's bias ``D`` as ``[B, H, Tq, Tk]`` from ``log_forget`` ``[B, H, Tk]``
-    (log f of every key position 0..Tk-1, all <= 0 and finite): entry (i, j) is
+    (log f of every key position 0..Tk-1, <= 0 and finite: the caller's, as every op's
+    checks read attributes only, never values; NaN or -inf gives NaN): entry (i, j) is
     ``c[p] - c[j]`` with ``p = query_offset + i`` and ``c`` the inclusive cumulative
     sum of ``log_forget`` over positions, i.e. ``sum_{l=j+1}^{p} log f_l`` for
     ``j <= p`` (0 on ``j = p``). Entries with ``j > p`` keep the same formula
@@ -135,7 +119,6 @@ def forget_gate_bias(log_forget: Tensor, tgt_len: int, query_offset: int = 0) ->
     check_position_argument("tgt_len", tgt_len)
     check_position_argument("query_offset", query_offset)
     _check_query_positions(tgt_len, query_offset, log_forget.size(-1))
-    _check_log_forget_values(log_forget)
     return _bias(log_forget.to(logit_dtype(log_forget.dtype)), tgt_len, query_offset)
 
 
@@ -156,7 +139,8 @@ def forgetting_attention(
     ``D_ij = sum_{l=j+1}^{p} log f_l`` (:func:`forget_gate_bias`) over the keys
     ``j <= p = query_offset + i``. ``log_forget`` ``[B, H, Tk]`` is log f of every key
     position (``logsigmoid`` of the gate logits), of any floating dtype, on q's
-    device; every entry <= 0 and finite (checked: one read of its values), and
+    device; every entry <= 0 and finite (unchecked, as no op reads values: a -inf gate
+    gives NaN, -inf - -inf), and
     ``query_offset + Tq <= Tk``. Causal only: pass ``causal=True`` (the shared
     default, False, is refused). The gates of padded keys are set to 0 before the
     cumulative sum, so a padded token does not decay the keys before it (the
@@ -172,7 +156,6 @@ def forgetting_attention(
     batch, heads, tgt_len, src_len = q.size(0), q.size(1), q.size(2), k.size(2)
     _check_log_forget(log_forget, (batch, heads, src_len), q)
     _check_query_positions(tgt_len, query_offset, src_len)
-    _check_log_forget_values(log_forget)
     gates = log_forget.to(logit_dtype(q.dtype))
     if key_padding_mask is not None:
         gates = gates.masked_fill(key_padding_mask[:, None, :], 0.0)
