@@ -71,8 +71,12 @@ import torch
 from torch import Tensor
 
 from .attention import attend, logit_dtype
-from .masking import check_attention_arguments, check_tensor_argument
+from .masking import check_attention_arguments, check_queries_among_keys, check_tensor_argument
 from .position_tables import check_position_argument
+
+FORGET_GATES_WITH_KEYS = (
+    "the forget gate bias of a query at position p needs the gates of positions up to p, given with the keys"
+)
 
 
 def _check_log_forget(log_forget: Tensor, shape: Optional[Tuple[int, int, int]], like: Optional[Tensor]) -> None:
@@ -82,14 +86,6 @@ def _check_log_forget(log_forget: Tensor, shape: Optional[Tuple[int, int, int]],
     if log_forget.dim() != 3 or (shape is not None and tuple(log_forget.shape) != shape):
         wanted = "[B, H, Tk]" if shape is None else f"[B, H, Tk] = {shape}"
         raise ValueError(f"log_forget must be {wanted}, one log gate per key position, got {tuple(log_forget.shape)}")
-
-
-def _check_query_positions(tgt_len: int, query_offset: int, src_len: int) -> None:
-    if query_offset + tgt_len > src_len:
-        raise ValueError(
-            f"query_offset + Tq must be <= Tk: the forget gate bias of a query at position p needs the gates of "
-            f"positions up to p, given with the keys, got query_offset {query_offset}, Tq {tgt_len} and Tk {src_len}"
-        )
 
 
 def _bias(log_forget: Tensor, tgt_len: int, query_offset: int) -> Tensor:
@@ -118,7 +114,7 @@ def forget_gate_bias(log_forget: Tensor, tgt_len: int, query_offset: int = 0) ->
     _check_log_forget(log_forget, None, None)
     check_position_argument("tgt_len", tgt_len)
     check_position_argument("query_offset", query_offset)
-    _check_query_positions(tgt_len, query_offset, log_forget.size(-1))
+    check_queries_among_keys(tgt_len, query_offset, log_forget.size(-1), "", FORGET_GATES_WITH_KEYS)
     return _bias(log_forget.to(logit_dtype(log_forget.dtype)), tgt_len, query_offset)
 
 
@@ -155,7 +151,7 @@ def forgetting_attention(
         )
     batch, heads, tgt_len, src_len = q.size(0), q.size(1), q.size(2), k.size(2)
     _check_log_forget(log_forget, (batch, heads, src_len), q)
-    _check_query_positions(tgt_len, query_offset, src_len)
+    check_queries_among_keys(tgt_len, query_offset, src_len, "", FORGET_GATES_WITH_KEYS)
     gates = log_forget.to(logit_dtype(q.dtype))
     if key_padding_mask is not None:
         gates = gates.masked_fill(key_padding_mask[:, None, :], 0.0)

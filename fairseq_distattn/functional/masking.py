@@ -159,6 +159,16 @@ def masked_softmax(masked_logits: Tensor, hidden: Optional[Tensor]) -> Tensor:
     return probs if hidden is None else probs.masked_fill(hidden, 0.0)
 
 
+def check_queries_among_keys(tgt_len: int, query_offset: int, src_len: int, condition: str, why: str) -> None:
+    """ValueError unless ``query_offset + Tq <= Tk``: the ops whose query at position p reads
+    something given with the keys up to p (a gate, a Householder vector, its own value)."""
+    if query_offset + tgt_len > src_len:
+        raise ValueError(
+            f"query_offset + Tq must be <= Tk{condition}: {why}, got query_offset {query_offset}, Tq {tgt_len} "
+            f"and Tk {src_len}"
+        )
+
+
 def check_attention_arguments(
     q: Tensor,
     k: Tensor,

@@ -96,7 +96,13 @@ from torch import Tensor
 
 from .attention import dropout_probs, full_precision, logit_dtype
 from .flex import check_flex
-from .masking import check_attention_arguments, check_tensor_argument, logit_mask, masked_softmax
+from .masking import (
+    check_attention_arguments,
+    check_queries_among_keys,
+    check_tensor_argument,
+    logit_mask,
+    masked_softmax,
+)
 
 NORM_EPS = 1e-12  # the floor on ||w|| when normalising (F.normalize's default)
 
@@ -183,11 +189,8 @@ def path_attention(
     _check_per_position("w", w, tuple(k.shape), "[B, H, Tk, D]", q)
     _check_per_position("beta", beta, (batch, heads, src_len), "[B, H, Tk]", q)
     _check_per_position("log_forget", log_forget, (batch, heads, src_len), "[B, H, Tk]", q)
-    if query_offset + tgt_len > src_len:
-        raise ValueError(
-            f"query_offset + Tq must be <= Tk: a query at position p needs the w and beta of the positions up "
-            f"to p, given with the keys, got query_offset {query_offset}, Tq {tgt_len} and Tk {src_len}"
-        )
+    why = "a query at position p needs the w and beta of the positions up to p, given with the keys"
+    check_queries_among_keys(tgt_len, query_offset, src_len, "", why)
     compute = logit_dtype(q.dtype)
     scale = 1.0 / math.sqrt(q.size(-1))
     with full_precision(q):

@@ -78,15 +78,9 @@ import torch
 from torch import Tensor
 
 from .attention import attend, logit_dtype, scores
-from .masking import check_attention_arguments, check_tensor_argument, relative_distance
+from .masking import check_attention_arguments, check_queries_among_keys, check_tensor_argument, relative_distance
 
-
-def _check_query_positions(tgt_len: int, query_offset: int, src_len: int) -> None:
-    if query_offset + tgt_len > src_len:
-        raise ValueError(
-            f"query_offset + Tq must be <= Tk: selective attention is self-attention, the token of each query's "
-            f"position is among the keys, got query_offset {query_offset}, Tq {tgt_len} and Tk {src_len}"
-        )
+SELF_ATTENTION_ONLY = "selective attention is self-attention, the token of each query's position is among the keys"
 
 
 def _check_selection_state(selection_state: Optional[Tensor], q: Tensor, k: Tensor, query_offset: int) -> None:
@@ -165,7 +159,7 @@ def selection_penalty(
     :func:`attention.logit_dtype` (float32 for half inputs); a wrong argument is a
     ValueError naming it."""
     check_attention_arguments(q, k, None, key_padding_mask, True, query_offset)
-    _check_query_positions(q.size(2), query_offset, k.size(2))
+    check_queries_among_keys(q.size(2), query_offset, k.size(2), "", SELF_ATTENTION_ONLY)
     _check_selection_state(selection_state, q, k, query_offset)
     selectable = _selectable(key_padding_mask, q.size(2), k.size(2), query_offset, q.device)
     return _penalty(scores(q[:, :1], k[:, :1])[:, 0], selectable, selection_state)
@@ -199,7 +193,7 @@ def selective_attention(
             "causal must be True: selective attention lets a token mask earlier tokens for the tokens after it, "
             "which is defined for causal attention only"
         )
-    _check_query_positions(q.size(2), query_offset, k.size(2))
+    check_queries_among_keys(q.size(2), query_offset, k.size(2), "", SELF_ATTENTION_ONLY)
     _check_selection_state(selection_state, q, k, query_offset)
     selectable = _selectable(key_padding_mask, q.size(2), k.size(2), query_offset, q.device)
     state = None if selection_state is None else selection_state.to(logit_dtype(q.dtype))

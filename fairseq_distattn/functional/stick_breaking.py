@@ -75,7 +75,7 @@ from torch import Tensor
 
 from .attention import dropout_probs, logit_dtype, scores
 from .flex import check_flex
-from .masking import check_attention_arguments, position_tensor, relative_distance
+from .masking import check_attention_arguments, check_queries_among_keys, position_tensor, relative_distance
 
 
 @position_tensor
@@ -133,12 +133,9 @@ def _check_options(attend_current, remainder, tgt_len: int, src_len: int, query_
     for name, value in (("attend_current", attend_current), ("remainder", remainder)):
         if not isinstance(value, bool):
             raise ValueError(f"{name} must be a bool, got {value!r}")
-    if remainder and query_offset + tgt_len > src_len:
-        raise ValueError(
-            "query_offset + Tq must be <= Tk with remainder=True: the remaining stick goes to the value at "
-            f"the query's own position, given with the keys, got query_offset {query_offset}, Tq {tgt_len} "
-            f"and Tk {src_len}"
-        )
+    if remainder:
+        why = "the remaining stick goes to the value at the query's own position, given with the keys"
+        check_queries_among_keys(tgt_len, query_offset, src_len, " with remainder=True", why)
 
 
 def stick_breaking_attention(
