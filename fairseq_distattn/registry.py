@@ -10,7 +10,6 @@ A mechanism declares everything about itself in its own module file
 
     @register_attention("my-mech", MyOptions, op=my_attention,  # from ..functional.my_mech
                         kinds=SELF_ATTENTION, unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
-                        paths={Path.FUSED: Capability(keeps=Keeps.BIAS)},  # functional.paths
                         description="...", paper="Authors 2024, *Title*")
     class MyMechanism(Mechanism):
         ...
@@ -23,11 +22,9 @@ command-line flags and ``--help`` (:mod:`fairseq_distattn.models.arguments`), th
 benchmarks, which run every mechanism's module on drawn inputs
 (:mod:`fairseq_distattn.tools.examples`). The attention kinds
 are one table here too (:class:`AttentionKind`). The execution paths a
-mechanism's op may take besides the eager one are data too (``paths``: a
-:class:`~fairseq_distattn.functional.paths.Capability` per
-:class:`~fairseq_distattn.functional.paths.Path`, which says when, and what
-backward keeps there): the attention module plans by them and the docs' words for
-them are made from them (:meth:`MechanismInfo.path_condition`).
+mechanism takes are not declared: they follow from the terms its op returns
+(:mod:`fairseq_distattn.functional.terms`), and the docs' words for them are
+read from its example terms (:mod:`fairseq_distattn.tools.path_profile`).
 docs/adding-a-mechanism.md walks through a whole example. No fairseq imports.
 """
 
@@ -35,10 +32,7 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple
-
-if TYPE_CHECKING:  # functional/ imports this module's option helpers: its names are imported where used
-    from .functional.paths import Capability, Path
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
 # The attention kinds by key: what a mechanism declares it supports (``kinds=SELF_ATTENTION``);
 # everything else about a kind is in its AttentionKind below.
@@ -251,15 +245,12 @@ class MechanismInfo:
     name: str
     module: type  # the nn.Module (a fairseq_distattn.mechanisms.Mechanism)
     options: Optional[type]  # its options dataclass (shared by names of one family), or None
-    # the functional op the module calls, on what its op_arguments supplies (mechanisms.base)
+    # the functional op (functional.attention.attention_op) whose terms the module adds, on what its
+    # op_arguments supplies (mechanisms.base); the paths it takes follow from those terms (functional.terms)
     op: Callable[..., Any]
     kinds: FrozenSet[str]  # the attention kinds it applies to
     unsupported: Mapping[str, str]  # kind -> why it does not apply there
     row_wise: bool  # every query row depends on that row's queries alone (recomputable in row blocks)
-    # the paths its op may take besides the eager one (DECLARED_PATHS), each with when and what it keeps:
-    # FUSED, F.scaled_dot_product_attention; FLEX, flex_attention (functional.flex, on a
-    # position_tables.OffsetTable or MW's window)
-    paths: Mapping["Path", "Capability"]
     extra_queries: Tuple[str, ...]  # extra per-head query projections of the attention module
     extra_keys: Tuple[str, ...]  # extra per-head key projections (cached like fairseq's prev_key)
     description: str  # the mechanism table's "mechanism" column
@@ -282,54 +273,6 @@ class MechanismInfo:
     def revision(self) -> int:
         """The arithmetic revision the code computes now."""
         return self.revisions[-1].number if self.revisions else 1
-
-    def _fused_keeps(self):
-        """What its fused path keeps for backward (None: it has none)."""
-        from .functional.paths import Path
-
-        fused = self.paths.get(Path.FUSED)
-        return None if fused is None else fused.keeps
-
-    @property
-    def small_fused_bias(self) -> bool:
-        """Whether its fused path keeps only a ``[H|1, Tq, Tk]`` bias, nothing per batch."""
-        from .functional.paths import Keeps
-
-        return self._fused_keeps() is Keeps.BIAS
-
-    @property
-    def fused_without_bias(self) -> bool:
-        """Whether its fused path is vanilla's own F.scaled_dot_product_attention call, on
-        the mechanism's own queries and keys (rotated, scaled), with no bias at all."""
-        from .functional.paths import Keeps
-
-        return self._fused_keeps() is Keeps.NOTHING
-
-    @property
-    def fused_keeps_nothing_per_batch(self) -> bool:
-        """Whether its fused path keeps no ``[B, H, Tq, Tk]`` tensor for backward (a bias
-        without a batch dimension, or none)."""
-        return self.small_fused_bias or self.fused_without_bias
-
-    def path_condition(self, path: "Path") -> str:
-        """When its op takes ``path``, in words made from its declaration (the docs'
-        mechanism table): "" where never."""
-        capability = self.paths.get(path)
-        if capability is None:
-            return ""
-        text = "without weights"
-        if capability.option:
-            text = f"{self._option_condition(capability)}, {text}"
-        return f"{text} ({capability.note})" if capability.note else text
-
-    def _option_condition(self, capability: "Capability") -> str:
-        """The option values a capability holds for, as the command line gives them."""
-        flag = option_flag(next(field for field in self.option_fields() if field.name == capability.option))
-        if flag.argparse.get("action") == "store_true":
-            given = flag.convert(True, OptionContext())
-            return f"`{flag.flag}`" if set(capability.values) == {given} else f"without `{flag.flag}`"
-        first, *others = capability.values
-        return f"`{flag.flag} {first}`" + "".join(f" or `{value}`" for value in others)
 
     @property
     def year(self) -> int:
@@ -361,7 +304,6 @@ def register_attention(
     kinds: FrozenSet[str] = ALL_KINDS,
     unsupported: Optional[Mapping[str, str]] = None,
     row_wise: bool = True,
-    paths: Optional[Mapping["Path", "Capability"]] = None,
     extra_queries: Tuple[str, ...] = (),
     extra_keys: Tuple[str, ...] = (),
     keeps_position_embeddings: bool = False,
@@ -371,12 +313,9 @@ def register_attention(
     """Class decorator registering a mechanism module under the SPEC ``name``
     (a class may be registered under several names, each with its own
     declarations). Every kind it does not support needs a reason; ``paper``
-    is ``"Authors YEAR, *Title*"``; ``paths`` maps each of
-    :data:`~fairseq_distattn.functional.paths.DECLARED_PATHS` that its op may take
-    to a :class:`~fairseq_distattn.functional.paths.Capability` (when, and what
-    backward keeps there)."""
+    is ``"Authors YEAR, *Title*"``; ``op`` is made by
+    :func:`~fairseq_distattn.functional.attention.attention_op` (it has ``terms``)."""
     unsupported = dict(unsupported or {})
-    paths = dict(paths or {})
 
     def decorate(cls):
         if name in REGISTRY or name == "vanilla":
@@ -389,9 +328,8 @@ def register_attention(
             raise ValueError(f"{name}: revisions must be numbered 1, 2, ... oldest first")
         if PAPER_PATTERN.fullmatch(paper) is None:
             raise ValueError(f"{name}: paper must read 'Authors YEAR, *Title*', got {paper!r}")
-        if not callable(op):
-            raise TypeError(f"{name}: op must be callable")
-        _check_paths(name, options, paths)
+        if not callable(op) or not callable(getattr(op, "terms", None)):
+            raise TypeError(f"{name}: op must be callable, made by functional.attention.attention_op")
         if options is not None:
             if not dataclasses.is_dataclass(options):
                 raise TypeError(f"{name}: options must be a dataclass")
@@ -416,7 +354,6 @@ def register_attention(
             kinds=frozenset(kinds),
             unsupported=unsupported,
             row_wise=row_wise,
-            paths=paths,
             extra_queries=tuple(extra_queries),
             extra_keys=tuple(extra_keys),
             description=description,
@@ -443,22 +380,6 @@ def on_register(callback: Callable[[MechanismInfo], None]) -> None:
     for info in registered():
         callback(info)
     _REGISTRATION_CALLBACKS.append(callback)
-
-
-def _check_paths(name: str, options: Optional[type], paths: Mapping["Path", "Capability"]) -> None:
-    """What a registration's ``paths`` may hold: a Capability for each declared path,
-    naming only an option of its own options class."""
-    from .functional.paths import DECLARED_PATHS, Capability
-
-    fields = {field.name for field in dataclasses.fields(options)} if options is not None else set()
-    for path, capability in paths.items():
-        if path not in DECLARED_PATHS or not isinstance(capability, Capability):
-            raise ValueError(
-                f"{name}: paths maps {', '.join(str(p) for p in DECLARED_PATHS)} to a Capability, "
-                f"got {path!r}: {capability!r}"
-            )
-        if capability.option and capability.option not in fields:
-            raise ValueError(f"{name}: {path} depends on {capability.option!r}, which is not one of its options")
 
 
 def registered() -> Tuple[MechanismInfo, ...]:

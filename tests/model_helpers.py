@@ -37,15 +37,15 @@ def old_checkpoint_log_probabilities(name, overrides=None):
 @contextlib.contextmanager
 def flex_setting(model, setting: str = None, on_cpu: bool = False):
     """Every attention module of ``model`` with ``--attention-flex setting`` (None: as built)
-    and, with ``on_cpu``, handing its ops ``flex="always"`` where it takes the flex path, so
-    that flex's eager form runs on the CPU too (the flag alone leaves the CPU alone)."""
-    modules = [m for m in model.modules() if hasattr(m, "flex_when_taken")]
-    saved = [(m.attention_flex, m.flex_when_taken) for m in modules]
+    and, with ``on_cpu``, taking the flex path on the CPU too where the flag takes it, so
+    that flex's eager form runs there (the flag alone leaves the CPU alone)."""
+    modules = [m for m in model.modules() if hasattr(m, "flex_on_cpu")]
+    saved = [(m.attention_flex, m.flex_on_cpu) for m in modules]
     for m in modules:
         m.attention_flex = m.attention_flex if setting is None else setting
-        m.flex_when_taken = "always" if on_cpu else m.flex_when_taken
+        m.flex_on_cpu = on_cpu or m.flex_on_cpu
     try:
         yield
     finally:
-        for m, (attention_flex, flex_when_taken) in zip(modules, saved):
-            m.attention_flex, m.flex_when_taken = attention_flex, flex_when_taken
+        for m, (attention_flex, flex_on_cpu) in zip(modules, saved):
+            m.attention_flex, m.flex_on_cpu = attention_flex, flex_on_cpu

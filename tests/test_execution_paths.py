@@ -1,19 +1,19 @@
 """The execution paths (``fairseq_distattn.functional.paths``): every registered
-mechanism's op takes each path its registration declares (``paths=``, where the
-declared condition holds for its options) and computes there what the eager path
-computes, and it never takes a path it does not declare. The attention module plans
-with the same chooser (``Mechanism.path``: what it recomputes in row blocks), so the
-path it plans for is one its op takes. On CPU, flex_attention runs only when forced
-(``flex="always"``) and without gradients, as it does here."""
+mechanism's op takes each path its terms allow (``functional.terms.candidate_paths``)
+and computes there what the eager path computes, and it never takes another. The
+attention module plans with the same chooser on the same terms (what it recomputes
+in row blocks), so the path it plans for is one its op takes. On CPU, flex_attention
+runs only when forced (``flex="always"``) and without gradients, as it does here."""
 
 import pytest
 import torch
 
 from fairseq_distattn import functional
 from fairseq_distattn.functional import paths as P
-from fairseq_distattn.registry import registered
+from fairseq_distattn.functional import terms as TM
+from fairseq_distattn.registry import REGISTRY, registered
 from fairseq_distattn.tools.examples import ExampleDraw, example_call
-from fairseq_distattn.tools.inspectable import layer_path
+from fairseq_distattn.tools.path_profile import layer_path, path_condition
 
 from .test_fused_paths import option_variants
 
@@ -41,15 +41,24 @@ def chosen(monkeypatch):
         return path
 
     askers = [module for module in vars(functional).values() if getattr(module, "choose_path", None) is real]
-    assert {functional.attention, functional.differentiable_window} <= set(askers)
+    assert functional.attention in askers
     for module in askers:
         monkeypatch.setattr(module, "choose_path", spy)
     return taken
 
 
-def declared(info, options):
-    """The paths ``info`` declares for ``options``, the eager one included."""
-    return {P.Path.EAGER} | {path for path, capability in info.paths.items() if capability.holds(options)}
+def as_declared(path):
+    """SDPA's causal kernel is one form of the fused path."""
+    return P.Path.FUSED if path is P.Path.SDPA_CAUSAL else path
+
+
+def allowed_paths(info, options, causal):
+    """The paths the terms of ``info``'s example call allow, SDPA's causal kernel counted as FUSED."""
+    example = example_call(info, ExampleDraw(B, H, T, T, D), options)
+    with torch.no_grad():
+        queries, keys = example.mechanism.encode_positions(example.queries, example.keys, padding(), 0)
+        terms = example.mechanism.terms(queries, keys, P.CallOptions(padding(), causal, need_weights=False))
+    return {as_declared(path) for path in TM.candidate_paths(terms)}
 
 
 def run(info, options, **shared):
@@ -59,9 +68,9 @@ def run(info, options, **shared):
 
 @pytest.mark.parametrize("info, label, options", CASES, ids=[f"{info.name}-{label}" for info, label, _ in CASES])
 @pytest.mark.parametrize("causal", [False, True])
-def test_every_declared_path_is_taken_and_equals_the_eager_path(info, label, options, causal, chosen):
-    allowed = declared(info, options)
-    # (the path forced, the call's arguments): each declared path is reached by one of these calls
+def test_every_path_the_terms_allow_is_taken_and_equals_the_eager_path(info, label, options, causal, chosen):
+    allowed = allowed_paths(info, options, causal)
+    # (the path forced, the call's arguments): each allowed path is reached by one of these calls
     forcing = {
         P.Path.FUSED: dict(need_weights=False, flex="never", key_padding_mask=padding()),
         P.Path.FLEX: dict(need_weights=False, flex="always", key_padding_mask=padding()),
@@ -73,15 +82,15 @@ def test_every_declared_path_is_taken_and_equals_the_eager_path(info, label, opt
             chosen.clear()
             out, no_probs = run(info, options, causal=causal, **arguments)
             assert no_probs is None
-            taken = {P.declared_as(each) for each in chosen}
-            assert taken <= allowed, f"{info.name} ({label}) took {taken - allowed}, which it does not declare"
+            taken = {as_declared(each) for each in chosen}
+            assert taken <= allowed, f"{info.name} ({label}) took {taken - allowed}, which its terms do not allow"
             assert (path in taken) == (path in allowed), (info.name, label, path, chosen)
             torch.testing.assert_close(out, eager)
         # no padding: where the op hands over no bias, SDPA's own causal kernel (part of FUSED)
         chosen.clear()
         unpadded, _ = run(info, options, causal=causal, need_weights=False, flex="never")
         reference, _ = run(info, options, causal=causal, flex="never")
-        assert {P.declared_as(each) for each in chosen} <= allowed
+        assert {as_declared(each) for each in chosen} <= allowed
         torch.testing.assert_close(unpadded, reference)
 
 
@@ -89,18 +98,15 @@ def test_every_declared_path_is_taken_and_equals_the_eager_path(info, label, opt
 @pytest.mark.parametrize("need_weights", [False, True])
 @pytest.mark.parametrize("flex", ["never", "always"])
 def test_the_attention_module_plans_the_path_its_op_takes(info, label, options, need_weights, flex, chosen):
-    """``Mechanism.path`` (what the attention module's recompute decision reads) is
-    a path the op takes for the same call, and one the registration declares."""
+    """The path the layer's terms give for a call (what the attention module's
+    recompute decision reads) is a path the op takes for the same call."""
     example = example_call(info, ExampleDraw(B, H, T, T, D), options)
-    mechanism = example.mechanism
-    assert set(mechanism.paths()) == declared(info, options)
     with torch.no_grad():  # flex's CPU form: inference only
         example(key_padding_mask=padding(), need_weights=need_weights, flex=flex)
         q = example.queries["query"]
-        planned = layer_path(
-            mechanism, P.Call.of(q, q, key_padding_mask=padding(), need_weights=need_weights, flex=flex)
-        )
-    assert planned in {P.declared_as(each) for each in chosen}, (planned, chosen)
+        call = P.Call.of(q, q, P.CallOptions(padding(), need_weights=need_weights, flex=flex))
+        planned = layer_path(example.mechanism, call)
+    assert planned in chosen, (planned, chosen)
 
 
 def test_the_chooser_takes_flex_first_then_sdpa_without_weights_else_eager():
@@ -109,7 +115,7 @@ def test_the_chooser_takes_flex_first_then_sdpa_without_weights_else_eager():
 
     def path(paths=every, **arguments):
         with torch.no_grad():
-            return P.choose_path(P.Call.of(q, q, **arguments), paths)
+            return P.choose_path(P.Call.of(q, q, P.CallOptions(**arguments)), paths)
 
     assert path(need_weights=False, flex="always") is P.Path.FLEX
     assert path(need_weights=False) is P.Path.FUSED  # auto: flex on CUDA only
@@ -118,18 +124,39 @@ def test_the_chooser_takes_flex_first_then_sdpa_without_weights_else_eager():
     assert path(need_weights=True, flex="always") is P.Path.EAGER
     assert path(need_weights=False, flex="always", dropout_p=0.1) is P.Path.FUSED  # flex has no attention dropout
     assert path({P.Path.EAGER}, need_weights=False) is P.Path.EAGER
-    empty = P.Call.of(q[:, :, :0], q, need_weights=False, flex="always")
+    assert path(need_weights=False, flex="always", flex_from=5) is P.Path.FUSED  # keys short of flex_from
+    assert path(need_weights=False, flex="always", flex_from=4) is P.Path.FLEX
+    empty = P.Call.of(q[:, :, :0], q, P.CallOptions(need_weights=False, flex="always"))
     assert P.choose_path(empty, every) is not P.Path.FLEX  # no query rows: nothing for flex to run
     with pytest.raises(ValueError, match="flex must be one of auto, always, never"):
         path(flex="sometimes")
 
 
-def test_a_capability_names_an_option_of_its_own_and_its_words_come_from_the_flag():
-    from fairseq_distattn.registry import REGISTRY
-
+def test_the_mechanism_tables_words_for_a_path_are_read_from_the_terms():
     rpr, da = REGISTRY["rpr"], REGISTRY["da"]
-    assert rpr.path_condition(P.Path.FUSED) == "`--no-relative-values`, without weights (keys only)"
-    assert da.path_condition(P.Path.FUSED) == "`--da-adjusting early-add`, without weights"
-    assert REGISTRY["cope"].path_condition(P.Path.FLEX) == ""
-    with pytest.raises(ValueError, match="names an option and its values together"):
-        P.Capability("da_adjusting")
+    assert path_condition(rpr, P.Path.FUSED) == "`--no-relative-values`, without weights"
+    assert path_condition(rpr, P.Path.FLEX) == "without weights (the value term from flex's log-sum-exp)"
+    assert path_condition(da, P.Path.FUSED) == "`--da-adjusting early-add`, without weights"
+    assert path_condition(REGISTRY["cope"], P.Path.FLEX) == ""
+    assert path_condition(REGISTRY["alibi"], P.Path.FUSED) == "without weights"
+
+
+def test_the_paths_and_what_they_keep_follow_from_the_kinds_of_terms():
+    table = functional.position_tables.OffsetTable(torch.zeros(2, 7), 4)
+    per_batch, per_head = torch.zeros(3, 2, 4, 4), torch.zeros(2, 4, 4)
+    window = torch.ones(3, 2, 4, 4)
+    every = {P.Path.EAGER, P.Path.FUSED, P.Path.SDPA_CAUSAL}
+    assert TM.candidate_paths(TM.PLAIN) == every
+    assert TM.candidate_paths(TM.Terms(offset_table=table)) == {P.Path.EAGER, P.Path.FUSED, P.Path.FLEX}
+    assert TM.candidate_paths(TM.Terms(bias=per_head)) == {P.Path.EAGER, P.Path.FUSED}
+    assert TM.candidate_paths(TM.Terms(window=window)) == {P.Path.EAGER, P.Path.FLEX}
+    assert TM.candidate_paths(TM.Terms(score_mod=lambda s, m: s)) == {P.Path.EAGER}
+    assert TM.candidate_paths(TM.Terms(bias=per_head, value_term=lambda a: a)) == {P.Path.EAGER}
+    assert TM.candidate_paths(TM.Terms(value=per_batch)) == every
+    assert TM.kept_for_backward(TM.Terms(bias=per_batch), P.Path.FUSED) is P.Keeps.PER_BATCH
+    assert TM.kept_for_backward(TM.Terms(bias=per_head), P.Path.FUSED) is P.Keeps.BIAS
+    assert TM.kept_for_backward(TM.Terms(offset_table=table), P.Path.FUSED) is P.Keeps.BIAS
+    assert TM.kept_for_backward(TM.Terms(offset_table=table), P.Path.FLEX) is P.Keeps.NOTHING
+    assert TM.kept_for_backward(TM.Terms(window=window), P.Path.FLEX) is P.Keeps.PER_BATCH
+    assert TM.kept_for_backward(TM.PLAIN, P.Path.SDPA_CAUSAL) is P.Keeps.NOTHING
+    assert TM.kept_for_backward(TM.PLAIN, P.Path.EAGER) is P.Keeps.PER_BATCH

@@ -11,7 +11,7 @@ import torch
 
 from fairseq_distattn import functional
 from fairseq_distattn.functional import flex, paths, position_tables
-from fairseq_distattn.tools.inspectable import may_take_flex_path
+from fairseq_distattn.tools.path_profile import may_take_flex_path
 
 # the core's module (functional.attend is the function the package exports under its name)
 CORE = importlib.import_module("fairseq_distattn.functional.attention")
@@ -107,7 +107,7 @@ def flex_calls(monkeypatch):
             calls.append(kwargs.get("min_offset"))
         return real(q, k, v, table, **kwargs)
 
-    for module in (CORE, functional.differentiable_window):
+    for module in (CORE, flex):  # flex: MW's two calls (flex_windowed_attend)
         monkeypatch.setattr(module, "flex_attend", spy)
     return calls
 
@@ -161,7 +161,8 @@ def test_a_block_mask_is_built_once_per_mask_tensor_and_again_after_it_changes(b
 
     def eager(padding):
         with torch.no_grad():
-            return functional.attend(q, k, v, key_padding_mask=padding, need_weights=False, flex="never")[0]
+            options = paths.CallOptions(padding, need_weights=False, flex="never")
+            return functional.attend(q, k, v, functional.PLAIN, options)[0]
 
     first = attend(key_padding_mask=padding)
     again = attend(key_padding_mask=padding)
@@ -311,7 +312,7 @@ def test_the_log_window_of_half_inputs_is_formed_in_float32(dtype):
     limit too, not at float16's sqrt(tiny) = 0.0078, which would lift every
     window tail below it; its gradient comes back in M's dtype."""
     mask = torch.tensor([1.0, 0.5, 1e-3, 1e-5, 0.0], dtype=dtype, requires_grad=True)
-    log_mask = functional.differentiable_window._FlooredLog.apply(mask)
+    log_mask = flex._FlooredLog.apply(mask)
     floor = torch.finfo(torch.float32).tiny ** 0.5
     assert log_mask.dtype == torch.float32
     torch.testing.assert_close(log_mask, mask.detach().float().clamp_min(floor).log(), rtol=0, atol=0)
@@ -431,7 +432,7 @@ def test_score_mods_capture_tensors_not_python_numbers(name, monkeypatch):
             score_mods.append(table.score_mod())
         return real(q, k, v, table, **kwargs)
 
-    for module in (CORE, functional.differentiable_window):
+    for module in (CORE, flex):  # flex: MW's two calls (flex_windowed_attend)
         monkeypatch.setattr(module, "flex_attend", spy)
     q, k, v = _inputs(3, 11, 8, torch.float64)
     with torch.no_grad():
@@ -637,8 +638,9 @@ def test_the_compiled_kernel_is_not_recompiled_per_batch_and_never_falls_back(mo
 def _flex_declared(name):
     from fairseq_distattn.functional.paths import Path
     from fairseq_distattn.registry import REGISTRY
+    from fairseq_distattn.tools.path_profile import may_take
 
-    return Path.FLEX in REGISTRY[name].paths
+    return may_take(REGISTRY[name], Path.FLEX)
 
 
 def _registered_self_attention():
@@ -696,14 +698,21 @@ def test_layers_on_the_flex_path_are_not_recomputed(monkeypatch):
     )
     da = model.encoder.layers[0].self_attn.mechanism
     rpr, window = (model.decoder.layers[layer].self_attn.mechanism for layer in (0, 1))
-    query = torch.zeros(2, 2, 5, 8, requires_grad=True)
-    call = paths.Call.of(query, query, need_weights=False, recompute_length=4)
+    query = torch.zeros(2, 2, 5, 8, dtype=next(model.parameters()).dtype, requires_grad=True)
+    options = paths.CallOptions(need_weights=False)
+    call = paths.Call.of(query, query, options, recompute_length=4)
+
+    def recomputes(mechanism):
+        queries = {name: query for name in ("query", *mechanism.extra_queries)}
+        keys = {name: query.detach() for name in ("key", "value", *mechanism.extra_keys)}
+        return mechanism.recomputes_in_row_blocks(call, queries, keys, options)
+
     for mechanism in (da, rpr, window):
-        assert mechanism.recomputes_in_row_blocks(call)
+        assert recomputes(mechanism)
     monkeypatch.setattr(paths, "_flex_serves", lambda call: True)
-    assert not da.recomputes_in_row_blocks(call)
-    assert not rpr.recomputes_in_row_blocks(call)
-    assert window.recomputes_in_row_blocks(call)  # its M is [B, H, Tq, Tk] on either path
+    assert not recomputes(da)
+    assert not recomputes(rpr)
+    assert recomputes(window)  # its M is [B, H, Tq, Tk] on either path
 
 
 def test_attention_flex_takes_flex_from_the_recompute_length_on_in_auto(flex_calls):

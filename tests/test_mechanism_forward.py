@@ -44,7 +44,7 @@ def test_the_layer_computes_its_registered_op_with_its_op_arguments(info):
     positional, own = module.op_arguments(queries, keys, causal)
     options = CallOptions(padding, causal)
     with torch.no_grad():
-        expected = info.op(queries["query"], keys["key"], keys["value"], *positional, **own, **options._asdict())
+        expected = info.op(queries["query"], keys["key"], keys["value"], *positional, **own, **options.op_keywords())
         # the attention module hands forward what encode_positions made of the projections (rope rotates them)
         encoded_queries, encoded_keys = module.encode_positions(queries, keys, padding, 0)
         out, probs = module(encoded_queries, encoded_keys, options)
@@ -70,17 +70,18 @@ def test_the_example_call_of_the_tests_and_benchmarks_is_the_layer_on_drawn_para
 
 
 @pytest.mark.parametrize("info", INFOS, ids=[info.name for info in INFOS])
-def test_a_mechanism_overrides_forward_only_where_it_says_why(info):
-    overrides = info.module.forward is not Mechanism.forward
-    assert overrides == bool(info.module.overrides_forward_because), (
-        f"{info.name}: a forward of its own needs overrides_forward_because (and op_arguments alone needs none)"
+def test_a_mechanism_overrides_terms_only_where_it_says_why(info):
+    assert info.module.forward is Mechanism.forward, f"{info.name}: one attend for every mechanism"
+    overrides = info.module.terms is not Mechanism.terms
+    assert overrides == bool(info.module.overrides_terms_because), (
+        f"{info.name}: terms of its own need overrides_terms_because (and op_arguments alone needs none)"
     )
 
 
-def test_the_mechanisms_that_override_forward_are_few():
+def test_the_mechanisms_that_override_terms_are_few():
     """Today: kerple (its constraint projection), qvi (its decoding cache), rope and xpos
     (their rotation happens before the keys are cached)."""
-    assert {info.name for info in INFOS if info.module.forward is not Mechanism.forward} == {
+    assert {info.name for info in INFOS if info.module.terms is not Mechanism.terms} == {
         "kerple",
         "qvi",
         "rope",

@@ -9,12 +9,13 @@ import torch
 
 from fairseq_distattn.modules import multihead_attention as attention
 from fairseq_distattn.registry import CROSS, DECODER_SELF, ENCODER_SELF, registered
+from fairseq_distattn.tools.path_profile import recomputed_in_row_blocks
 
 from .model_helpers import TINY, left_pad, random_tokens, right_pad, translation_model
 
-# what the registry declares: not qvi (not row-wise in the queries), nor the mechanisms whose
-# fused path (a training step needs no weights) keeps only a bias without a batch dimension
-RECOMPUTED = sorted(info.name for info in registered() if info.row_wise and not info.fused_keeps_nothing_per_batch)
+# what the terms say: not qvi (not row-wise in the queries), nor the mechanisms whose fused
+# path (a training step needs no weights) keeps only a bias without a batch dimension, or none
+RECOMPUTED = sorted(info.name for info in registered() if recomputed_in_row_blocks(info) == "yes")
 SOURCE_LENGTHS, TARGET_LENGTHS = [9, 6, 9], [8, 5, 3]
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from fairseq_distattn import functional
-from fairseq_distattn.functional.paths import CallOptions
+from fairseq_distattn.functional.paths import OP_OPTIONS, CallOptions
 from fairseq_distattn.registry import (
     CROSS,
     DECODER_SELF,
@@ -212,8 +212,9 @@ def test_the_generated_docs_say_what_each_flag_accepts_and_why_it_refuses():
     )
 
 
-# every op's keyword arguments after its tensors: what the attention module's CallOptions holds
-SHARED = CallOptions._fields
+# every op's keyword arguments after its tensors: what the attention module's CallOptions holds,
+# less flex_from (the module's own: the ops take flex at every length)
+SHARED = OP_OPTIONS
 # every attention op of the functional API, and every registered mechanism's op (one added from outside too)
 OPS = {
     **{name: getattr(functional, name) for name in functional.__all__ if name.endswith("_attention")},
@@ -232,7 +233,8 @@ def test_every_op_of_the_package_s_mechanisms_is_part_of_the_functional_api():
 def test_shared_arguments_are_keyword_only_and_identical(name):
     parameters = inspect.signature(OPS[name]).parameters
     assert SHARED == ("key_padding_mask", "causal", "query_offset", "dropout_p", "need_weights", "flex")
-    for argument, default in CallOptions()._asdict().items():
+    for argument in SHARED:
+        default = getattr(CallOptions(), argument)
         assert parameters[argument].kind is inspect.Parameter.KEYWORD_ONLY, argument
         assert parameters[argument].default == default, argument
     positional = [p.name for p in parameters.values() if p.kind is not inspect.Parameter.KEYWORD_ONLY]

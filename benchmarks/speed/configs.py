@@ -243,16 +243,17 @@ def lm_generation_configs() -> List[Config]:
 
 def flex_config_keys() -> List[str]:
     """The candidates some of whose layers may take the flex path (``--configs flex``):
-    every mechanism that declares one, and every preset that uses such a mechanism."""
+    every mechanism whose terms allow one, and every preset that uses such a mechanism."""
     import fairseq_distattn.mechanisms  # noqa: F401 (registers the mechanisms)
     from fairseq_distattn.functional.paths import Path
     from fairseq_distattn.registry import CROSS, DECODER_SELF, ENCODER_SELF, REGISTRY
     from fairseq_distattn.spec import specs_name
+    from fairseq_distattn.tools.path_profile import may_take
 
     def uses_flex(config: Config) -> bool:
         args = parse_args(config, SCALES["tiny"])
         names = specs_name(getattr(args, kind.attr, None) for kind in (ENCODER_SELF, DECODER_SELF, CROSS))
-        return any(Path.FLEX in REGISTRY[name].paths for name in names if name in REGISTRY)
+        return any(may_take(REGISTRY[name], Path.FLEX) for name in names if name in REGISTRY)
 
     candidates = [*MT_PRESETS, *LM_PRESETS, *mt_mechanism_configs()]
     return [config.key for config in candidates if uses_flex(config)]

@@ -16,7 +16,7 @@ from .timing import Summary
 
 # Minimum tokens/s ratio to vanilla of each trained candidate: the presets by key; every
 # registered mechanism (a model with it in every layer that accepts it) by what it is: one
-# that only transforms queries and keys before vanilla's own fused call (fused_without_bias)
+# that only transforms queries and keys before vanilla's own fused call (its fused path keeps nothing)
 # costs a few elementwise passes, a bias on the logits (its fused path keeps only that bias)
 # no more than one addition, anything else builds per-query tensors of its own.
 PRESET_TRAIN_TARGETS = [
@@ -36,9 +36,13 @@ MECHANISM_TRAIN_TARGET = 0.90
 
 
 def mechanism_train_target(info) -> float:
-    if info.fused_without_bias:
+    from fairseq_distattn.functional.paths import Keeps
+    from fairseq_distattn.tools.path_profile import fused_keeps
+
+    keeps = fused_keeps(info)
+    if keeps is Keeps.NOTHING:
         return WITHOUT_BIAS_TRAIN_TARGET
-    return BIAS_TRAIN_TARGET if info.small_fused_bias else MECHANISM_TRAIN_TARGET
+    return BIAS_TRAIN_TARGET if keeps is Keeps.BIAS else MECHANISM_TRAIN_TARGET
 
 
 def mechanism_train_targets():

@@ -24,9 +24,10 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .attention import attend, logit_dtype
-from .masking import check_attention_arguments, check_tensor_argument, position_tensor
+from .attention import attention_op, logit_dtype
+from .masking import check_tensor_argument, position_tensor
 from .position_tables import OffsetTable, check_bias_table_arguments, offsets
+from .terms import Terms
 
 
 @lru_cache(maxsize=64)
@@ -72,42 +73,26 @@ def alibi_bias(tgt_len: int, src_len: int, num_heads: int, query_offset: int, de
     return alibi_table(tgt_len, src_len, num_heads, query_offset, device, dtype).dense()
 
 
-def alibi_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    slopes: Optional[Tensor] = None,
-    *,
-    key_padding_mask: Optional[Tensor] = None,
-    causal: bool = False,
-    query_offset: int = 0,
-    dropout_p: float = 0.0,
-    need_weights: bool = True,
-    flex: str = "auto",
-) -> Tuple[Tensor, Optional[Tensor]]:
-    """``softmax(q k^T / sqrt(D) - m_h |i - j|) v`` (sec. 3): the causal form with
-    ``causal=True``, the symmetric one without. ``slopes`` ``[H]`` default to the
-    paper's (:func:`alibi_slopes`). Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``;
-    the bias runs fused with ``need_weights=False`` (``probs`` None)."""
-    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
-    tgt_len, src_len, heads = q.size(2), k.size(2), q.size(1)
+def alibi_terms(q: Tensor, k: Tensor, slopes: Optional[Tensor] = None, *, query_offset: int) -> Terms:
+    """ALiBi's table ``-m_h |i - j|`` (:func:`alibi_table`) for ``q`` and ``k``,
+    ``slopes`` ``[H]`` defaulting to the paper's (:func:`alibi_slopes`)."""
+    heads = q.size(1)
     if slopes is not None:
         check_tensor_argument("slopes", slopes, "q", q, dtypes=None)  # any floating dtype: converted
         if tuple(slopes.shape) != (heads,):
             raise ValueError(f"slopes must be [H] = ({heads},), one per head, got {tuple(slopes.shape)}")
-    table = alibi_table(tgt_len, src_len, heads, query_offset, q.device, logit_dtype(q.dtype), slopes)
-    return attend(
-        q,
-        k,
-        v,
-        offset_table=table,
-        key_padding_mask=key_padding_mask,
-        causal=causal,
-        query_offset=query_offset,
-        dropout_p=dropout_p,
-        need_weights=need_weights,
-        flex=flex,
-    )
+    table = alibi_table(q.size(2), k.size(2), heads, query_offset, q.device, logit_dtype(q.dtype), slopes)
+    return Terms(offset_table=table)
+
+
+alibi_attention = attention_op(
+    alibi_terms,
+    "alibi_attention",
+    """``softmax(q k^T / sqrt(D) - m_h |i - j|) v`` (sec. 3): the causal form with
+    ``causal=True``, the symmetric one without. ``slopes`` ``[H]`` default to the
+    paper's (:func:`alibi_slopes`). Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``;
+    the bias runs fused with ``need_weights=False`` (``probs`` None).""",
+)
 
 
 __all__ = ["alibi_attention", "alibi_bias", "alibi_slopes"]

@@ -25,15 +25,16 @@ run in flex_attention, :func:`paths.choose_path`).
 
 import contextlib
 import functools
-from typing import Callable, FrozenSet, Optional, Tuple
+import inspect
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
-from .flex import flex_attend
+from .flex import flex_attend, flex_windowed_attend
 from .masking import autocast_enabled, check_attention_arguments, logit_mask, masked_softmax
-from .paths import Call, Path, choose_path
-from .position_tables import ScoreTable
+from .paths import OP_OPTIONS, Call, CallOptions, Path, choose_path
+from .terms import PLAIN, ScoreMod, Terms, candidate_paths
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -107,51 +108,6 @@ def dropout_probs(probs: Tensor, dropout_p: float) -> Tensor:
     return probs
 
 
-def softmax_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    key_padding_mask: Optional[Tensor] = None,
-    causal: bool = False,
-    query_offset: int = 0,
-    dropout_p: float = 0.0,
-    need_weights: bool = True,
-    flex: str = "auto",
-):
-    """Plain ``softmax(q k^T / sqrt(D)) v`` under the same conventions; returns
-    ``(out, probs)`` (``probs`` is None when ``need_weights=False``).
-
-    NaN in gives NaN out on both paths, except that on CPU the fused path
-    (``need_weights=False``) gives 0 for a row of all-NaN logits shorter than
-    one SIMD vector when SDPA gets no mask: torch's CPU kernel takes such a row
-    for a fully masked one. Not corrected, as forcing NaN costs more than it is
-    worth (docs/functional-api.md; ``tests/test_functional_errors.py`` pins both
-    paths)."""
-    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
-    return attend(
-        q,
-        k,
-        v,
-        key_padding_mask=key_padding_mask,
-        causal=causal,
-        query_offset=query_offset,
-        dropout_p=dropout_p,
-        need_weights=need_weights,
-        flex=flex,
-    )
-
-
-# score_mod(raw scores q k^T / sqrt(D) in logit_dtype, the additive mask that will be added
-# after it or None) -> logits: the mask is passed so a mod that reads which keys are visible
-# (CoPE's gates) does not build it a second time
-ScoreMod = Callable[[Tensor, Optional[Tensor]], Tensor]
-# weight_mod(softmax weights, additive mask, hidden rows) -> the weights that multiply the values
-WeightMod = Callable[[Tensor, Optional[Tensor], Optional[Tensor]], Tensor]
-# value_term(the (dropped) weights) -> a [B, H, Tq, D] term added to the output
-ValueTerm = Callable[[Tensor], Tensor]
-
-
 def attention_weights(
     q: Tensor,
     k: Tensor,
@@ -186,60 +142,57 @@ def attention_weights(
 
 
 def attend(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    bias: Optional[Tensor] = None,
-    score_mod: Optional[ScoreMod] = None,
-    offset_table: Optional[ScoreTable] = None,
-    weight_mod: Optional[WeightMod] = None,
-    value_term: Optional[ValueTerm] = None,
-    allowed: Optional[Tensor] = None,
-    key_padding_mask: Optional[Tensor] = None,
-    causal: bool = False,
-    query_offset: int = 0,
-    dropout_p: float = 0.0,
-    need_weights: bool = True,
-    flex: str = "auto",
+    q: Tensor, k: Tensor, v: Tensor, terms: Terms = PLAIN, options: CallOptions = CallOptions()
 ) -> Tuple[Tensor, Optional[Tensor]]:
-    """The core path of every mechanism: ``(out, probs)`` with
-    ``probs = weight_mod(softmax(score_mod(q k^T / sqrt(D)) + bias))`` over the
-    visible keys (see :func:`attention_weights`) and ``out = dropout(probs) v
-    + value_term(dropout(probs))``; ``probs`` is None unless ``need_weights``.
+    """The core path of every mechanism: ``(out, probs)`` of ``q``, ``k``, ``v`` (or the
+    replacements ``terms`` give) with what ``terms`` add, under the call's ``options``:
+    ``probs = weight_mod(softmax(score_mod(q k^T / sqrt(D)) + bias) * window)`` over the
+    visible keys (see :func:`attention_weights`) and ``out = dropout(probs) v +
+    value_term(dropout(probs))``; ``probs`` is None unless ``options.need_weights``.
 
-    ``offset_table`` is a bias or a score modification read from a table by
-    ``j - i`` (:class:`position_tables.OffsetTable`: per head; rpr's
-    ``RelativeKeyScores``: per query and clipped distance), given instead of
-    ``bias`` or ``score_mod``: where :func:`paths.choose_path` takes flex it runs in
-    flex_attention (its ``score_mod``), with a ``value_term`` only if that can
-    be rebuilt from flex's log-sum-exp (:class:`position_tables.LseValueTerm`);
-    elsewhere its ``dense()`` becomes that ``bias`` or ``score_mod``. A mechanism that is
-    only an additive bias (and ``allowed``) otherwise runs fused
-    (:func:`fused_attention`) when the weights are not needed. Unchecked: the
-    public ops check their arguments first.
+    The path is :func:`paths.choose_path`'s among :func:`terms.candidate_paths`: in
+    flex_attention an ``offset_table`` is read by ``j - i`` inside the kernel (its
+    ``score_mod``), with a ``value_term`` only if that can be rebuilt from flex's
+    log-sum-exp (:class:`position_tables.LseValueTerm`), and a ``window`` is two calls
+    (:func:`flex.flex_windowed_attend`); elsewhere a table's ``dense()`` becomes that
+    ``bias`` or ``score_mod``. Terms that are only an additive bias (and ``allowed``)
+    otherwise run fused (:func:`fused_attention`) when the weights are not needed.
+    Unchecked: the public ops check their arguments first.
 
     Empty sequences, as ``F.scaled_dot_product_attention`` treats them: no
     queries (``Tq = 0``) give an empty ``[B, H, 0, D]`` output and ``[B, H, 0,
     Tk]`` weights; no keys (``Tk = 0``) leave every query row without a visible
     key, which gives 0 (as a row hidden by the masks does) and ``[B, H, Tq, 0]``
     weights."""
-    call = Call.of(
-        q,
-        k,
-        key_padding_mask=key_padding_mask,
-        causal=causal,
-        query_offset=query_offset,
-        dropout_p=dropout_p,
-        need_weights=need_weights,
-        flex=flex,
+    given_dtype = q.dtype
+    q = q if terms.query is None else terms.query
+    k = k if terms.key is None else terms.key
+    v = v if terms.value is None else terms.value
+    if q.dtype == given_dtype:
+        return _attend(q, k, v, terms, options)
+    # replaced in float32 for half inputs: autocast would run the products in half again
+    with torch.autocast(q.device.type, enabled=False) if autocast_enabled(q.device) else contextlib.nullcontext():
+        out, probs = _attend(q, k, v, terms, options)
+    return out.to(given_dtype), None if probs is None else probs.to(given_dtype)
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, terms: Terms, options: CallOptions) -> Tuple[Tensor, Optional[Tensor]]:
+    key_padding_mask, causal, query_offset, dropout_p = (
+        options.key_padding_mask,
+        options.causal,
+        options.query_offset,
+        options.dropout_p,
     )
-    path = choose_path(call, _paths_of(bias, score_mod, offset_table, weight_mod, value_term, allowed))
+    path = choose_path(Call.of(q, k, options), candidate_paths(terms))
     if path is Path.FLEX:
-        return _flex_attend(q, k, v, offset_table, value_term, allowed, key_padding_mask, causal), None
-    if offset_table is not None:
-        dense = offset_table.dense()
-        if offset_table.combine == "add":
+        masks = dict(allowed=terms.allowed, key_padding_mask=key_padding_mask, causal=causal)
+        if terms.window is not None:
+            return flex_windowed_attend(q, k, v, terms.window, **masks), None
+        return _flex_attend(q, k, v, terms.offset_table, terms.value_term, masks), None
+    bias, score_mod = terms.bias, terms.score_mod
+    if terms.offset_table is not None:
+        dense = terms.offset_table.dense()
+        if terms.offset_table.combine == "add":
             bias = dense
         else:
             score_mod = functools.partial(_relu_multiply, coefficients=dense)
@@ -247,7 +200,7 @@ def attend(
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True), None
     if path is Path.FUSED:
         mask, hidden = logit_mask(
-            key_padding_mask, causal, query_offset, call.tgt_len, call.src_len, q.device, q.dtype, allowed
+            key_padding_mask, causal, query_offset, q.size(2), k.size(2), q.device, q.dtype, terms.allowed
         )
         return fused_attention(q, k, v, bias, mask, hidden, dropout_p), None
     probs, mask, hidden = attention_weights(
@@ -255,41 +208,25 @@ def attend(
         k,
         bias=bias,
         score_mod=score_mod,
-        allowed=allowed,
+        allowed=terms.allowed,
         key_padding_mask=key_padding_mask,
         causal=causal,
         query_offset=query_offset,
     )
-    if weight_mod is not None:
-        probs = weight_mod(probs, mask, hidden)
+    if terms.window is not None:
+        probs = probs * terms.window
+    if terms.weight_mod is not None:
+        probs = terms.weight_mod(probs, mask, hidden)
     probs = probs.to(q.dtype)
     attended = dropout_probs(probs, dropout_p)
     out = torch.matmul(attended, v)
-    if value_term is not None:
-        out = out + value_term(attended)
-    return out, probs if need_weights else None
+    if terms.value_term is not None:
+        out = out + terms.value_term(attended)
+    return out, probs if options.need_weights else None
 
 
-def _paths_of(bias, score_mod, offset_table, weight_mod, value_term, allowed) -> FrozenSet[Path]:
-    """The paths that what a mechanism hands :func:`attend` allows: flex for a table
-    (with no weight modification, and a value term only if it can be rebuilt from
-    flex's log-sum-exp); SDPA for an additive bias alone (a table that combines by
-    addition is one), and its causal kernel where there is no bias nor ``allowed``."""
-    paths = {Path.EAGER}
-    rebuilt_value_term = value_term is None or hasattr(value_term, "from_log_normaliser")
-    if offset_table is not None and weight_mod is None and rebuilt_value_term:
-        paths.add(Path.FLEX)
-    additive_table = offset_table is None or offset_table.combine == "add"
-    if score_mod is None and weight_mod is None and value_term is None and additive_table:
-        paths.add(Path.FUSED)
-        if bias is None and offset_table is None and allowed is None:
-            paths.add(Path.SDPA_CAUSAL)
-    return frozenset(paths)
-
-
-def _flex_attend(q, k, v, offset_table, value_term, allowed, key_padding_mask, causal) -> Tensor:
+def _flex_attend(q, k, v, offset_table, value_term, masks) -> Tensor:
     """:func:`flex.flex_attend`, plus the value term rebuilt from its log-sum-exp."""
-    masks = dict(allowed=allowed, key_padding_mask=key_padding_mask, causal=causal)
     if value_term is None:
         return flex_attend(q, k, v, offset_table, **masks)
     out, lse = flex_attend(q, k, v, offset_table, return_lse=True, **masks)
@@ -297,7 +234,7 @@ def _flex_attend(q, k, v, offset_table, value_term, allowed, key_padding_mask, c
     def lse_beyond(min_offset: int) -> Tensor:
         return flex_attend(q, k, v, offset_table, min_offset=min_offset, return_lse=True, **masks)[1]
 
-    return out + value_term.from_log_normaliser(lse, lse_beyond, key_padding_mask).to(out.dtype)
+    return out + value_term.from_log_normaliser(lse, lse_beyond, masks["key_padding_mask"]).to(out.dtype)
 
 
 def _relu_multiply(scores: Tensor, mask: Optional[Tensor], coefficients: Tensor) -> Tensor:
@@ -355,8 +292,95 @@ def fused_attention(
     return out if hidden is None else out.masked_fill(hidden, 0.0)
 
 
+# An op's inputs: the tensors every op takes first; a terms function takes q and k, and v if it reads it
+INPUTS = ("q", "k", "v")
+
+
+def attention_op(terms_of: Callable[..., Terms], name: str, doc: str) -> Callable[..., Tuple[Tensor, Optional[Tensor]]]:
+    """The public op ``name(q, k, v, *args, key_padding_mask=None, causal=False,
+    query_offset=0, dropout_p=0.0, need_weights=True, flex="auto", **own)`` of the
+    terms function ``terms_of(q, k[, v], *args, **own, **read)``: it checks the
+    shared arguments, builds the call's :class:`paths.CallOptions` and runs
+    :func:`attend` on the terms. ``read`` are the call options ``terms_of`` names as
+    keyword-only parameters (``query_offset``, ``causal``, ``key_padding_mask``): a
+    terms function takes only what it uses. The op's ``terms(q, k, v, args, own,
+    options)`` makes the terms alone (the attention module's call); its signature
+    is the terms function's with the inputs and the shared arguments."""
+    parameters = inspect.signature(terms_of).parameters
+    inputs = tuple(p for p in list(parameters)[:3] if p in INPUTS)
+    if inputs[:2] != ("q", "k"):
+        raise TypeError(f"{terms_of.__name__} must take q and k first (and v if it reads it)")
+    read = tuple(option for option in OP_OPTIONS if option in parameters)
+    takes_value = "v" in inputs
+
+    def terms(q: Tensor, k: Tensor, v: Tensor, args: Sequence[Any], own: Dict[str, Any], options) -> Terms:
+        given = {option: getattr(options, option) for option in read}
+        if takes_value:
+            return terms_of(q, k, v, *args, **own, **given)
+        return terms_of(q, k, *args, **own, **given)
+
+    def op(
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *args,
+        key_padding_mask: Optional[Tensor] = None,
+        causal: bool = False,
+        query_offset: int = 0,
+        dropout_p: float = 0.0,
+        need_weights: bool = True,
+        flex: str = "auto",
+        **own,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
+        options = CallOptions(key_padding_mask, causal, query_offset, dropout_p, need_weights, flex)
+        return attend(q, k, v, terms(q, k, v, args, own, options), options)
+
+    op.__name__ = op.__qualname__ = name
+    op.__module__ = terms_of.__module__
+    op.__doc__ = doc
+    op.terms = terms
+    op.terms_of = terms_of
+    op.__signature__ = _op_signature(parameters, inputs, read)
+    return op
+
+
+def _op_signature(parameters, inputs: Tuple[str, ...], read: Tuple[str, ...]) -> inspect.Signature:
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    tensors = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Tensor) for name in INPUTS]
+    own = [p for name, p in parameters.items() if name not in inputs and name not in read]
+    shared = [
+        inspect.Parameter(option, keyword, default=default)
+        for option, default in CallOptions()._asdict().items()
+        if option in OP_OPTIONS
+    ]
+    positional = [p for p in own if p.kind is not keyword]
+    return inspect.Signature(tensors + positional + [p for p in own if p.kind is keyword] + shared)
+
+
+def plain_terms(q: Tensor, k: Tensor) -> Terms:
+    """Plain attention adds nothing."""
+    return PLAIN
+
+
+softmax_attention = attention_op(
+    plain_terms,
+    "softmax_attention",
+    """Plain ``softmax(q k^T / sqrt(D)) v`` under the same conventions; returns
+    ``(out, probs)`` (``probs`` is None when ``need_weights=False``).
+
+    NaN in gives NaN out on both paths, except that on CPU the fused path
+    (``need_weights=False``) gives 0 for a row of all-NaN logits shorter than
+    one SIMD vector when SDPA gets no mask: torch's CPU kernel takes such a row
+    for a fully masked one. Not corrected, as forcing NaN costs more than it is
+    worth (docs/functional-api.md; ``tests/test_functional_errors.py`` pins both
+    paths).""",
+)
+
+
 __all__ = [
     "attend",
+    "attention_op",
     "attention_weights",
     "softmax_attention",
 ]

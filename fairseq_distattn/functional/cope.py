@@ -29,14 +29,15 @@ are decoders); the whole logit row is needed for it, so there is no fused
 path.
 """
 
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 from ..registry import OptionContext, SpecError, positive_integer
-from .attention import attend, logit_dtype, logit_product, scores
+from .attention import attention_op, logit_dtype, logit_product, scores
 from .masking import check_attention_arguments, check_tensor_argument, logit_mask
+from .terms import Terms
 
 # the rule of the command line's --cope-max-positions (mechanisms/cope.py), for the functional npos
 _check_npos = positive_integer("--cope-max-positions")
@@ -106,24 +107,9 @@ def cope_positions(
     return contextual_positions(scores(q, k), mask, npos - 1)
 
 
-def cope_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    position_embeddings: Tensor,
-    *,
-    key_padding_mask: Optional[Tensor] = None,
-    causal: bool = False,
-    query_offset: int = 0,
-    dropout_p: float = 0.0,
-    need_weights: bool = True,
-    flex: str = "auto",
-) -> Tuple[Tensor, Optional[Tensor]]:
-    """``softmax((q_i . k_j + q_i . e[p_ij]) / sqrt(D)) v`` with the learned
-    ``position_embeddings`` ``e`` ``[D, npos]`` shared by the heads. Returns
-    ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])`` (``probs`` None unless ``need_weights``);
-    no fused path: the positions need the whole row of gates."""
-    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
+def cope_terms(q: Tensor, k: Tensor, position_embeddings: Tensor) -> Terms:
+    """CoPE's score modification: ``q_i . e[p_ij] / sqrt(D)`` added to each score, at the
+    contextual positions ``p_ij`` its gates count over the visible keys."""
     check_position_table(position_embeddings, q)
     scale = q.size(-1) ** -0.5
     max_position = position_embeddings.size(1) - 1
@@ -132,18 +118,17 @@ def cope_attention(
         positions = contextual_positions(scaled_scores, mask, max_position)
         return scaled_scores + interpolated_position_logits(q, position_embeddings, positions) * scale
 
-    return attend(
-        q,
-        k,
-        v,
-        score_mod=with_positions,
-        key_padding_mask=key_padding_mask,
-        causal=causal,
-        query_offset=query_offset,
-        dropout_p=dropout_p,
-        need_weights=need_weights,
-        flex=flex,
-    )
+    return Terms(score_mod=with_positions)
+
+
+cope_attention = attention_op(
+    cope_terms,
+    "cope_attention",
+    """``softmax((q_i . k_j + q_i . e[p_ij]) / sqrt(D)) v`` with the learned
+    ``position_embeddings`` ``e`` ``[D, npos]`` shared by the heads. Returns
+    ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])`` (``probs`` None unless ``need_weights``);
+    no fused path: the positions need the whole row of gates.""",
+)
 
 
 __all__ = ["cope_attention", "cope_positions"]

@@ -64,14 +64,15 @@ same sum, rounded differently only in its last bits).
 """
 
 import numbers
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import attend, full_precision
-from .masking import check_attention_arguments, check_tensor_argument
+from .attention import attention_op, full_precision
+from .masking import check_tensor_argument
+from .terms import Terms
 
 DAPE_MLP_WIDTH = 32  # the authors' mlp_width in every DAPE config
 DAPE_NEGATIVE_SLOPE = 0.01  # nn.LeakyReLU's default, as the authors' MLP uses it
@@ -145,10 +146,9 @@ def dape_logits(
     return scores + bias + adaptive
 
 
-def dape_attention(
+def dape_terms(
     q: Tensor,
     k: Tensor,
-    v: Tensor,
     bias: Tensor,
     hidden_weight: Tensor,
     hidden_bias: Tensor,
@@ -156,13 +156,22 @@ def dape_attention(
     output_bias: Tensor,
     *,
     negative_slope: float = DAPE_NEGATIVE_SLOPE,
-    key_padding_mask: Optional[Tensor] = None,
-    causal: bool = False,
-    query_offset: int = 0,
-    dropout_p: float = 0.0,
-    need_weights: bool = True,
-    flex: str = "auto",
-) -> Tuple[Tensor, Optional[Tensor]]:
+) -> Terms:
+    """DAPE's score modification ``A -> A + B + f([A; B])`` (:func:`dape_logits`)."""
+    check_dape_arguments(q, k, bias, hidden_weight, hidden_bias, output_weight, output_bias, negative_slope)
+    mlp = (hidden_weight, hidden_bias, output_weight, output_bias, float(negative_slope))
+
+    def adapted(scaled_scores: Tensor, mask: Optional[Tensor]) -> Tensor:
+        # the MLP's products in the logit dtype: autocast would round them to half
+        with full_precision(q):
+            return dape_logits(scaled_scores, bias, *mlp)
+
+    return Terms(score_mod=adapted)
+
+
+dape_attention = attention_op(
+    dape_terms,
+    "dape_attention",
     """``softmax(A + B + f([A; B])) v`` with ``A = q k^T / sqrt(D)``, the static
     position ``bias`` ``B`` (``[H|1, Tq, Tk]`` or ``[B|1, H|1, Tq, Tk]`` for these
     queries, e.g. :func:`kerple.kerple_bias` or :func:`alibi.alibi_bias` with
@@ -172,28 +181,8 @@ def dape_attention(
     ``output_weight`` ``[H, W]``, ``output_bias`` ``[H]`` (the authors' W is 32).
     The masks apply to the finished logits; causal and bidirectional alike.
     Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])`` (``probs`` None unless
-    ``need_weights``); no fused path: the MLP needs the scores."""
-    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
-    check_dape_arguments(q, k, bias, hidden_weight, hidden_bias, output_weight, output_bias, negative_slope)
-    mlp = (hidden_weight, hidden_bias, output_weight, output_bias, float(negative_slope))
-
-    def adapted(scaled_scores: Tensor, mask: Optional[Tensor]) -> Tensor:
-        # the MLP's products in the logit dtype: autocast would round them to half
-        with full_precision(q):
-            return dape_logits(scaled_scores, bias, *mlp)
-
-    return attend(
-        q,
-        k,
-        v,
-        score_mod=adapted,
-        key_padding_mask=key_padding_mask,
-        causal=causal,
-        query_offset=query_offset,
-        dropout_p=dropout_p,
-        need_weights=need_weights,
-        flex=flex,
-    )
+    ``need_weights``); no fused path: the MLP needs the scores.""",
+)
 
 
 __all__ = ["dape_attention"]

@@ -34,16 +34,15 @@ The pointer softmaxes run over the keys the query may see (non-padding, and
 not in the future when causal), so padding never receives window mass.
 """
 
-from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from .attention import attend, logit_dtype, masked_scores
-from .flex import flex_attend
+from .attention import attend, attention_op, logit_dtype, masked_scores
 from .masking import check_attention_arguments, check_tensor_argument, logit_mask, masked_softmax
-from .paths import Call, Path, choose_path
+from .paths import CallOptions
+from .terms import Terms
 
 
 def _cumulative_sums(pointer: Tensor) -> Tuple[Tensor, Tensor]:
@@ -197,105 +196,39 @@ def _check_window(mask: Tensor, q: Tensor, k: Tensor, q_name: str = "q") -> None
     check_tensor_argument("mask", mask, q_name, q, (logit_dtype(q.dtype),))
 
 
-def multiplicative_window_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor,
-    *,
-    key_padding_mask: Optional[Tensor] = None,
-    causal: bool = False,
-    query_offset: int = 0,
-    dropout_p: float = 0.0,
-    need_weights: bool = True,
-    flex: str = "auto",
-) -> Tuple[Tensor, Optional[Tensor]]:
+def multiplicative_window_terms(q: Tensor, k: Tensor, mask: Tensor) -> Terms:
+    """MW's window M, which multiplies the weights (eq. 13)."""
+    _check_window(mask, q, k)
+    return Terms(window=mask)
+
+
+multiplicative_window_attention = attention_op(
+    multiplicative_window_terms,
+    "multiplicative_window_attention",
     """MW, eqs. 12-13. Returns ``(out, weights)``; weights = softmax * M (rows need
     not sum to 1). Where :func:`paths.choose_path` takes flex (CUDA, no weights,
-    no dropout, full sequences) it runs as :func:`_flex_multiplicative_window`."""
-    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
-    _check_window(mask, q, k)
-    call = Call.of(
-        q,
-        k,
-        key_padding_mask=key_padding_mask,
-        causal=causal,
-        query_offset=query_offset,
-        dropout_p=dropout_p,
-        need_weights=need_weights,
-        flex=flex,
-    )
-    if choose_path(call, {Path.EAGER, Path.FLEX}) is Path.FLEX:
-        return _flex_multiplicative_window(q, k, v, mask, key_padding_mask, causal), None
-    return attend(
-        q,
-        k,
-        v,
-        weight_mod=lambda weights, _mask, _hidden: weights * mask,
-        key_padding_mask=key_padding_mask,
-        causal=causal,
-        query_offset=query_offset,
-        dropout_p=dropout_p,
-        need_weights=need_weights,
-        flex=flex,
-    )
+    no dropout, full sequences) it runs as :func:`flex.flex_windowed_attend`.""",
+)
 
 
-class _FlooredLog(torch.autograd.Function):
-    """``log(max(M, eps))`` whose gradient is ``grad / max(M, eps)`` below the
-    floor too. ``eps = sqrt(smallest normal)`` of the logits' dtype (1e-19 in
-    float32, which half M is widened to, as flex scores half inputs in float32:
-    float16's own would be 0.0078 and lift every window tail below it): a
-    weight ``softmax(s) * M`` moves by at most ``eps``, and a key whose M
-    underflows to 0 keeps the gradient eq. 13 gives it (``softmax(s) * dL/dout
-    . v``, the pull that widens a window), where a plain clamp would give 0 and
-    an unfloored log ``0 / 0``."""
-
-    @staticmethod
-    def forward(ctx, mask):
-        ctx.save_for_backward(mask)  # the floor is redone in backward: no second [B, H, Tq, Tk] copy kept
-        return _floored(mask).log()
-
-    @staticmethod
-    def backward(ctx, grad):
-        (mask,) = ctx.saved_tensors
-        return (grad / _floored(mask)).to(mask.dtype)
-
-
-def _floored(mask: Tensor) -> Tensor:
-    dtype = logit_dtype(mask.dtype)
-    return mask.to(dtype).clamp_min(torch.finfo(dtype).tiny ** 0.5)
-
-
-@dataclass
-class LogWindow:
-    """``score + log M`` inside flex's ``score_mod``, M the ``[B, H, Tq, Tk]`` soft
-    window (floored: :class:`_FlooredLog`)."""
-
-    mask: Tensor
-    combine: str = "add"
-
-    def score_mod(self):
-        log_mask = _FlooredLog.apply(self.mask)
-
-        def add_log_window(score, b, h, q_idx, kv_idx):
-            return score + log_mask[b, h, q_idx, kv_idx]
-
-        return add_log_window
-
-
-def _flex_multiplicative_window(q, k, v, mask, key_padding_mask: Optional[Tensor], causal: bool) -> Tensor:
-    """MW's ``(softmax(s) * M) v`` (eq. 13) through flex_attention, ``query_offset``
-    0: ``softmax(s + log M) v`` scaled per row by the window's mass under the
-    weights, ``sum_j softmax(s)_j M_j = exp(lse(s + log M) - lse(s))``. Neither
-    the weights nor their product with M is formed (M itself is)."""
-    masks = dict(key_padding_mask=key_padding_mask, causal=causal)
-    windowed, windowed_lse = flex_attend(q, k, v, LogWindow(mask), return_lse=True, **masks)
-    _, plain_lse = flex_attend(q, k, v, None, return_lse=True, **masks)
-    visible_row = torch.isfinite(plain_lse)
-    # a row with no visible key gives 0, as on the eager path (both lse are -inf there)
-    mass = torch.where(visible_row, torch.exp(windowed_lse - plain_lse.masked_fill(~visible_row, 0.0)), 0.0)
-    return windowed * mass[..., None].to(windowed.dtype)
+def additive_window_terms(
+    q_global: Tensor,
+    k_global: Tensor,
+    q_local: Tensor,
+    k_local: Tensor,
+    mask: Tensor,
+    *,
+    key_padding_mask: Optional[Tensor],
+    causal: bool,
+    query_offset: int,
+) -> Terms:
+    """AW's masked local scores (eqs. 14-16), an additive bias on the global ones."""
+    check_tensor_argument("q_local", q_local, "q_global", q_global)
+    local_names = ("q_local", "k_local", None, "key_padding_mask")
+    check_attention_arguments(q_local, k_local, None, key_padding_mask, causal, query_offset, names=local_names)
+    _check_window(mask, q_global, k_global, "q_global")
+    # the local scores times M are formed in float32 for half inputs (M is, see window_mask)
+    return Terms(bias=masked_scores(q_local, k_local, None) * mask)
 
 
 def additive_window_attention(
@@ -314,37 +247,23 @@ def additive_window_attention(
     flex: str = "auto",
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """AW, eqs. 14-17. Returns ``(out, probs)``; the masked local scores are an
-    additive bias, so ``need_weights=False`` runs fused and returns ``(out, None)``."""
-    global_names, local_names = (
-        ("q_global", "k_global", "v", "key_padding_mask"),
-        ("q_local", "k_local", None, "key_padding_mask"),
-    )
+    additive bias, so ``need_weights=False`` runs fused and returns ``(out, None)``.
+    (Its own signature, not :func:`attention.attention_op`'s: the local projections
+    come before the values.)"""
+    global_names = ("q_global", "k_global", "v", "key_padding_mask")
     check_attention_arguments(
         q_global, k_global, v, key_padding_mask, causal, query_offset, dropout_p, names=global_names
     )
-    check_tensor_argument("q_local", q_local, "q_global", q_global)
-    check_attention_arguments(q_local, k_local, None, key_padding_mask, causal, query_offset, names=local_names)
-    _check_window(mask, q_global, k_global, "q_global")
-    # the local scores times M are formed in float32 for half inputs (M is, see window_mask)
-    local_scores = masked_scores(q_local, k_local, None)
+    options = CallOptions(key_padding_mask, causal, query_offset, dropout_p, need_weights, flex)
+    local = dict(key_padding_mask=key_padding_mask, causal=causal, query_offset=query_offset)
     return attend(
-        q_global,
-        k_global,
-        v,
-        bias=local_scores * mask,
-        key_padding_mask=key_padding_mask,
-        causal=causal,
-        query_offset=query_offset,
-        dropout_p=dropout_p,
-        need_weights=need_weights,
-        flex=flex,
+        q_global, k_global, v, additive_window_terms(q_global, k_global, q_local, k_local, mask, **local), options
     )
 
 
-def differentiable_window_attention(
+def differentiable_window_terms(
     q: Tensor,
     k: Tensor,
-    v: Tensor,
     q_left: Tensor,
     k_left: Tensor,
     q_right: Tensor,
@@ -354,18 +273,13 @@ def differentiable_window_attention(
     *,
     segment_size: int = 0,
     expected: bool = False,
-    key_padding_mask: Optional[Tensor] = None,
-    causal: bool = False,
-    query_offset: int = 0,
-    dropout_p: float = 0.0,
-    need_weights: bool = True,
-    flex: str = "auto",
-) -> Tuple[Tensor, Optional[Tensor]]:
-    """The whole mechanism in one call: the soft mask of eq. 9 (or eq. 11 with
-    ``segment_size`` > 0; ``expected`` as in :func:`window_mask`) from the
-    boundary projections, then MW (eqs. 12-13), or AW (eqs. 14-17) when the
-    local projections ``q_local``, ``k_local`` are given. Returns ``(out, probs)``
-    as :func:`multiplicative_window_attention` and :func:`additive_window_attention` do."""
+    key_padding_mask: Optional[Tensor],
+    causal: bool,
+    query_offset: int,
+) -> Terms:
+    """The soft mask of eq. 9 (or eq. 11 with ``segment_size`` > 0; ``expected`` as in
+    :func:`window_mask`) from the boundary projections, as MW's window (eqs. 12-13),
+    or as AW's bias (eqs. 14-17) when the local projections are given."""
     if (q_local is None) != (k_local is None):
         raise ValueError("q_local and k_local are given together (AW) or not at all (MW)")
     mask = window_mask(
@@ -379,17 +293,21 @@ def differentiable_window_attention(
         query_offset=query_offset,
         expected=expected,
     )
-    shared = dict(
-        key_padding_mask=key_padding_mask,
-        causal=causal,
-        query_offset=query_offset,
-        dropout_p=dropout_p,
-        need_weights=need_weights,
-        flex=flex,
-    )
     if q_local is None:
-        return multiplicative_window_attention(q, k, v, mask, **shared)
-    return additive_window_attention(q, k, q_local, k_local, v, mask, **shared)
+        return multiplicative_window_terms(q, k, mask)
+    local = dict(key_padding_mask=key_padding_mask, causal=causal, query_offset=query_offset)
+    return additive_window_terms(q, k, q_local, k_local, mask, **local)
+
+
+differentiable_window_attention = attention_op(
+    differentiable_window_terms,
+    "differentiable_window_attention",
+    """The whole mechanism in one call: the soft mask of eq. 9 (or eq. 11 with
+    ``segment_size`` > 0; ``expected`` as in :func:`window_mask`) from the
+    boundary projections, then MW (eqs. 12-13), or AW (eqs. 14-17) when the
+    local projections ``q_local``, ``k_local`` are given. Returns ``(out, probs)``
+    as :func:`multiplicative_window_attention` and :func:`additive_window_attention` do.""",
+)
 
 
 __all__ = [

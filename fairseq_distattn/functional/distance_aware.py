@@ -31,15 +31,16 @@ variant; the late ones zero R^ there, or a decoder would leak future values.
 """
 
 import math
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import attend, logit_dtype
-from .masking import check_attention_arguments, check_tensor_argument
+from .attention import attention_op, logit_dtype
+from .masking import check_tensor_argument
 from .position_tables import OffsetTable, offsets
+from .terms import Terms
 
 DA_MAPPINGS = ("learnable-sigmoid", "sigmoid", "exponent", "linear", "clip")
 DA_ADJUSTINGS = ("early-multiply", "early-add", "late-multiply", "late-add")
@@ -164,34 +165,22 @@ def _zero_unseen(weights: Tensor, mask: Optional[Tensor], hidden: Optional[Tenso
     return weights
 
 
-def distance_aware_attention(
+def distance_aware_terms(
     q: Tensor,
     k: Tensor,
-    v: Tensor,
     distance_weight: Tensor,
     sharpness: Optional[Tensor],
     *,
-    key_padding_mask: Optional[Tensor] = None,
-    causal: bool = False,
-    query_offset: int = 0,
-    dropout_p: float = 0.0,
-    need_weights: bool = True,
-    flex: str = "auto",
     mapping: str = "learnable-sigmoid",
     adjusting: str = "early-multiply",
     linear_slope: Optional[Tensor] = None,
     linear_intercept: Optional[Tensor] = None,
     clip_threshold: Optional[float] = None,
-) -> Tuple[Tensor, Optional[Tensor]]:
-    """DA eqs. (5)-(6), or an ablation of sec. 4.3-4.4 (``mapping``, ``adjusting``);
-    ``distance_weight`` (w) and the mapping's parameters are ``[H]``: ``sharpness``
-    (v) for ``learnable-sigmoid``, ``linear_slope`` (k) and ``linear_intercept``
-    (b) for ``linear``, the float ``clip_threshold`` (T) for ``clip``.
-    Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``; ``probs`` are the weights
-    that multiply the values (for the late adjustments, not a distribution).
-    Eq. 6 is a score modification, early-add an additive bias (fused when
-    ``need_weights=False``), the late ones a modification of the weights."""
-    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
+    query_offset: int,
+) -> Terms:
+    """DA's coefficients ``f(w_h |i - j|)`` (:func:`distance_coefficient_table`) as
+    ``adjusting`` applies them: eq. 6's score modification ``ReLU(s) * f``, early-add's
+    additive bias, or a modification of the weights (the late ones)."""
     for name, parameter in (
         ("distance_weight", distance_weight),
         ("sharpness", sharpness),
@@ -206,15 +195,14 @@ def distance_aware_attention(
         )
     if adjusting not in DA_ADJUSTINGS:
         raise ValueError(f"adjusting must be one of {', '.join(DA_ADJUSTINGS)}, got {adjusting!r}")
-    tgt_len, src_len = q.size(2), k.size(2)
     # ReLU(QK^T) x f reaches (1 + e^v) times the largest logit: formed in float32 for half inputs
     compute = logit_dtype(q.dtype)
     per_head = [None if p is None else p.to(compute) for p in (sharpness, linear_slope, linear_intercept)]
     table = distance_coefficient_table(
         distance_weight.to(compute),
         per_head[0],
-        tgt_len,
-        src_len,
+        q.size(2),
+        k.size(2),
         query_offset,
         mapping,
         per_head[1],
@@ -223,23 +211,29 @@ def distance_aware_attention(
         # eq. 6 ReLU(QK^T) * f / sqrt(d): ReLU commutes with the positive 1/sqrt(d)
         combine="relu-multiply" if adjusting == "early-multiply" else "add",
     )
-    shared = dict(
-        key_padding_mask=key_padding_mask,
-        causal=causal,
-        query_offset=query_offset,
-        dropout_p=dropout_p,
-        need_weights=need_weights,
-        flex=flex,
-    )
     if adjusting in ("early-multiply", "early-add"):  # early-add: softmax(S + R^)
-        return attend(q, k, v, offset_table=table, **shared)
+        return Terms(offset_table=table)
     coefficients = table.dense()
 
     def adjust(weights: Tensor, mask: Optional[Tensor], hidden: Optional[Tensor]) -> Tensor:
         adjusted = weights + coefficients if adjusting == "late-add" else weights * coefficients
         return _zero_unseen(adjusted, mask, hidden)
 
-    return attend(q, k, v, weight_mod=adjust, **shared)
+    return Terms(weight_mod=adjust)
+
+
+distance_aware_attention = attention_op(
+    distance_aware_terms,
+    "distance_aware_attention",
+    """DA eqs. (5)-(6), or an ablation of sec. 4.3-4.4 (``mapping``, ``adjusting``);
+    ``distance_weight`` (w) and the mapping's parameters are ``[H]``: ``sharpness``
+    (v) for ``learnable-sigmoid``, ``linear_slope`` (k) and ``linear_intercept``
+    (b) for ``linear``, the float ``clip_threshold`` (T) for ``clip``.
+    Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``; ``probs`` are the weights
+    that multiply the values (for the late adjustments, not a distribution).
+    Eq. 6 is a score modification, early-add an additive bias (fused when
+    ``need_weights=False``), the late ones a modification of the weights.""",
+)
 
 
 __all__ = ["distance_aware_attention"]

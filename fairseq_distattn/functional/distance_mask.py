@@ -10,14 +10,15 @@ hides the diagonal; we keep it visible so the first (forward) or last
 """
 
 import math
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import Tensor
 
-from .attention import attend, logit_dtype
-from .masking import check_attention_arguments, position_tensor, relative_distance
+from .attention import attention_op, logit_dtype
+from .masking import position_tensor, relative_distance
 from .position_tables import OffsetTable, offsets
+from .terms import Terms
 
 # the directional masks M_dir (None: no mask)
 DIRECTIONS = (None, "forward", "backward")
@@ -42,44 +43,27 @@ def directional_visibility(tgt_len: int, src_len: int, direction: str, query_off
     return distance <= 0 if direction == "forward" else distance >= 0
 
 
-def distance_mask_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    alpha: float,
-    *,
-    direction: Optional[str] = None,
-    key_padding_mask: Optional[Tensor] = None,
-    causal: bool = False,
-    query_offset: int = 0,
-    dropout_p: float = 0.0,
-    need_weights: bool = True,
-    flex: str = "auto",
-) -> Tuple[Tensor, Optional[Tensor]]:
-    """Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``; with
-    ``need_weights=False`` it runs fused and returns ``(out, None)``."""
-    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
+def distance_mask_terms(
+    q: Tensor, k: Tensor, alpha: float, *, direction: Optional[str] = None, query_offset: int
+) -> Terms:
+    """The whole mechanism is one small ``[Tq, Tk]`` table ``-alpha |i - j|`` and, with
+    a ``direction``, M_dir, a visibility the core masks with."""
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha < 0:
         raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     tgt_len, src_len = q.size(2), k.size(2)
-    # the whole mechanism is one small [Tq, Tk] bias and M_dir, a visibility the core masks with
     allowed = None if direction is None else directional_visibility(tgt_len, src_len, direction, query_offset, q.device)
     table = distance_mask_table(tgt_len, src_len, float(alpha), query_offset, q.device, logit_dtype(q.dtype))
-    return attend(
-        q,
-        k,
-        v,
-        offset_table=table,
-        allowed=allowed,
-        key_padding_mask=key_padding_mask,
-        causal=causal,
-        query_offset=query_offset,
-        dropout_p=dropout_p,
-        need_weights=need_weights,
-        flex=flex,
-    )
+    return Terms(offset_table=table, allowed=allowed)
+
+
+distance_mask_attention = attention_op(
+    distance_mask_terms,
+    "distance_mask_attention",
+    """Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``; with
+    ``need_weights=False`` it runs fused and returns ``(out, None)``.""",
+)
 
 
 __all__ = ["distance_mask_attention"]

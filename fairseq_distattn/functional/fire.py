@@ -28,15 +28,16 @@ the normaliser, and so the bias, depend on the sentence where the batch has
 left padding: ``[B, H, Tq, Tk]`` then, ``[1, H, Tq, Tk]`` without padding.
 """
 
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import attend, full_precision, logit_dtype
-from .masking import check_attention_arguments, check_tensor_argument, sequence_positions
+from .attention import attention_op, full_precision, logit_dtype
+from .masking import check_tensor_argument, sequence_positions
 from .position_tables import check_position_arguments
+from .terms import Terms
 
 FIRE_EPS = 1e-6
 FIRE_INITIAL_C = 0.1
@@ -166,10 +167,9 @@ def _fire_mlp(
     return bias.permute(0, 3, 1, 2)
 
 
-def fire_attention(
+def fire_terms(
     q: Tensor,
     k: Tensor,
-    v: Tensor,
     c: Tensor,
     threshold: Tensor,
     hidden_weight: Tensor,
@@ -177,17 +177,11 @@ def fire_attention(
     output_weight: Tensor,
     output_bias: Tensor,
     *,
-    key_padding_mask: Optional[Tensor] = None,
-    causal: bool = False,
-    query_offset: int = 0,
-    dropout_p: float = 0.0,
-    need_weights: bool = True,
-    flex: str = "auto",
-) -> Tuple[Tensor, Optional[Tensor]]:
-    """``softmax(q k^T / sqrt(D) + f_theta(psi(i - j) / psi(max(L, i)))) v``
-    (self-attention: query row i sits at ``query_offset + i`` of the keys).
-    Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``; fused with ``need_weights=False``."""
-    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
+    key_padding_mask: Optional[Tensor],
+    query_offset: int,
+) -> Terms:
+    """FIRE's bias ``f_theta(psi(i - j) / psi(max(L, i)))``, ``[B, H, Tq, Tk]``: L is
+    each sentence's length, so the bias has a batch dimension."""
     check_fire_arguments(c, threshold, hidden_weight, hidden_bias, output_weight, output_bias, q.size(1))
     check_self_attention_lengths(q.size(2), k.size(2), query_offset)
     for name, value in (("c", c), ("output_weight", output_weight)):
@@ -207,18 +201,16 @@ def fire_attention(
             key_padding_mask,
             logit_dtype(q.dtype),
         )
-    return attend(
-        q,
-        k,
-        v,
-        bias=bias,
-        key_padding_mask=key_padding_mask,
-        causal=causal,
-        query_offset=query_offset,
-        dropout_p=dropout_p,
-        need_weights=need_weights,
-        flex=flex,
-    )
+    return Terms(bias=bias)
+
+
+fire_attention = attention_op(
+    fire_terms,
+    "fire_attention",
+    """``softmax(q k^T / sqrt(D) + f_theta(psi(i - j) / psi(max(L, i)))) v``
+    (self-attention: query row i sits at ``query_offset + i`` of the keys).
+    Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``; fused with ``need_weights=False``.""",
+)
 
 
 __all__ = ["fire_attention", "fire_bias"]

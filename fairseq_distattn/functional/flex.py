@@ -48,6 +48,7 @@ import collections
 import functools
 import importlib.util
 import types
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -227,7 +228,68 @@ def flex_attend(
     return kernel(q, k, v, score_mod=score_mod, block_mask=block_mask, return_lse=True)
 
 
+class _FlooredLog(torch.autograd.Function):
+    """``log(max(M, eps))`` whose gradient is ``grad / max(M, eps)`` below the
+    floor too. ``eps = sqrt(smallest normal)`` of the logits' dtype (1e-19 in
+    float32, which half M is widened to, as flex scores half inputs in float32:
+    float16's own would be 0.0078 and lift every window tail below it): a
+    weight ``softmax(s) * M`` moves by at most ``eps``, and a key whose M
+    underflows to 0 keeps the gradient eq. 13 gives it (``softmax(s) * dL/dout
+    . v``, the pull that widens a window), where a plain clamp would give 0 and
+    an unfloored log ``0 / 0``."""
+
+    @staticmethod
+    def forward(ctx, mask):
+        ctx.save_for_backward(mask)  # the floor is redone in backward: no second [B, H, Tq, Tk] copy kept
+        return _floored(mask).log()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (mask,) = ctx.saved_tensors
+        return (grad / _floored(mask)).to(mask.dtype)
+
+
+def _floored(mask: Tensor) -> Tensor:
+    # the logits' dtype (attention.logit_dtype): float32 for half M
+    dtype = torch.float32 if mask.dtype in (torch.float16, torch.bfloat16) else mask.dtype
+    return mask.to(dtype).clamp_min(torch.finfo(dtype).tiny ** 0.5)
+
+
+@dataclass
+class LogWindow:
+    """``score + log M`` inside flex's ``score_mod``, M the ``[B, H, Tq, Tk]`` soft
+    window (floored: :class:`_FlooredLog`)."""
+
+    mask: Tensor
+    combine: str = "add"
+
+    def score_mod(self):
+        log_mask = _FlooredLog.apply(self.mask)
+
+        def add_log_window(score, b, h, q_idx, kv_idx):
+            return score + log_mask[b, h, q_idx, kv_idx]
+
+        return add_log_window
+
+
+def flex_windowed_attend(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor, *, allowed=None, key_padding_mask=None, causal: bool = False
+) -> Tensor:
+    """MW's ``(softmax(s) * M) v`` (eq. 13) through flex_attention, ``query_offset``
+    0: ``softmax(s + log M) v`` scaled per row by the window's mass under the
+    weights, ``sum_j softmax(s)_j M_j = exp(lse(s + log M) - lse(s))``. Neither
+    the weights nor their product with M is formed (M itself is)."""
+    masks = dict(allowed=allowed, key_padding_mask=key_padding_mask, causal=causal)
+    windowed, windowed_lse = flex_attend(q, k, v, LogWindow(mask), return_lse=True, **masks)
+    _, plain_lse = flex_attend(q, k, v, None, return_lse=True, **masks)
+    visible_row = torch.isfinite(plain_lse)
+    # a row with no visible key gives 0, as on the eager path (both lse are -inf there)
+    mass = torch.where(visible_row, torch.exp(windowed_lse - plain_lse.masked_fill(~visible_row, 0.0)), 0.0)
+    return windowed * mass[..., None].to(windowed.dtype)
+
+
 __all__ = [
     "flex_attend",
+    "flex_windowed_attend",
     "check_flex",
 ]

@@ -70,9 +70,10 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .attention import attend, logit_dtype
-from .masking import check_attention_arguments, check_queries_among_keys, check_tensor_argument
+from .attention import attention_op, logit_dtype
+from .masking import check_queries_among_keys, check_tensor_argument
 from .position_tables import check_position_argument
+from .terms import Terms
 
 FORGET_GATES_WITH_KEYS = (
     "the forget gate bias of a query at position p needs the gates of positions up to p, given with the keys"
@@ -118,32 +119,10 @@ def forget_gate_bias(log_forget: Tensor, tgt_len: int, query_offset: int = 0) ->
     return _bias(log_forget.to(logit_dtype(log_forget.dtype)), tgt_len, query_offset)
 
 
-def forgetting_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    log_forget: Tensor,
-    *,
-    key_padding_mask: Optional[Tensor] = None,
-    causal: bool = False,
-    query_offset: int = 0,
-    dropout_p: float = 0.0,
-    need_weights: bool = True,
-    flex: str = "auto",
-) -> Tuple[Tensor, Optional[Tensor]]:
-    """Forgetting Attention: ``softmax(q k^T / sqrt(D) + D) v`` with FoX's bias
-    ``D_ij = sum_{l=j+1}^{p} log f_l`` (:func:`forget_gate_bias`) over the keys
-    ``j <= p = query_offset + i``. ``log_forget`` ``[B, H, Tk]`` is log f of every key
-    position (``logsigmoid`` of the gate logits), of any floating dtype, on q's
-    device; every entry <= 0 and finite (unchecked, as no op reads values: a -inf gate
-    gives NaN, -inf - -inf), and
-    ``query_offset + Tq <= Tk``. Causal only: pass ``causal=True`` (the shared
-    default, False, is refused). The gates of padded keys are set to 0 before the
-    cumulative sum, so a padded token does not decay the keys before it (the
-    authors' treatment of left padding). Returns ``(out [B,H,Tq,D], probs
-    [B,H,Tq,Tk])``; the bias runs fused with ``need_weights=False`` (``probs``
-    None)."""
-    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
+def forgetting_terms(
+    q: Tensor, k: Tensor, log_forget: Tensor, *, key_padding_mask: Optional[Tensor], causal: bool, query_offset: int
+) -> Terms:
+    """FoX's bias ``D_ij = sum_{l=j+1}^{p} log f_l`` (:func:`forget_gate_bias`), ``[B, H, Tq, Tk]``."""
     if not causal:
         raise ValueError(
             "causal must be True: FoX's forget gate is defined for causal attention only "
@@ -155,18 +134,25 @@ def forgetting_attention(
     gates = log_forget.to(logit_dtype(q.dtype))
     if key_padding_mask is not None:
         gates = gates.masked_fill(key_padding_mask[:, None, :], 0.0)
-    return attend(
-        q,
-        k,
-        v,
-        bias=_bias(gates, tgt_len, query_offset),
-        key_padding_mask=key_padding_mask,
-        causal=causal,
-        query_offset=query_offset,
-        dropout_p=dropout_p,
-        need_weights=need_weights,
-        flex=flex,
-    )
+    return Terms(bias=_bias(gates, tgt_len, query_offset))
+
+
+forgetting_attention = attention_op(
+    forgetting_terms,
+    "forgetting_attention",
+    """Forgetting Attention: ``softmax(q k^T / sqrt(D) + D) v`` with FoX's bias
+    ``D_ij = sum_{l=j+1}^{p} log f_l`` (:func:`forget_gate_bias`) over the keys
+    ``j <= p = query_offset + i``. ``log_forget`` ``[B, H, Tk]`` is log f of every key
+    position (``logsigmoid`` of the gate logits), of any floating dtype, on q's
+    device; every entry <= 0 and finite (unchecked, as no op reads values: a -inf gate
+    gives NaN, -inf - -inf), and
+    ``query_offset + Tq <= Tk``. Causal only: pass ``causal=True`` (the shared
+    default, False, is refused). The gates of padded keys are set to 0 before the
+    cumulative sum, so a padded token does not decay the keys before it (the
+    authors' treatment of left padding). Returns ``(out [B,H,Tq,D], probs
+    [B,H,Tq,Tk])``; the bias runs fused with ``need_weights=False`` (``probs``
+    None).""",
+)
 
 
 __all__ = ["forget_gate_bias", "forgetting_attention"]

@@ -33,9 +33,10 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .attention import attend, logit_dtype
-from .masking import check_attention_arguments, check_tensor_argument
+from .attention import attention_op, logit_dtype
+from .masking import check_tensor_argument
 from .position_tables import OffsetTable, check_position_arguments, offsets
+from .terms import Terms
 
 KERPLE_KERNELS = ("log", "power")
 # the authors' projection: both parameters >= 1e-2, the power kernel's exponent <= 2
@@ -86,43 +87,23 @@ def kerple_bias(r1: Tensor, r2: Tensor, kernel: str, tgt_len: int, src_len: int,
     return kerple_table(r1, r2, kernel, tgt_len, src_len, query_offset, r1.dtype).dense()
 
 
-def kerple_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    r1: Tensor,
-    r2: Tensor,
-    *,
-    kernel: str = "log",
-    key_padding_mask: Optional[Tensor] = None,
-    causal: bool = False,
-    query_offset: int = 0,
-    dropout_p: float = 0.0,
-    need_weights: bool = True,
-    flex: str = "auto",
-) -> Tuple[Tensor, Optional[Tensor]]:
+def kerple_terms(q: Tensor, k: Tensor, r1: Tensor, r2: Tensor, *, kernel: str = "log", query_offset: int) -> Terms:
+    """KERPLE's table ``b_h(i, j)`` of ``kernel`` (:func:`kerple_table`)."""
+    check_kernel_arguments(kernel, r1, r2, q.size(1))
+    check_tensor_argument("r1", r1, "q", q, dtypes=None)  # any floating dtype: converted
+    check_tensor_argument("r2", r2, "q", q, dtypes=None)
+    return Terms(offset_table=kerple_table(r1, r2, kernel, q.size(2), k.size(2), query_offset, logit_dtype(q.dtype)))
+
+
+kerple_attention = attention_op(
+    kerple_terms,
+    "kerple_attention",
     """``softmax(q k^T / sqrt(D) + b_h(i, j)) v`` with KERPLE's ``kernel``
     (``"log"`` or ``"power"``) of per-head ``r1``, ``r2`` ``[H]`` (clamped to the
     constraints, see the module docstring). Returns ``(out [B,H,Tq,D], probs
     [B,H,Tq,Tk])``; fused with ``need_weights=False``, flex_attention on CUDA
-    with gradients to r1 and r2."""
-    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
-    check_kernel_arguments(kernel, r1, r2, q.size(1))
-    check_tensor_argument("r1", r1, "q", q, dtypes=None)  # any floating dtype: converted
-    check_tensor_argument("r2", r2, "q", q, dtypes=None)
-    table = kerple_table(r1, r2, kernel, q.size(2), k.size(2), query_offset, logit_dtype(q.dtype))
-    return attend(
-        q,
-        k,
-        v,
-        offset_table=table,
-        key_padding_mask=key_padding_mask,
-        causal=causal,
-        query_offset=query_offset,
-        dropout_p=dropout_p,
-        need_weights=need_weights,
-        flex=flex,
-    )
+    with gradients to r1 and r2.""",
+)
 
 
 __all__ = ["KERPLE_KERNELS", "kerple_attention", "kerple_bias"]

@@ -2,22 +2,19 @@
 :func:`choose_path`.
 
 A call (:class:`Call`: its device, head size, lengths, whether the weights are
-needed, attention dropout, query offset, the caller's ``flex`` setting and, in
-the attention module, the recompute length) may take one of the
-:class:`Path` s that the caller can take: in :func:`attention.attend`, the
-paths the op's arguments allow (an additive bias alone may run fused, a table
-read by ``j - i`` in flex_attention); in the attention module, the paths the
-mechanism declares in its registration (``paths=``, a :class:`Capability` per
-path: the mechanism option it depends on, if any, and what backward keeps on
-it). Both ask :func:`choose_path`, so the path a layer plans for (whether to
-recompute in row blocks, :func:`recomputes_in_row_blocks`) is the path its op
-takes. The setting is always an argument (each op's ``flex``, the attention
-module's ``--attention-flex``): nothing here holds a mode of its own.
+needed, attention dropout, query offset, its ``flex`` setting and, in the
+attention module, the recompute length) takes one of the :class:`Path` s that
+what the mechanism adds to the attention allows (:class:`terms.Terms`,
+:func:`terms.candidate_paths`: an additive bias alone may run fused, a table
+read by ``j - i`` or a soft window in flex_attention). The attention module's
+plan (whether to recompute in row blocks) and :func:`attention.attend` ask the
+same function on the same terms, so the path a layer plans for is the path it
+takes. The setting is always an argument (:class:`CallOptions`' ``flex`` and
+``flex_from``): nothing here holds a mode of its own.
 """
 
 import enum
-from dataclasses import dataclass
-from typing import AbstractSet, Any, Mapping, NamedTuple, Optional, Tuple
+from typing import AbstractSet, Dict, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -34,26 +31,14 @@ class Path(enum.Enum):
     # (attention.fused_attention)
     FUSED = "fused"
     # F.scaled_dot_product_attention with is_causal and no mask: a call with no bias whose only mask is
-    # exactly SDPA's causal one; a mechanism that declares FUSED may take it
+    # exactly SDPA's causal one
     SDPA_CAUSAL = "sdpa-causal"
-    # flex_attention on a table read by j - i (functional.flex), or MW's two flex calls
+    # flex_attention on a table read by j - i (functional.flex), or a soft window's two flex calls (MW)
     FLEX = "flex"
 
     # Enum's own __hash__ is a Python function hashing the name; every attention call tests
     # paths in sets (choose_path), so members hash by identity, as they compare
     __hash__ = object.__hash__
-
-
-# the paths that are one F.scaled_dot_product_attention call: what a declared FUSED covers
-SDPA_PATHS = frozenset({Path.FUSED, Path.SDPA_CAUSAL})
-# the paths a mechanism's registration declares (MechanismInfo.paths): the eager path it always
-# has, and SDPA's causal kernel is part of FUSED
-DECLARED_PATHS = (Path.FUSED, Path.FLEX)
-
-
-def declared_as(path: Path) -> Path:
-    """The path a mechanism declares to take ``path``: FUSED for SDPA's causal kernel."""
-    return Path.FUSED if path in SDPA_PATHS else path
 
 
 class Keeps(enum.Enum):
@@ -68,39 +53,13 @@ class Keeps(enum.Enum):
     NOTHING = "nothing"
 
 
-@dataclass(frozen=True)
-class Capability:
-    """When a mechanism's op takes one path, as its registration declares it
-    (``register_attention(paths={Path.FUSED: Capability(...), ...})``): for the
-    calls that the path serves (:func:`choose_path`: FUSED and FLEX never with
-    the weights), with every value of its options, or only where its option
-    ``option`` (an attribute of its options dataclass) has one of ``values``.
-    ``note`` says how it runs there (the docs' mechanism table shows it);
-    ``keeps``, what backward keeps on it."""
-
-    option: str = ""
-    values: Tuple[Any, ...] = ()
-    note: str = ""
-    keeps: Keeps = Keeps.PER_BATCH
-
-    def __post_init__(self):
-        if bool(self.option) != bool(self.values):
-            raise ValueError(f"a Capability names an option and its values together, got {self!r}")
-
-    def holds(self, options) -> bool:
-        """Whether a layer with ``options`` (its options dataclass) takes the path."""
-        return not self.option or getattr(options, self.option) in self.values
-
-
-# what the eager path is to every mechanism: always there, keeping the weights
-EAGER_CAPABILITY = Capability()
-
-
 class CallOptions(NamedTuple):
     """What one attention call asks for besides its tensors: every attention op's keyword
     arguments after them (``functional``'s conventions), built once per call by the
-    attention module and handed down whole (``op(q, k, v, ..., **options._asdict())``);
-    the defaults are the ops'."""
+    attention module and handed down whole; the defaults are the ops'. ``flex_from``
+    is the key length from which ``flex`` may take flex_attention (the attention
+    module's ``--attention-recompute-length`` under ``--attention-flex auto``); the
+    ops take every length."""
 
     key_padding_mask: Optional[Tensor] = None
     causal: bool = False
@@ -108,6 +67,15 @@ class CallOptions(NamedTuple):
     dropout_p: float = 0.0
     need_weights: bool = True
     flex: str = "auto"
+    flex_from: int = 0
+
+    def op_keywords(self) -> Dict[str, object]:
+        """The ops' keyword arguments of this call (:data:`OP_OPTIONS`)."""
+        return {option: getattr(self, option) for option in OP_OPTIONS}
+
+
+# the options an op's caller gives (CallOptions less what only the attention module sets)
+OP_OPTIONS = CallOptions._fields[:-1]
 
 
 class Call(NamedTuple):
@@ -121,7 +89,8 @@ class Call(NamedTuple):
     need_weights: bool = True
     dropout_p: float = 0.0
     query_offset: int = 0
-    flex: str = "auto"  # the op's flex argument (FLEX_MODES)
+    flex: str = "auto"  # FLEX_MODES
+    flex_from: int = 0
     grad_enabled: bool = False  # torch.is_grad_enabled()
     causal: bool = False
     key_padding: bool = False  # a key padding mask is given
@@ -130,32 +99,21 @@ class Call(NamedTuple):
     recompute_length: int = 0
 
     @classmethod
-    def of(
-        cls,
-        q: Tensor,
-        k: Tensor,
-        *,
-        key_padding_mask: Optional[Tensor] = None,
-        causal: bool = False,
-        query_offset: int = 0,
-        dropout_p: float = 0.0,
-        need_weights: bool = True,
-        flex: str = "auto",
-        recompute_length: int = 0,
-    ) -> "Call":
-        """The call of an op on ``q`` ``[B, H, Tq, D]`` and ``k`` ``[B, H, Tk, D]``."""
+    def of(cls, q: Tensor, k: Tensor, options: CallOptions, recompute_length: int = 0) -> "Call":
+        """The call of ``options`` on ``q`` ``[B, H, Tq, D]`` and ``k`` ``[B, H, Tk, D]``."""
         return cls(
             on_cuda=q.is_cuda,
             head_size=q.size(-1),
             tgt_len=q.size(2),
             src_len=k.size(2),
-            need_weights=need_weights,
-            dropout_p=dropout_p,
-            query_offset=query_offset,
-            flex=flex,
+            need_weights=options.need_weights,
+            dropout_p=options.dropout_p,
+            query_offset=options.query_offset,
+            flex=options.flex,
+            flex_from=options.flex_from,
             grad_enabled=torch.is_grad_enabled(),
-            causal=causal,
-            key_padding=key_padding_mask is not None,
+            causal=options.causal,
+            key_padding=options.key_padding_mask is not None,
             query_requires_grad=q.requires_grad,
             recompute_length=recompute_length,
         )
@@ -170,13 +128,28 @@ def keys_reach_recompute_length(key_length: int, recompute_length: int) -> bool:
     return 0 < recompute_length <= key_length
 
 
+def module_flex(attention_flex: str, recompute_length: int, on_cpu: bool = False) -> Tuple[str, int]:
+    """The calls' ``(flex, flex_from)`` under the attention module's ``--attention-flex``
+    and ``--attention-recompute-length``: ``auto`` takes flex_attention for keys from
+    the recompute length on, where the eager path holds or recomputes ``[B, H, Tq, Tk]``
+    tensors (on shorter keys the eager path trains faster:
+    benchmarks/results/speed/gpu-nvidia-h100-flex), never when recomputation is off;
+    ``always`` at every length. On CUDA only, unless ``on_cpu`` (tests: flex's eager
+    form, without gradients)."""
+    check_flex(attention_flex)
+    if attention_flex == "never" or (attention_flex == "auto" and recompute_length == 0):
+        return "never", 0
+    return ("always" if on_cpu else "auto"), (recompute_length if attention_flex == "auto" else 0)
+
+
 def _flex_serves(call: Call) -> bool:
     """Whether flex_attention can run this call: full sequences (``query_offset`` 0:
     training, scoring, the encoder; a one-token decoding step gains nothing and would
-    recompile per step), at least one query and one key, without the weights and
-    without attention dropout (flex has neither), on CUDA with a head size its
-    kernels tile (powers of two from 16). On CPU only when forced (``"always"``) and
-    without gradients: flex has no CPU backward, so there it serves inference."""
+    recompile per step) of at least ``flex_from`` keys, at least one query and one
+    key, without the weights and without attention dropout (flex has neither), on
+    CUDA with a head size its kernels tile (powers of two from 16). On CPU only when
+    forced (``"always"``) and without gradients: flex has no CPU backward, so there it
+    serves inference."""
     if (
         call.flex == "never"
         or _flex_module() is None
@@ -184,7 +157,7 @@ def _flex_serves(call: Call) -> bool:
         or call.dropout_p > 0.0
         or call.query_offset != 0
         or not call.tgt_len
-        or not call.src_len
+        or call.src_len < max(call.flex_from, 1)
     ):
         return False
     if not call.on_cuda:
@@ -198,7 +171,7 @@ def _sdpa_causal_serves(call: Call) -> bool:
 
 
 def choose_path(call: Call, paths: AbstractSet[Path]) -> Path:
-    """The path ``call`` takes among ``paths``, those its caller can take (the eager
+    """The path ``call`` takes among ``paths``, those its terms allow (the eager
     path always being one): flex_attention where it serves the call (it takes
     precedence: no attention matrix is kept); else, without the weights, SDPA (its
     causal kernel where the call's only mask is exactly the causal one); else eager."""
@@ -213,39 +186,9 @@ def choose_path(call: Call, paths: AbstractSet[Path]) -> Path:
     return Path.EAGER
 
 
-def op_flex(attention_flex: str, flex_when_taken: str, key_length: int, recompute_length: int) -> str:
-    """The ops' ``flex`` argument for a call of the attention module on ``key_length``
-    keys under ``--attention-flex`` (``attention_flex``) and
-    ``--attention-recompute-length``: ``flex_when_taken`` where the flag takes the
-    flex path, ``"never"`` elsewhere (:func:`choose_path` then decides whether the
-    call qualifies). ``auto`` takes it for keys from the recompute length on, where the eager
-    path holds or recomputes ``[B, H, Tq, Tk]`` tensors: on shorter keys the eager
-    path trains faster (benchmarks/results/speed/gpu-nvidia-h100-flex); ``always``
-    takes it at every length."""
-    if attention_flex == "auto":
-        takes = keys_reach_recompute_length(key_length, recompute_length)
-    else:
-        takes = attention_flex == "always"
-    return flex_when_taken if takes else "never"
-
-
-def recomputes_in_row_blocks(call: Call, paths: Mapping[Path, Capability], row_wise: bool) -> bool:
-    """Whether the attention module runs a training call in blocks of query rows
-    under activation checkpointing: keys from the recompute length on, gradients
-    wanted, a mechanism whose every query row depends on that row's queries alone
-    (``row_wise``), and a path that would keep ``[B, H, Tq, Tk]`` tensors for
-    backward (the ``keeps`` of the path :func:`choose_path` takes among the layer's
-    ``paths``). The call's own conditions are checked first: most calls (decoding,
-    evaluation, short keys) need no path for this."""
-    if not (call.keys_reach_recompute_length and call.grad_enabled and call.query_requires_grad and row_wise):
-        return False
-    return paths[declared_as(choose_path(call, paths.keys()))].keeps is Keeps.PER_BATCH
-
-
 __all__ = [
     "Call",
     "CallOptions",
-    "Capability",
     "Keeps",
     "Path",
     "choose_path",

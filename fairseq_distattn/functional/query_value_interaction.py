@@ -26,13 +26,15 @@ variants differ from ours only in how the two terms are combined, which is what
 the ablation studies.
 """
 
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import Tensor
 
-from .attention import HALF_DTYPES, attend
+from .attention import HALF_DTYPES, attend, attention_op
 from .masking import autocast_enabled, check_attention_arguments, check_tensor_argument
+from .paths import CallOptions
+from .terms import PLAIN, Terms
 
 QVI_INTERACTIONS = ("gated", "values-only", "interactions-only", "summation")
 # the parameters each g(Q, V) uses: W (value_projection), u (gate_weight), h (gate_bias)
@@ -132,15 +134,8 @@ def query_aware_values(
             )
         return values.to(v.dtype)
     # values are the rows and queries the keys here: causal = query position <= value position
-    query_mix, _ = attend(
-        v,
-        queries,
-        queries,
-        key_padding_mask=query_padding_mask,
-        causal=causal,
-        query_offset=value_offset - query_offset,
-        need_weights=False,
-    )  # eq. 7: values over queries
+    values_over_queries = CallOptions(query_padding_mask, causal, value_offset - query_offset, need_weights=False)
+    query_mix, _ = attend(v, queries, queries, PLAIN, values_over_queries)  # eq. 7
     # one [B*T, D] x [D, D] product per head (matmul would run B*H small ones)
     interaction_term = query_mix * torch.einsum("bhtd,hde->bhte", v, value_projection)
     if interaction == "interactions-only":
@@ -157,7 +152,7 @@ def query_aware_values(
     return torch.lerp(interaction_term, v, beta)  # eq. 8: (1 - beta) interaction + beta v
 
 
-def query_value_interaction_attention(
+def query_value_interaction_terms(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -165,23 +160,18 @@ def query_value_interaction_attention(
     gate_weight: Optional[Tensor],
     gate_bias: Optional[Tensor],
     *,
-    key_padding_mask: Optional[Tensor] = None,
-    causal: bool = False,
-    query_offset: int = 0,
-    dropout_p: float = 0.0,
-    need_weights: bool = True,
-    flex: str = "auto",
     interaction: str = "gated",
-) -> Tuple[Tensor, Optional[Tensor]]:
-    """QVI self-attention, eqs. 7-10. ``q`` holds the queries at positions
-    ``query_offset..`` and ``k``/``v`` the keys and values at ``0..Tk-1``;
-    eq. 7 uses the queries given here (in incremental decoding the module
-    passes all cached queries). ``interaction`` picks g of sec. 4.3 (default:
-    eq. 8-9). Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``."""
-    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
+    key_padding_mask: Optional[Tensor],
+    causal: bool,
+    query_offset: int,
+) -> Terms:
+    """Eq. 10's values: the query-aware values g(Q, V) of eqs. 7-9 replace ``v``. For
+    half inputs the whole of eqs. 7-10 runs in float32: g(Q, V) grows with the queries
+    (Q^ is a mix of them), and with large queries eq. 10's backward (dO g^T) overflows
+    float16."""
     tgt_len, src_len = q.size(2), k.size(2)
     if src_len == 0:  # nothing to attend to: vanilla's zero rows, with no values to mix
-        return attend(q, k, v, key_padding_mask=key_padding_mask, causal=causal, need_weights=need_weights)
+        return PLAIN
     query_padding_mask = None
     if key_padding_mask is not None:
         if query_offset + tgt_len > src_len:
@@ -192,21 +182,22 @@ def query_value_interaction_attention(
         query_padding_mask = key_padding_mask[:, query_offset : query_offset + tgt_len]
     check_interaction_arguments(interaction, value_projection, gate_weight, gate_bias, "q", q)
     if q.dtype in HALF_DTYPES and interaction != "values-only":
-        # g(Q, V) grows with the queries (Q^ is a mix of them): with large queries
-        # it nears the float16 maximum, and eq. 10's backward (dO g^T) overflows
-        # there; half inputs get eq. 7-10 in float32, rounded once at the end
+        q, k, v, value_projection, gate_weight, gate_bias = (
+            None if t is None else t.float() for t in (q, k, v, value_projection, gate_weight, gate_bias)
+        )
         with float32_only(q):
-            out, probs = query_value_interaction_attention(
-                *(None if t is None else t.float() for t in (q, k, v, value_projection, gate_weight, gate_bias)),
-                key_padding_mask=key_padding_mask,
+            values = query_aware_values(
+                q,
+                v,
+                value_projection,
+                gate_weight,
+                gate_bias,
+                query_padding_mask=query_padding_mask,
                 causal=causal,
                 query_offset=query_offset,
-                dropout_p=dropout_p,
-                need_weights=need_weights,
-                flex=flex,
                 interaction=interaction,
             )
-        return out.to(q.dtype), None if probs is None else probs.to(q.dtype)
+        return Terms(query=q, key=k, value=values)
     values = query_aware_values(
         q,
         v,
@@ -218,17 +209,18 @@ def query_value_interaction_attention(
         query_offset=query_offset,
         interaction=interaction,
     )
-    return attend(
-        q,
-        k,
-        values,
-        key_padding_mask=key_padding_mask,
-        causal=causal,
-        query_offset=query_offset,
-        dropout_p=dropout_p,
-        need_weights=need_weights,
-        flex=flex,
-    )  # eq. 10
+    return Terms(value=values)
+
+
+query_value_interaction_attention = attention_op(
+    query_value_interaction_terms,
+    "query_value_interaction_attention",
+    """QVI self-attention, eqs. 7-10. ``q`` holds the queries at positions
+    ``query_offset..`` and ``k``/``v`` the keys and values at ``0..Tk-1``;
+    eq. 7 uses the queries given here (in incremental decoding the module
+    passes all cached queries). ``interaction`` picks g of sec. 4.3 (default:
+    eq. 8-9). Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``.""",
+)
 
 
 __all__ = ["query_aware_values", "query_value_interaction_attention"]

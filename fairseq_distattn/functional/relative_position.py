@@ -21,15 +21,15 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .attention import attend, logit_dtype, logit_product, scaled
+from .attention import attention_op, logit_dtype, logit_product, scaled
 from .masking import (
     autocast_enabled,
-    check_attention_arguments,
     check_tensor_argument,
     position_tensor,
     relative_distance,
 )
 from .position_tables import index_scalar
+from .terms import Terms
 
 
 @position_tensor
@@ -350,26 +350,18 @@ def rows_within_reach(
     return rel_keys[rows], None if rel_values is None else rel_values[rows], longest
 
 
-def relative_position_attention(
+def relative_position_terms(
     q: Tensor,
     k: Tensor,
-    v: Tensor,
     rel_keys: Tensor,
     rel_values: Optional[Tensor],
     max_distance: int,
     *,
-    key_padding_mask: Optional[Tensor] = None,
-    causal: bool = False,
-    query_offset: int = 0,
-    dropout_p: float = 0.0,
-    need_weights: bool = True,
-    flex: str = "auto",
-) -> Tuple[Tensor, Optional[Tensor]]:
-    """Shaw et al. eqs. (3)-(4). ``rel_keys``/``rel_values`` are ``[2k+1, D]``
-    (``rel_values=None``: keys only), in ``q``'s dtype unless autocast is on.
-    Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``; keys-only with
-    ``need_weights=False`` runs fused and returns ``(out, None)``."""
-    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
+    causal: bool,
+    query_offset: int,
+) -> Terms:
+    """Eq. 4's second term, an additive bias on the logits read by clipped ``j - i``,
+    and eq. 3's, a value term of the weights."""
     if isinstance(max_distance, bool) or not isinstance(max_distance, int) or max_distance < 1:
         raise ValueError(f"max_distance must be an integer >= 1 (the clipping distance k), got {max_distance!r}")
     # the tables meet q in a matmul: one dtype, unless autocast (--amp) casts them there
@@ -386,14 +378,6 @@ def relative_position_attention(
         rel_keys, rel_values, max_distance, tgt_len, src_len, query_offset
     )
     buckets = relative_position_buckets(tgt_len, src_len, max_distance, query_offset, q.device)
-    shared = dict(
-        key_padding_mask=key_padding_mask,
-        causal=causal,
-        query_offset=query_offset,
-        dropout_p=dropout_p,
-        need_weights=need_weights,
-        flex=flex,
-    )
     if tgt_len == 1:
         # One query (an incremental decoding step): eq. 4's second term is the query's
         # score against the 2k+1 key rows, read per key, and eq. 3's the weights times
@@ -402,14 +386,23 @@ def relative_position_attention(
         row = buckets[0]
         bias = logit_product(scaled(q), rel_keys.transpose(0, 1))[..., row]
         if rel_values is None:
-            return attend(q, k, v, bias=bias, **shared)
+            return Terms(bias=bias)
         value_rows = rel_values[row]
-        return attend(q, k, v, bias=bias, value_term=lambda attended: torch.matmul(attended, value_rows), **shared)
-    # the second term of eq. 4 is an additive bias on the logits; eq. 3's is a value term
+        return Terms(bias=bias, value_term=lambda attended: torch.matmul(attended, value_rows))
     scaled_q = scaled(q)
     key_scores = RelativeKeyScores.of(scaled_q, rel_keys, buckets, max_distance, query_offset, causal)
     value_term = None if rel_values is None else RelativeValues(key_scores, scaled_q, k, rel_values)
-    return attend(q, k, v, offset_table=key_scores, value_term=value_term, **shared)
+    return Terms(offset_table=key_scores, value_term=value_term)
+
+
+relative_position_attention = attention_op(
+    relative_position_terms,
+    "relative_position_attention",
+    """Shaw et al. eqs. (3)-(4). ``rel_keys``/``rel_values`` are ``[2k+1, D]``
+    (``rel_values=None``: keys only), in ``q``'s dtype unless autocast is on.
+    Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``; keys-only with
+    ``need_weights=False`` runs fused and returns ``(out, None)``.""",
+)
 
 
 __all__ = ["relative_position_attention"]

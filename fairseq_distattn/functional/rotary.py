@@ -102,8 +102,9 @@ import torch
 from torch import Tensor
 
 from ..registry import FLOAT32_MAX, SpecError, finite_number, is_integer
-from .attention import attend
-from .masking import check_attention_arguments, position_tensor, sequence_positions
+from .attention import attention_op
+from .masking import position_tensor, sequence_positions
+from .terms import Terms
 
 ROPE_BASE = 10000.0
 XPOS_GAMMA = 0.4
@@ -541,10 +542,9 @@ def rotary_query_key(
     return q, k
 
 
-def rotary_attention(
+def rotary_terms(
     q: Tensor,
     k: Tensor,
-    v: Tensor,
     *,
     base: float = ROPE_BASE,
     fraction: float = 1.0,
@@ -553,24 +553,13 @@ def rotary_attention(
     original_length: int = 0,
     xpos_scale_base: Optional[float] = None,
     xpos_centre: Optional[float] = None,
-    key_padding_mask: Optional[Tensor] = None,
-    causal: bool = False,
-    query_offset: int = 0,
-    dropout_p: float = 0.0,
-    need_weights: bool = True,
-    flex: str = "auto",
-) -> Tuple[Tensor, Optional[Tensor]]:
-    """Self-attention ``softmax((R_m q)^T (R_n k) / sqrt(D)) v`` (RoFormer eq. 16;
-    xPos with ``xpos_scale_base``; scaled by ``scaling``): q and k rotated by
-    :func:`rotary_query_key`, then the plain attention (fused without weights).
-    Every key is rotated in each call (none is cached), so xPos's scales are centred
-    on the middle of the positions the call rotates unless ``xpos_centre`` gives a
-    centre (the logits are the same either way in exact arithmetic).
-    Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``."""
-    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
+    key_padding_mask: Optional[Tensor],
+    query_offset: int,
+) -> Terms:
+    """The queries and keys rotated (:func:`rotary_query_key`), nothing else."""
     if xpos_centre is None:
         xpos_centre = (max(query_offset + q.size(2), k.size(2)) - 1) / 2 if xpos_scale_base is not None else 0.0
-    q, k = rotary_query_key(
+    rotated_q, rotated_k = rotary_query_key(
         q,
         k,
         base=base,
@@ -583,17 +572,20 @@ def rotary_attention(
         key_padding_mask=key_padding_mask,
         query_offset=query_offset,
     )
-    return attend(
-        q,
-        k,
-        v,
-        key_padding_mask=key_padding_mask,
-        causal=causal,
-        query_offset=query_offset,
-        dropout_p=dropout_p,
-        need_weights=need_weights,
-        flex=flex,
-    )
+    return Terms(query=rotated_q, key=rotated_k)
+
+
+rotary_attention = attention_op(
+    rotary_terms,
+    "rotary_attention",
+    """Self-attention ``softmax((R_m q)^T (R_n k) / sqrt(D)) v`` (RoFormer eq. 16;
+    xPos with ``xpos_scale_base``; scaled by ``scaling``): q and k rotated by
+    :func:`rotary_query_key`, then the plain attention (fused without weights).
+    Every key is rotated in each call (none is cached), so xPos's scales are centred
+    on the middle of the positions the call rotates unless ``xpos_centre`` gives a
+    centre (the logits are the same either way in exact arithmetic).
+    Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``.""",
+)
 
 
 __all__ = [

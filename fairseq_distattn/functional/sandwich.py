@@ -20,14 +20,15 @@ in the distance, with ripples. Causal in the decoder; the encoder gets the
 same function of ``|m - n'|`` both ways (NeMo's ``bidirectional``).
 """
 
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import Tensor
 
-from .attention import attend, logit_dtype
-from .masking import check_attention_arguments, position_tensor
+from .attention import attention_op, logit_dtype
+from .masking import position_tensor
 from .position_tables import OffsetTable, check_bias_table_arguments, offsets
+from .terms import Terms
 
 SANDWICH_BASE = 10000.0
 
@@ -63,38 +64,21 @@ def sandwich_bias(tgt_len: int, src_len: int, num_heads: int, dim: int, query_of
     return sandwich_table(tgt_len, src_len, num_heads, dim, query_offset, device, dtype).dense()
 
 
-def sandwich_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    dim: Optional[int] = None,
-    *,
-    key_padding_mask: Optional[Tensor] = None,
-    causal: bool = False,
-    query_offset: int = 0,
-    dropout_p: float = 0.0,
-    need_weights: bool = True,
-    flex: str = "auto",
-) -> Tuple[Tensor, Optional[Tensor]]:
-    """``softmax(q k^T / sqrt(D) + b_h(|i - j|)) v`` with Sandwich's bias of
-    ``dim``-dimensional sinusoids (None: the head size ``D``). Returns
-    ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``; fused with ``need_weights=False``."""
-    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
+def sandwich_terms(q: Tensor, k: Tensor, dim: Optional[int] = None, *, query_offset: int) -> Terms:
+    """Sandwich's table ``b_h(|i - j|)`` of ``dim``-dimensional sinusoids (None: the head size)."""
     dim = q.size(-1) if dim is None else dim
     check_sandwich_dim(dim)
     table = sandwich_table(q.size(2), k.size(2), q.size(1), dim, query_offset, q.device, logit_dtype(q.dtype))
-    return attend(
-        q,
-        k,
-        v,
-        offset_table=table,
-        key_padding_mask=key_padding_mask,
-        causal=causal,
-        query_offset=query_offset,
-        dropout_p=dropout_p,
-        need_weights=need_weights,
-        flex=flex,
-    )
+    return Terms(offset_table=table)
+
+
+sandwich_attention = attention_op(
+    sandwich_terms,
+    "sandwich_attention",
+    """``softmax(q k^T / sqrt(D) + b_h(|i - j|)) v`` with Sandwich's bias of
+    ``dim``-dimensional sinusoids (None: the head size ``D``). Returns
+    ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``; fused with ``need_weights=False``.""",
+)
 
 
 __all__ = ["sandwich_attention", "sandwich_bias"]

@@ -77,8 +77,9 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .attention import attend, logit_dtype, scores
+from .attention import attention_op, logit_dtype, scores
 from .masking import check_attention_arguments, check_queries_among_keys, check_tensor_argument, relative_distance
+from .terms import Terms
 
 SELF_ATTENTION_ONLY = "selective attention is self-attention, the token of each query's position is among the keys"
 
@@ -165,29 +166,16 @@ def selection_penalty(
     return _penalty(scores(q[:, :1], k[:, :1])[:, 0], selectable, selection_state)
 
 
-def selective_attention(
+def selective_terms(
     q: Tensor,
     k: Tensor,
-    v: Tensor,
     selection_state: Optional[Tensor] = None,
     *,
-    key_padding_mask: Optional[Tensor] = None,
-    causal: bool = False,
-    query_offset: int = 0,
-    dropout_p: float = 0.0,
-    need_weights: bool = True,
-    flex: str = "auto",
-) -> Tuple[Tensor, Optional[Tensor]]:
-    """Selective attention: ``softmax(q k^T / sqrt(D) - F) v`` over the keys up to
-    each query, with the penalty ``F`` ``[B, 1, Tq, Tk]`` of :func:`selection_penalty`
-    (head 0's selections, shared by every head). Causal only: pass ``causal=True``
-    (the shared default, False, is refused). ``query_offset + Tq <= Tk``; a call
-    with ``query_offset > 0`` (incremental decoding) takes the earlier queries'
-    ``selection_state`` from :func:`selection_penalty` and then equals the
-    corresponding rows of the full call. Returns ``(out [B,H,Tq,D], probs
-    [B,H,Tq,Tk])`` (``probs`` None unless ``need_weights``); no fused path: the
-    penalty is a function of the whole block of scores."""
-    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
+    key_padding_mask: Optional[Tensor],
+    causal: bool,
+    query_offset: int,
+) -> Terms:
+    """The selection penalty ``F`` (:func:`selection_penalty`), subtracted from the scores."""
     if not causal:
         raise ValueError(
             "causal must be True: selective attention lets a token mask earlier tokens for the tokens after it, "
@@ -202,18 +190,22 @@ def selective_attention(
         penalty, _ = _penalty(scaled_scores[:, 0], selectable, state)
         return scaled_scores - penalty
 
-    return attend(
-        q,
-        k,
-        v,
-        score_mod=select,
-        key_padding_mask=key_padding_mask,
-        causal=causal,
-        query_offset=query_offset,
-        dropout_p=dropout_p,
-        need_weights=need_weights,
-        flex=flex,
-    )
+    return Terms(score_mod=select)
+
+
+selective_attention = attention_op(
+    selective_terms,
+    "selective_attention",
+    """Selective attention: ``softmax(q k^T / sqrt(D) - F) v`` over the keys up to
+    each query, with the penalty ``F`` ``[B, 1, Tq, Tk]`` of :func:`selection_penalty`
+    (head 0's selections, shared by every head). Causal only: pass ``causal=True``
+    (the shared default, False, is refused). ``query_offset + Tq <= Tk``; a call
+    with ``query_offset > 0`` (incremental decoding) takes the earlier queries'
+    ``selection_state`` from :func:`selection_penalty` and then equals the
+    corresponding rows of the full call. Returns ``(out [B,H,Tq,D], probs
+    [B,H,Tq,Tk])`` (``probs`` None unless ``need_weights``); no fused path: the
+    penalty is a function of the whole block of scores.""",
+)
 
 
 __all__ = ["selection_penalty", "selective_attention"]

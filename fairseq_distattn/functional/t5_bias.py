@@ -28,9 +28,10 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .attention import attend, logit_dtype
-from .masking import check_attention_arguments, check_tensor_argument
+from .attention import attention_op, logit_dtype
+from .masking import check_tensor_argument
 from .position_tables import OffsetTable, check_position_arguments, offsets
+from .terms import Terms
 
 NUM_BUCKETS = 32
 MAX_DISTANCE = 128
@@ -153,28 +154,17 @@ def t5_relative_bias(
     return t5_relative_table(table, tgt_len, src_len, max_distance, bidirectional, query_offset, dtype).dense()
 
 
-def t5_bias_attention(
+def t5_bias_terms(
     q: Tensor,
     k: Tensor,
-    v: Tensor,
     table: Tensor,
     *,
     max_distance: int = MAX_DISTANCE,
     bidirectional: Optional[bool] = None,
-    key_padding_mask: Optional[Tensor] = None,
-    causal: bool = False,
-    query_offset: int = 0,
-    dropout_p: float = 0.0,
-    need_weights: bool = True,
-    flex: str = "auto",
-) -> Tuple[Tensor, Optional[Tensor]]:
-    """``softmax(q k^T / sqrt(D) + b_h(bucket(j - i))) v`` with the learned
-    ``[buckets, H]`` ``table``; ``bidirectional`` defaults to ``not causal``
-    (T5: the encoder's buckets are bidirectional, the decoder's not); bidirectional
-    buckets take a table of an even number of rows (else a ValueError naming
-    ``table``: T5 would never read the last row of an odd one). Returns
-    ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``; fused with ``need_weights=False``."""
-    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
+    causal: bool,
+    query_offset: int,
+) -> Terms:
+    """T5's bucketed table ``b_h(bucket(j - i))`` of the learned ``[buckets, H]`` ``table``."""
     bidirectional = not causal if bidirectional is None else bidirectional
     if not isinstance(bidirectional, bool):
         raise ValueError(f"bidirectional must be a bool or None, got {bidirectional!r}")
@@ -189,18 +179,19 @@ def t5_bias_attention(
     relative_bias = t5_relative_table(
         table, q.size(2), k.size(2), max_distance, bidirectional, query_offset, logit_dtype(q.dtype)
     )
-    return attend(
-        q,
-        k,
-        v,
-        offset_table=relative_bias,
-        key_padding_mask=key_padding_mask,
-        causal=causal,
-        query_offset=query_offset,
-        dropout_p=dropout_p,
-        need_weights=need_weights,
-        flex=flex,
-    )
+    return Terms(offset_table=relative_bias)
+
+
+t5_bias_attention = attention_op(
+    t5_bias_terms,
+    "t5_bias_attention",
+    """``softmax(q k^T / sqrt(D) + b_h(bucket(j - i))) v`` with the learned
+    ``[buckets, H]`` ``table``; ``bidirectional`` defaults to ``not causal``
+    (T5: the encoder's buckets are bidirectional, the decoder's not); bidirectional
+    buckets take a table of an even number of rows (else a ValueError naming
+    ``table``: T5 would never read the last row of an odd one). Returns
+    ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``; fused with ``need_weights=False``.""",
+)
 
 
 __all__ = ["relative_position_bucket_table", "t5_bias_attention", "t5_relative_bias"]

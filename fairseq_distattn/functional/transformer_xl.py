@@ -26,14 +26,13 @@ The position terms are formed once per distance the call spans (``Tq + Tk -
 (the authors' ``_rel_shift``, here a gather).
 """
 
-from typing import Optional, Tuple
-
 import torch
 from torch import Tensor
 
-from .attention import attend, full_precision, logit_dtype
-from .masking import check_attention_arguments, check_tensor_argument
+from .attention import attention_op, full_precision, logit_dtype
+from .masking import check_tensor_argument
 from .position_tables import offsets
+from .terms import Terms
 
 
 def relative_sinusoids(distances: Tensor, width: int) -> Tensor:
@@ -92,44 +91,28 @@ def _relative_position_scores(q, relative_weight, position_bias, src_len, query_
     return by_distance.gather(-1, index)
 
 
-def transformer_xl_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    relative_weight: Tensor,
-    content_bias: Tensor,
-    position_bias: Tensor,
-    *,
-    key_padding_mask: Optional[Tensor] = None,
-    causal: bool = False,
-    query_offset: int = 0,
-    dropout_p: float = 0.0,
-    need_weights: bool = True,
-    flex: str = "auto",
-) -> Tuple[Tensor, Optional[Tensor]]:
+def transformer_xl_terms(
+    q: Tensor, k: Tensor, relative_weight: Tensor, content_bias: Tensor, position_bias: Tensor, *, query_offset: int
+) -> Terms:
+    """Transformer-XL's terms (b) + (d), ``(q + v) W_R R_{i-j} / sqrt(D)``, as a bias, and
+    (a) + (c) as the authors form them, ``(q + u) k``: the queries ``q + u`` (the fused
+    call's own product)."""
+    check_transformer_xl_arguments(relative_weight, content_bias, position_bias, q)
+    scale = q.size(-1) ** -0.5
+    position = relative_position_scores(q, relative_weight, position_bias, k.size(2), query_offset, scale)
+    return Terms(bias=position, query=q + content_bias.to(q.dtype)[:, None, :])
+
+
+transformer_xl_attention = attention_op(
+    transformer_xl_terms,
+    "transformer_xl_attention",
     """``softmax(((q + u) k^T + (q + v) W_R R_{i-j}) / sqrt(D)) v`` (self-attention:
     query row i sits at ``query_offset + i`` of the keys) with ``relative_weight``
     ``W_R`` ``[H * D, width]``, ``content_bias`` ``u`` and ``position_bias`` ``v``
     ``[H, D]``. Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``; fused with
     ``need_weights=False`` (``q + u`` as SDPA's queries, the position terms as its
-    additive mask)."""
-    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
-    check_transformer_xl_arguments(relative_weight, content_bias, position_bias, q)
-    scale = q.size(-1) ** -0.5
-    position = relative_position_scores(q, relative_weight, position_bias, k.size(2), query_offset, scale)
-    # (a) + (c) as the authors form them, (q + u) k: the fused call's own product
-    return attend(
-        q + content_bias.to(q.dtype)[:, None, :],
-        k,
-        v,
-        bias=position,
-        key_padding_mask=key_padding_mask,
-        causal=causal,
-        query_offset=query_offset,
-        dropout_p=dropout_p,
-        need_weights=need_weights,
-        flex=flex,
-    )
+    additive mask).""",
+)
 
 
 __all__ = ["relative_sinusoids", "transformer_xl_attention"]

@@ -3,7 +3,6 @@
 import torch
 
 from ..functional.alibi import alibi_attention, alibi_bias, alibi_slopes
-from ..functional.paths import Capability, Keeps, Path
 from ..registry import CROSS_KIND, DIFFERENT_SEQUENCES, SELF_ATTENTION, register_attention
 from .base import Mechanism, PositionTerm
 
@@ -14,7 +13,6 @@ from .base import Mechanism, PositionTerm
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     # the fused path keeps only the [H, Tq, Tk] bias, the flex path only its table
-    paths={Path.FUSED: Capability(keeps=Keeps.BIAS), Path.FLEX: Capability(keeps=Keeps.NOTHING)},
     description="fixed per-head linear bias `-m_h * abs(i-j)` on the logits, geometric slopes `m_h = 2^(-8h/H)` "
     "(causal in the decoder, symmetric in the encoder); no parameters",
     paper="Press, Smith and Lewis 2022, *Train Short, Test Long: Attention with Linear Biases Enables Input Length "

@@ -13,14 +13,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from torch import Tensor, nn
 
-from ..functional.paths import (
-    EAGER_CAPABILITY,
-    Call,
-    CallOptions,
-    Capability,
-    Path,
-    recomputes_in_row_blocks,
-)
+from ..functional.attention import attend
+from ..functional.paths import Call, CallOptions
+from ..functional.terms import Terms, recomputes_in_row_blocks
 from ..registry import REGISTRY, MechanismInfo
 
 
@@ -129,8 +124,8 @@ class Mechanism(nn.Module):
 
     extra_queries: Tuple[str, ...] = ()
     extra_keys: Tuple[str, ...] = ()
-    # why a subclass overrides forward instead of declaring op_arguments alone (a test holds them to it)
-    overrides_forward_because: str = ""
+    # why a subclass overrides terms instead of declaring op_arguments alone (a test holds them to it)
+    overrides_terms_because: str = ""
 
     def __init__(self, config: MechanismConfig):
         super().__init__()
@@ -152,22 +147,21 @@ class Mechanism(nn.Module):
         :class:`fairseq_distattn.registry.AttentionKind`) whose ``layers`` use it, to
         check them against that stack (its causality, longest sequence, head size)."""
 
-    def paths(self) -> Dict[Path, Capability]:
-        """The paths this layer's op may take, each with what backward keeps there: the
-        eager path, and every path its registration declares whose condition holds for
-        this layer's options (rpr's fused path only with ``--no-relative-values``). A
-        mechanism whose paths depend on more than one option's value overrides this."""
-        declared = {path: c for path, c in self.info.paths.items() if c.holds(self.config.options)}
-        return {Path.EAGER: EAGER_CAPABILITY, **declared}
-
-    def recomputes_in_row_blocks(self, call: Call) -> bool:
+    def recomputes_in_row_blocks(
+        self, call: Call, queries: Dict[str, Tensor], keys: Dict[str, Tensor], options
+    ) -> bool:
         """Whether the attention module recomputes ``call`` (a training call from the
-        recompute length on) in blocks of query rows, :func:`paths.recomputes_in_row_blocks`:
+        recompute length on) in blocks of query rows (:func:`terms.recomputes_in_row_blocks`):
         only for mechanisms whose every query row depends on that row's queries alone
-        (declared ``row_wise``), where the path the call takes among :meth:`paths` keeps [B, H, Tq, Tk]
-        tensors for backward (the eager path; a fused path whose bias has a batch
-        dimension; MW's flex path, whose window has one)."""
-        return recomputes_in_row_blocks(call, self.paths(), self.info.row_wise)
+        (declared ``row_wise``), where the path the call takes keeps [B, H, Tq, Tk]
+        tensors for backward. The path is read from the terms of an empty block of
+        queries: the same kinds of terms as the call's, without their [Tq, Tk] cost."""
+
+        def empty_block_terms() -> Terms:
+            no_rows = {name: tensor[:, :, :0] for name, tensor in queries.items()}
+            return self.terms(no_rows, keys, options)
+
+        return recomputes_in_row_blocks(call, empty_block_terms, self.info.row_wise)
 
     def encode_positions(
         self,
@@ -196,10 +190,26 @@ class Mechanism(nn.Module):
     ) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
         """What this layer hands its registered op after ``q, k, v`` for one call: the
         positional arguments (its parameters, its extra projections out of ``queries`` and
-        ``keys``) and its own keyword arguments (its options); :meth:`forward` adds the
-        call's (:class:`~fairseq_distattn.functional.paths.CallOptions`). Tests and benchmarks call the op with it,
-        as the model does. By default none: the op needs nothing but the tensors."""
+        ``keys``) and its own keyword arguments (its options); the call's
+        (:class:`~fairseq_distattn.functional.paths.CallOptions`) come with the call. Tests
+        and benchmarks call the op with it, as the model does. By default none: the op
+        needs nothing but the tensors."""
         return (), {}
+
+    def terms(
+        self,
+        queries: Dict[str, Tensor],
+        keys: Dict[str, Tensor],
+        options: CallOptions,
+        cache: Optional[Dict[str, Optional[Tensor]]] = None,
+    ) -> Terms:
+        """What this layer adds to the attention for one call
+        (:class:`~fairseq_distattn.functional.terms.Terms`): its registered op's terms on the
+        call's tensors and :meth:`op_arguments`. ``cache`` is the layer's incremental state
+        (batch-first tensors), or None. A mechanism overrides this only where it must, and
+        says why in ``overrides_terms_because``."""
+        positional, own = self.op_arguments(queries, keys, options.causal)
+        return self.info.op.terms(queries["query"], keys["key"], keys["value"], positional, own, options)
 
     def forward(
         self,
@@ -208,9 +218,7 @@ class Mechanism(nn.Module):
         options: CallOptions,
         cache: Optional[Dict[str, Optional[Tensor]]] = None,
     ) -> Tuple[Tensor, Optional[Tensor]]:
-        """``(out [B,H,Tq,D], probs [B,H,Tq,Tk] or None when not need_weights)``: the
-        registered op on the call's tensors, :meth:`op_arguments` and the call's ``options``.
-        ``cache`` is the layer's incremental state (batch-first tensors), or None. A mechanism
-        overrides this only where it must, and says why in ``overrides_forward_because``."""
-        positional, own = self.op_arguments(queries, keys, options.causal)
-        return self.info.op(queries["query"], keys["key"], keys["value"], *positional, **own, **options._asdict())
+        """``(out [B,H,Tq,D], probs [B,H,Tq,Tk] or None when not need_weights)``: the one
+        :func:`~fairseq_distattn.functional.attention.attend` on :meth:`terms`."""
+        terms = self.terms(queries, keys, options, cache)
+        return attend(queries["query"], keys["key"], keys["value"], terms, options)

@@ -8,7 +8,6 @@ from torch import Tensor
 
 from ..functional.differentiable_window import differentiable_window_attention, window_mask
 from ..functional.masking import logit_mask, masked_softmax
-from ..functional.paths import Capability, Path
 from ..registry import (
     ALL_KINDS,
     DECODER_SELF_KIND,
@@ -50,9 +49,6 @@ POINTERS = ("left", "right")
 UNFINISHED_SEGMENTS = {DECODER_SELF_KIND: "segments are undefined for keys that are still being generated"}
 
 
-MW_FLEX = "M as log M in score_mod, times each row's window mass"
-
-
 def _window(name, additive, segments, description):
     sides = POINTERS + (("local",) if additive else ())
     return register_attention(
@@ -64,7 +60,6 @@ def _window(name, additive, segments, description):
         # AW: its masked local scores are an additive bias; MW: the weights' product with M through flex
         # (log M in score_mod, the row mass from two log-sum-exps), where M and its pointers are
         # [B, H, Tq, Tk] all the same: long sequences keep their recomputation in row blocks
-        paths={Path.FUSED: Capability()} if additive else {Path.FLEX: Capability(note=MW_FLEX)},
         extra_queries=tuple(f"{side}_query" for side in sides),
         extra_keys=tuple(f"{side}_key" for side in sides),
         description=description,

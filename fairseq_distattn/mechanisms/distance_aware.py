@@ -6,7 +6,6 @@ import torch
 from torch import Tensor, nn
 
 from ..functional.distance_aware import DA_ADJUSTINGS, DA_MAPPINGS, distance_aware_attention, distance_coefficients
-from ..functional.paths import Capability, Keeps, Path
 from ..registry import (
     CROSS_KIND,
     DIFFERENT_SEQUENCES,
@@ -59,7 +58,6 @@ class DistanceAwareOptions:
 
 
 # eq. 6's ReLU(QK^T) f is a score modification, which SDPA's additive mask cannot be
-DA_FLEX = "early-multiply as eq. 6's score modification"
 
 
 @register_attention(
@@ -70,10 +68,6 @@ DA_FLEX = "early-multiply as eq. 6's score modification"
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     # early-add is an additive bias, eq. 6 a score modification: both a table read by j - i; the late
     # adjustments change the weights, which only the eager path forms
-    paths={
-        Path.FUSED: Capability("da_adjusting", ("early-add",)),
-        Path.FLEX: Capability("da_adjusting", ("early-multiply", "early-add"), DA_FLEX, keeps=Keeps.NOTHING),
-    },
     description="distance-aware attention: learned per-head re-scaling of the attention by the real distance",
     paper="Wu, Wu and Huang 2021, *DA-Transformer: Distance-aware Transformer*",
 )

@@ -5,7 +5,6 @@ from typing import Optional
 
 from ..functional.distance_mask import DIRECTIONS, distance_mask_attention
 from ..functional.masking import relative_distance
-from ..functional.paths import Capability, Keeps, Path
 from ..registry import (
     CROSS_KIND,
     DIFFERENT_SEQUENCES,
@@ -63,7 +62,6 @@ class DistanceMaskOptions:
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     # the fused path keeps only the [Tq, Tk] bias, the flex path only its table
-    paths={Path.FUSED: Capability(keeps=Keeps.BIAS), Path.FLEX: Capability(keeps=Keeps.NOTHING)},
     keeps_position_embeddings=True,  # a locality prior added to a model that has its positions
     description="fixed `-alpha * abs(i-j)` distance mask, optionally directional",
     paper="Im and Cho 2017, *Distance-based Self-Attention Network for Natural Language Inference*",

@@ -6,7 +6,6 @@ import torch
 from torch import nn
 
 from ..functional.fire import FIRE_INITIAL_C, FIRE_INITIAL_THRESHOLD, FIRE_MLP_WIDTH, fire_attention, fire_bias
-from ..functional.paths import Capability, Path
 from ..registry import (
     CROSS_KIND,
     DIFFERENT_SEQUENCES,
@@ -81,7 +80,6 @@ class FireFunction(nn.Module):
     op=fire_attention,
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
-    paths={Path.FUSED: Capability()},  # its bias is [B, H, Tq, Tk]: it depends on each sentence's lengths
     description="learned MLP of the distance normalised by the query's position, `f(psi(i-j) / psi(max(L, i)))`, "
     "`psi(x) = log(c x + 1)`, c and L learned (`--fire-mlp-width`, `--fire-threshold`), per layer or shared "
     "(`--fire-shared-layers`)",

@@ -6,7 +6,6 @@ import torch
 from torch import nn
 
 from ..functional.kerple import KERPLE_KERNELS, constrained, kerple_attention, kerple_bias
-from ..functional.paths import Capability, Keeps, Path
 from ..registry import (
     CROSS_KIND,
     DIFFERENT_SEQUENCES,
@@ -62,7 +61,6 @@ R2_NAMES = {"log": "rate", "power": "exponent"}
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     # the fused path keeps only the [H, Tq, Tk] bias, the flex path only its table
-    paths={Path.FUSED: Capability(keeps=Keeps.BIAS), Path.FLEX: Capability(keeps=Keeps.NOTHING)},
     description="learned per-head kernel of the distance on the logits: `-r1 log(1 + r2 abs(i-j))` "
     "(`--kerple-kernel log`) or `-r1 abs(i-j)^r2` (`power`), r1, r2 > 0 (r2 <= 2 for power), one pair per "
     "head shared by the layers of each stack as in the authors' code, or per layer (`--kerple-per-layer`)",
@@ -150,9 +148,9 @@ class Kerple(Mechanism):
         # r1 and r2 well inside their constraints (the uniform start may be near the 0.01 clamp)
         return dict(mean=1.0, std=0.25) if name == "scale" else dict(mean=0.8, std=0.2)
 
-    overrides_forward_because = "r1, r2 go back into their constraints before each training call (the authors' step)"
+    overrides_terms_because = "r1, r2 go back into their constraints before each training call (the authors' step)"
 
-    def forward(self, queries, keys, options, cache=None):
+    def terms(self, queries, keys, options, cache=None):
         if self.training:
             self.project_onto_constraints()
-        return super().forward(queries, keys, options, cache)
+        return super().terms(queries, keys, options, cache)

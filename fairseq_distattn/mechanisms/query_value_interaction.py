@@ -5,9 +5,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..functional.attention import softmax_attention
-from ..functional.paths import Capability, Path
 from ..functional.query_value_interaction import QVI_INTERACTIONS, query_aware_values, query_value_interaction_attention
+from ..functional.terms import Terms
 from ..registry import (
     CROSS_KIND,
     DIFFERENT_SEQUENCES,
@@ -42,7 +41,6 @@ class QueryValueInteractionOptions:
     row_wise=False,  # eq. 7 mixes every query into each value: no row-wise blocks
     keeps_position_embeddings=True,  # it changes the values, not what positions the logits see
     # eq. 7's mix of the values over the queries is plain attention whose weights are never needed
-    paths={Path.FUSED: Capability(note="eq. 10 on the query-aware values; eq. 7's mix of them, with weights too")},
     description="query-value interaction (query-aware values)",
     paper="Wu, Wu, Qi and Huang 2020, *Improving Attention Mechanism with Query-Value Interaction*",
 )
@@ -81,14 +79,14 @@ class QueryValueInteraction(Mechanism):
             return dict(mean=torch.eye(self.config.head_dim), std=0.2)
         return dict(std=0.3)
 
-    overrides_forward_because = (
+    overrides_terms_because = (
         "a decoding step's eq. 7 mixes the values with every query so far, which the op is not given: "
         "the layer caches the queries and the query-aware values it made"
     )
 
-    def forward(self, queries, keys, options, cache=None):
+    def terms(self, queries, keys, options, cache=None):
         if cache is None or self.interaction == "values-only":  # g_1 = V depends on no query: nothing to cache
-            return super().forward(queries, keys, options, cache)
+            return super().terms(queries, keys, options, cache)
         query, query_offset = queries["query"], options.query_offset
         seen_queries = cache.get("prev_qvi_query")
         all_queries = query if seen_queries is None else torch.cat([seen_queries, query], dim=2)
@@ -106,4 +104,4 @@ class QueryValueInteraction(Mechanism):
         values = new_values if seen_values is None else torch.cat([seen_values, new_values], dim=2)
         cache["prev_qvi_query"] = all_queries
         cache["prev_qvi_value"] = values
-        return softmax_attention(query, keys["key"], values, **options._asdict())
+        return Terms(value=values)

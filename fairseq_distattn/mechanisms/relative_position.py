@@ -5,7 +5,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..functional.paths import Capability, Keeps, Path
 from ..functional.relative_position import relative_position_attention
 from ..registry import (
     CROSS_KIND,
@@ -61,10 +60,6 @@ class RelativePositionOptions:
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     # keys only, eq. 4's second term is an additive bias; eq. 3's value term needs the weights,
     # except in flex, where it is rebuilt from the log-sum-exp
-    paths={
-        Path.FUSED: Capability("relative_values", (False,), "keys only"),
-        Path.FLEX: Capability(note="eq. 3's value term from flex's log-sum-exp", keeps=Keeps.NOTHING),
-    },
     description="relative position representations (clipped at `--max-relative-position`)",
     paper="Shaw, Uszkoreit and Vaswani 2018, *Self-Attention with Relative Position Representations*",
 )

@@ -9,8 +9,6 @@ from typing import List, Optional
 
 import torch
 
-from ..functional.attention import attend
-from ..functional.paths import Capability, Keeps, Path
 from ..functional.rotary import (
     ROPE_BASE,
     SCALING_MODES,
@@ -28,6 +26,7 @@ from ..functional.rotary import (
     xpos_range_problem,
     xpos_scale_base_problem,
 )
+from ..functional.terms import PLAIN
 from ..registry import (
     CROSS_KIND,
     DIFFERENT_SEQUENCES,
@@ -196,7 +195,6 @@ XPOS_CAUSAL_ONLY = (
     revisions=ROTARY_REVISIONS,
     kinds=SELF_ATTENTION - {ENCODER_SELF_KIND},
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES, ENCODER_SELF_KIND: XPOS_CAUSAL_ONLY},
-    paths={Path.FUSED: Capability(keeps=Keeps.NOTHING)},  # rotated q and k, then vanilla's own SDPA call
     description="RoPE with a per-pair exponential decay: queries times `zeta_i^(n/scale_base)`, keys times its "
     "inverse, `zeta_i = (2i/d + 0.4)/1.4` (`--xpos-scale-base`); decoder only",
     paper="Sun et al. 2023, *A Length-Extrapolatable Transformer*",
@@ -208,7 +206,6 @@ XPOS_CAUSAL_ONLY = (
     revisions=ROTARY_REVISIONS,
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
-    paths={Path.FUSED: Capability(keeps=Keeps.NOTHING)},  # rotated q and k, then vanilla's own SDPA call
     description="queries and keys rotated pairwise by position times `base^(-2i/d)` (`--rope-base`, "
     "`--rope-fraction` of each head), then the plain fused attention; context-length scaling at evaluation "
     "(`--rope-scaling linear|ntk|yarn`); positions count from each sentence's first real token",
@@ -296,13 +293,13 @@ class Rotary(Mechanism):
         logits = query @ key.transpose(-1, -2) / math.sqrt(self.config.head_dim)
         return PositionTerm(f"{self.config.name}-logit", f"{self.config.name} logit of equal all-ones q, k", logits[0])
 
-    overrides_forward_because = (
+    overrides_terms_because = (
         "queries and keys arrive rotated (encode_positions, so that keys are cached rotated): "
-        "the op's rotation is done, and its plain attention runs"
+        "the op's rotation is done, and nothing is left to add"
     )
 
     def op_arguments(self, queries, keys, causal):
         return (), dict(self.arguments)
 
-    def forward(self, queries, keys, options, cache=None):
-        return attend(queries["query"], keys["key"], keys["value"], **options._asdict())
+    def terms(self, queries, keys, options, cache=None):
+        return PLAIN

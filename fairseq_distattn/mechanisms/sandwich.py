@@ -4,7 +4,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..functional.paths import Capability, Keeps, Path
 from ..functional.sandwich import sandwich_attention, sandwich_bias
 from ..registry import (
     CROSS_KIND,
@@ -55,7 +54,6 @@ class SandwichOptions:
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     # the fused path keeps only the [H, Tq, Tk] bias, the flex path only its table
-    paths={Path.FUSED: Capability(keeps=Keeps.BIAS), Path.FLEX: Capability(keeps=Keeps.NOTHING)},
     description="fixed bias from the inner product of sinusoidal position embeddings, `sum_k cos(abs(i-j) / "
     "10000^(2k/d)) - d/2`, divided by `n*8/H` for head n (`--sandwich-dim`); no parameters",
     paper="Chi, Fan, Rudnicky and Ramadge 2023, *Dissecting Transformer Length Extrapolation via the Lens of "

@@ -5,7 +5,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..functional.paths import Capability, Keeps, Path
 from ..functional.t5_bias import MAX_DISTANCE, NUM_BUCKETS, t5_bias_attention, t5_relative_bias
 from ..registry import (
     CROSS_KIND,
@@ -69,7 +68,6 @@ class T5BiasOptions:
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     # the fused path keeps only the [H, Tq, Tk] bias, the flex path only its table
-    paths={Path.FUSED: Capability(keeps=Keeps.BIAS), Path.FLEX: Capability(keeps=Keeps.NOTHING)},
     description="learned per-head scalar bias per relative position bucket (`--t5-bias-buckets`, exact then "
     "log-spaced up to `--t5-bias-max-distance`; bidirectional in the encoder, unidirectional in the "
     "decoder), one table per stack as in T5 or per layer (`--t5-bias-per-layer`)",

@@ -5,7 +5,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..functional.paths import Capability, Path
 from ..functional.transformer_xl import relative_position_scores, transformer_xl_attention
 from ..registry import (
     CROSS_KIND,
@@ -37,7 +36,6 @@ class TransformerXLOptions:
     op=transformer_xl_attention,
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
-    paths={Path.FUSED: Capability()},  # its position scores depend on the queries: [B, H, Tq, Tk]
     description="relative attention `q_i k_j + q_i W_R R_{i-j} + u k_j + v W_R R_{i-j}`: sinusoids R of the "
     "distance, learned W_R per layer, global u, v per head (`--transformer-xl-per-layer-biases`); the "
     "segment recurrence is a training scheme, not included",

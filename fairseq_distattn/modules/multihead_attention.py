@@ -14,7 +14,7 @@ from fairseq.modules.quant_noise import quant_noise
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..functional.paths import Call, CallOptions, op_flex
+from ..functional.paths import Call, CallOptions, module_flex
 from ..mechanisms import Stack, build_mechanism
 from ..spec import AttentionOptions
 
@@ -66,10 +66,9 @@ class MechanismMultiheadAttention(MultiheadAttention):
         self.mechanism = build_mechanism(mechanism, num_heads, self.head_dim, options, stack)
         # the attention module's own options (the mechanism gets only its own options dataclass)
         self.attention_flex = options.module.attention_flex
-        # the ops' flex argument where --attention-flex takes the flex path (functional.paths.op_flex):
-        # "auto" runs it on CUDA only (the flag leaves the CPU alone); tests set "always" to run flex's CPU form
-        self.flex_when_taken = "auto"
         self.recompute_length = options.module.attention_recompute_length
+        # --attention-flex leaves the CPU alone; tests set this to run flex's eager CPU form where it takes flex
+        self.flex_on_cpu = False
 
         def projection(input_dim):
             layer = nn.Linear(input_dim, embed_dim)
@@ -159,10 +158,10 @@ class MechanismMultiheadAttention(MultiheadAttention):
         # fairseq's protocol: --retain-dropout (FairseqDropout.apply_during_inference) keeps it in eval mode
         dropout = self.dropout_module
         dropout_p = dropout.p if self.training or dropout.apply_during_inference else 0.0
-        # the path is chosen by functional.paths.choose_path, for the op and for the recompute decision alike;
-        # off flex_attention where --attention-flex says so (op_flex)
-        flex = op_flex(self.attention_flex, self.flex_when_taken, keys["key"].size(2), self.recompute_length)
-        options = CallOptions(key_padding_mask, self.causal, query_offset, dropout_p, need_weights, flex)
+        # the path is chosen by functional.paths.choose_path on the mechanism's terms, for the call and for
+        # the recompute decision alike
+        flex, flex_from = module_flex(self.attention_flex, self.recompute_length, self.flex_on_cpu)
+        options = CallOptions(key_padding_mask, self.causal, query_offset, dropout_p, need_weights, flex, flex_from)
         if saved_state is None and self._recomputes_in_row_blocks(queries, keys, options):
             out, probs = self._attend_in_recomputed_chunks(queries, keys, options)
         else:
@@ -180,9 +179,9 @@ class MechanismMultiheadAttention(MultiheadAttention):
 
     def _recomputes_in_row_blocks(self, queries, keys, options: CallOptions) -> bool:
         """Whether this full-sequence call runs in recomputed row blocks (the
-        mechanism decides, from the call: :func:`functional.paths.recomputes_in_row_blocks`)."""
-        call = Call.of(queries["query"], keys["key"], **options._asdict(), recompute_length=self.recompute_length)
-        return self.mechanism.recomputes_in_row_blocks(call)
+        mechanism decides, from the call and its terms: :func:`functional.terms.recomputes_in_row_blocks`)."""
+        call = Call.of(queries["query"], keys["key"], options, self.recompute_length)
+        return self.mechanism.recomputes_in_row_blocks(call, queries, keys, options)
 
     def _attend_in_recomputed_chunks(
         self, queries: Dict[str, Tensor], keys: Dict[str, Tensor], options: CallOptions

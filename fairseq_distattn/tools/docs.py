@@ -11,25 +11,17 @@ import argparse
 import re
 import sys
 
-from ..functional.paths import DECLARED_PATHS, Path
+from ..functional.paths import Path
 from ..registry import EVALUATION, KINDS, RUNTIME, TRAINED, option_flag, registered
 from ..spec import MECHANISMS, accepted_by, option_fields
 from .functional_exports import FUNCTIONAL_INIT, functional_init
 from .generated_blocks import REPO_ROOT, update_pages
+from .path_profile import TABLE_PATHS, path_condition, recomputed_in_row_blocks
 
 MECHANISM_TABLE = "docs/mechanisms.md"  # relative to the repository; copied into README.md
 
-# the mechanism table's column for each path a mechanism may declare, in DECLARED_PATHS' order
+# the mechanism table's column for each path besides the eager one, in TABLE_PATHS' order
 PATH_COLUMNS = {Path.FUSED: "fused path (SDPA)", Path.FLEX: "flex_attention (CUDA)"}
-
-
-def recomputed_in_row_blocks(info) -> str:
-    """The table's words for when a training step of ``info`` recomputes in row blocks,
-    from its declaration: never where a row depends on other rows' queries; only with the
-    weights (the eager path) where its fused path keeps nothing per batch."""
-    if not info.row_wise:
-        return "no (not row-wise)"
-    return "only with weights" if info.fused_keeps_nothing_per_batch else "yes"
 
 
 def mechanism_table() -> str:
@@ -38,7 +30,7 @@ def mechanism_table() -> str:
         "# Mechanisms",
         "",
         "| MECH | mechanism | paper | attention kinds | "
-        + "".join(f"{PATH_COLUMNS[path]} | " for path in DECLARED_PATHS)
+        + "".join(f"{PATH_COLUMNS[path]} | " for path in TABLE_PATHS)
         + "recomputed in row blocks | options |",
         "|---|---|---|---|---|---|---|---|",
         "| `vanilla` | fairseq's scaled dot-product attention | Vaswani et al. 2017 | all | fairseq's | - | - | - |",
@@ -61,7 +53,7 @@ def mechanism_table() -> str:
             info.description,
             info.paper,
             kinds,
-            *(info.path_condition(path) or "no" for path in DECLARED_PATHS),
+            *(path_condition(info, path) or "no" for path in TABLE_PATHS),
             recomputed_in_row_blocks(info),
             flags,
         ]

@@ -84,26 +84,19 @@ class ExampleCall:
     projections (:attr:`queries`: ``"query"`` and its extra query projections;
     :attr:`keys`: ``"key"``, ``"value"`` and its extra key projections). Calling it runs
     the module as the attention module does on a call without incremental state: its
-    ``encode_positions``, then its ``forward`` (the registered op on ``op_arguments``)
-    with the shared keyword arguments, whose defaults are the ops'. Returns
+    ``encode_positions``, then its ``forward`` (the one ``attend`` on the terms of its
+    registered op on ``op_arguments``) with the shared keyword arguments, whose defaults
+    are the ops'. Returns
     ``(out [B,H,Tq,D], probs [B,H,Tq,Tk] or None)``."""
 
     def __init__(self, mechanism: Mechanism, queries: Dict[str, Tensor], keys: Dict[str, Tensor]):
         self.mechanism, self.queries, self.keys = mechanism, queries, keys
 
-    def __call__(
-        self,
-        *,
-        key_padding_mask: Optional[Tensor] = None,
-        causal: bool = False,
-        query_offset: int = 0,
-        dropout_p: float = 0.0,
-        need_weights: bool = True,
-        flex: str = "auto",
-    ) -> Tuple[Tensor, Optional[Tensor]]:
+    def __call__(self, **options) -> Tuple[Tensor, Optional[Tensor]]:
+        """The call with ``options``, the ops' keyword arguments (:data:`paths.OP_OPTIONS`)."""
+        key_padding_mask, query_offset = options.get("key_padding_mask"), options.get("query_offset", 0)
         queries, keys = self.mechanism.encode_positions(self.queries, self.keys, key_padding_mask, query_offset)
-        options = CallOptions(key_padding_mask, causal, query_offset, dropout_p, need_weights, flex)
-        return self.mechanism(queries, keys, options)
+        return self.mechanism(queries, keys, CallOptions(**options))
 
 
 def example_call(info: MechanismInfo, draw: ExampleDraw, options=None) -> ExampleCall:

@@ -9,7 +9,6 @@ from typing import Any, Dict, Optional, Protocol, runtime_checkable
 
 from torch import Tensor
 
-from ..functional.paths import Call, Path, choose_path
 from ..mechanisms.base import Mechanism, PositionTerm, SoftWindow
 
 Tensors = Dict[str, Tensor]
@@ -78,14 +77,3 @@ def example_distribution(mechanism: Mechanism, name: str) -> Dict[str, Any]:
 def example_options(module: type, options: Any, src_len: int) -> Any:
     """``module``'s (a mechanism class's) example options; ``options`` as they are without the hook."""
     return module.example_options(options, src_len) if hasattr(module, "example_options") else options
-
-
-def layer_path(mechanism: Mechanism, call: Call) -> Path:
-    """The path the layer's op takes for ``call`` (:func:`paths.choose_path` among the
-    layer's :meth:`~fairseq_distattn.mechanisms.base.Mechanism.paths`)."""
-    return choose_path(call, mechanism.paths().keys())
-
-
-def may_take_flex_path(mechanism: Mechanism) -> bool:
-    """Whether the layer's op runs in flex_attention where that applies."""
-    return Path.FLEX in mechanism.paths()

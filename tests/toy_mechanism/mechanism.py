@@ -5,7 +5,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fairseq_distattn.functional.paths import Capability, Keeps, Path
 from fairseq_distattn.mechanisms.base import Mechanism, MechanismConfig, PositionTerm
 from fairseq_distattn.registry import (
     CROSS_KIND,
@@ -43,7 +42,6 @@ class LogDistanceOptions:
     op=log_distance_attention,
     kinds=SELF_ATTENTION,
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
-    paths={Path.FUSED: Capability(keeps=Keeps.BIAS)},  # its bias is [H, Tq, Tk]: nothing per batch
     description="learned per-head slope on the log of the distance",
     paper="Nobody and Toy 2099, *A Toy Mechanism*",
 )
