@@ -253,6 +253,9 @@ class MechanismInfo:
     row_wise: bool  # every query row depends on that row's queries alone (recomputable in row blocks)
     extra_queries: Tuple[str, ...]  # extra per-head query projections of the attention module
     extra_keys: Tuple[str, ...]  # extra per-head key projections (cached like fairseq's prev_key)
+    # per-position inputs the mechanism makes itself from the layer's key-side input (Mechanism.inputs_from_layer:
+    # FoX's forget gates), cached like the keys
+    layer_inputs: Tuple[str, ...]
     description: str  # the mechanism table's "mechanism" column
     paper: str  # "Authors YEAR, *Title*"
     # its papers' models keep the sinusoidal position embeddings beside it (the LM preset and the
@@ -268,6 +271,11 @@ class MechanismInfo:
     def family(self) -> str:
         """The name before its first "-": the names one options dataclass serves (``window``)."""
         return self.name.split("-")[0]
+
+    @property
+    def causal_only(self) -> bool:
+        """Whether it is defined for causal attention only (no encoder self-attention form)."""
+        return ENCODER_SELF_KIND not in self.kinds
 
     @property
     def revision(self) -> int:
@@ -306,6 +314,7 @@ def register_attention(
     row_wise: bool = True,
     extra_queries: Tuple[str, ...] = (),
     extra_keys: Tuple[str, ...] = (),
+    layer_inputs: Tuple[str, ...] = (),
     keeps_position_embeddings: bool = False,
     papers_place_it: bool = False,
     revisions: Tuple[ArithmeticRevision, ...] = (),
@@ -356,6 +365,7 @@ def register_attention(
             row_wise=row_wise,
             extra_queries=tuple(extra_queries),
             extra_keys=tuple(extra_keys),
+            layer_inputs=tuple(layer_inputs),
             description=description,
             paper=paper,
             keeps_position_embeddings=keeps_position_embeddings,

@@ -56,7 +56,8 @@ def allowed_paths(info, options, causal):
     """The paths the terms of ``info``'s example call allow, SDPA's causal kernel counted as FUSED."""
     example = example_call(info, ExampleDraw(B, H, T, T, D), options)
     with torch.no_grad():
-        queries, keys = example.mechanism.encode_positions(example.queries, example.keys, padding(), 0)
+        queries, keys = example.mechanism.encode_positions(example.queries, example.all_keys(), padding(), 0)
+        causal = causal or info.causal_only  # as the example call runs it
         terms = example.mechanism.terms(queries, keys, P.CallOptions(padding(), causal, need_weights=False))
     return {as_declared(path) for path in TM.candidate_paths(terms)}
 
@@ -139,6 +140,12 @@ def test_the_mechanism_tables_words_for_a_path_are_read_from_the_terms():
     assert path_condition(da, P.Path.FUSED) == "`--da-adjusting early-add`, without weights"
     assert path_condition(REGISTRY["cope"], P.Path.FLEX) == ""
     assert path_condition(REGISTRY["alibi"], P.Path.FUSED) == "without weights"
+
+
+def test_rpr_keys_only_keeps_its_per_sentence_key_scores_on_the_fused_path():
+    from fairseq_distattn.tools.path_profile import _profile
+
+    assert _profile("rpr")[("relative_values", False)][P.Path.FUSED] is P.Keeps.PER_BATCH
 
 
 def test_the_paths_and_what_they_keep_follow_from_the_kinds_of_terms():

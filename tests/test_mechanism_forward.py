@@ -1,7 +1,7 @@
-"""A mechanism is its op plus one declaration (issue 48): the base class's ``forward``
-calls the registered op with what the layer's ``op_arguments`` supplies, so what the
-model computes is what the op computes with those arguments, and a mechanism overrides
-``forward`` only where it says why."""
+"""A mechanism is its op plus one declaration (issue 48): the base class's ``terms``
+hands the registered op's terms function what the layer's ``op_arguments`` supplies and
+its ``forward`` runs the one ``attend`` on them, so what the model computes is what the op
+computes with those arguments, and a mechanism overrides ``terms`` only where it says why."""
 
 import pytest
 import torch
@@ -31,6 +31,9 @@ def call(info):
     generator = torch.Generator().manual_seed(1)
     queries = projections(("query", *info.extra_queries), generator)
     keys = projections(("key", "value", *info.extra_keys), generator)
+    layer_input = torch.randn(LENGTH, BATCH, HEADS * HEAD_DIM, generator=generator, dtype=torch.float64)
+    keys.update(module.inputs_from_layer(layer_input))
+    assert set(keys) <= {"key", "value", *info.extra_keys, *info.layer_inputs}
     causal = ENCODER_SELF_KIND not in info.kinds
     assert causal or ENCODER_SELF_KIND in info.kinds or DECODER_SELF_KIND in info.kinds
     padding = torch.zeros(BATCH, LENGTH, dtype=torch.bool)
@@ -41,8 +44,8 @@ def call(info):
 @pytest.mark.parametrize("info", INFOS, ids=[info.name for info in INFOS])
 def test_the_layer_computes_its_registered_op_with_its_op_arguments(info):
     module, queries, keys, causal, padding = call(info)
-    positional, own = module.op_arguments(queries, keys, causal)
     options = CallOptions(padding, causal)
+    positional, own = module.op_arguments(queries, keys, options)
     with torch.no_grad():
         expected = info.op(queries["query"], keys["key"], keys["value"], *positional, **own, **options.op_keywords())
         # the attention module hands forward what encode_positions made of the projections (rope rotates them)
@@ -61,7 +64,8 @@ def test_the_example_call_of_the_tests_and_benchmarks_is_the_layer_on_drawn_para
     example = example_call(info, draw)
     parameters = list(example.mechanism.parameters())
     assert type(example.mechanism) is info.module and example.mechanism.config.name == info.name
-    assert len(draw.leaves) == 3 + len(info.extra_queries) + len(info.extra_keys) + len(parameters)
+    layer_input = 1 if info.layer_inputs else 0
+    assert len(draw.leaves) == 3 + len(info.extra_queries) + len(info.extra_keys) + len(parameters) + layer_input
     assert all(any(parameter is leaf for leaf in draw.leaves) for parameter in parameters)
     assert all(leaf.dtype == torch.float32 and leaf.requires_grad for leaf in draw.leaves)
     out, _ = example(causal=ENCODER_SELF_KIND not in info.kinds)
@@ -79,11 +83,12 @@ def test_a_mechanism_overrides_terms_only_where_it_says_why(info):
 
 
 def test_the_mechanisms_that_override_terms_are_few():
-    """Today: kerple (its constraint projection), qvi (its decoding cache), rope and xpos
-    (their rotation happens before the keys are cached)."""
+    """Today: kerple (its constraint projection), qvi and selective (their decoding caches),
+    rope and xpos (their rotation happens before the keys are cached)."""
     assert {info.name for info in INFOS if info.module.terms is not Mechanism.terms} == {
         "kerple",
         "qvi",
         "rope",
+        "selective",
         "xpos",
     }

@@ -49,6 +49,14 @@ from .rotary import (
     xpos_zeta,
     yarn_correction_range,
 )
+from .rotary_scaling import (
+    llama3_frequencies,
+    llama4_attention_scales,
+    longrope_attention_factor,
+    longrope_frequencies,
+    longrope_uses_long_factors,
+    partial_frequencies,
+)
 from .sandwich import sandwich_attention, sandwich_bias
 from .selective import selection_penalty, selective_attention
 from .stick_breaking import stick_breaking_attention, stick_breaking_weights
@@ -95,10 +103,16 @@ __all__ = [
     "kept_for_backward",
     "kerple_attention",
     "kerple_bias",
+    "llama3_frequencies",
+    "llama4_attention_scales",
     "logit_mask",
+    "longrope_attention_factor",
+    "longrope_frequencies",
+    "longrope_uses_long_factors",
     "masked_softmax",
     "multiplicative_window_attention",
     "offsets",
+    "partial_frequencies",
     "path_attention",
     "query_aware_values",
     "query_value_interaction_attention",

@@ -34,7 +34,7 @@ from torch import Tensor
 from .flex import flex_attend, flex_windowed_attend
 from .masking import autocast_enabled, check_attention_arguments, logit_mask, masked_softmax
 from .paths import OP_OPTIONS, Call, CallOptions, Path, choose_path
-from .terms import PLAIN, ScoreMod, Terms, candidate_paths
+from .terms import PLAIN, Normaliser, ScoreMod, Terms, candidate_paths
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -118,27 +118,34 @@ def attention_weights(
     key_padding_mask: Optional[Tensor] = None,
     causal: bool = False,
     query_offset: int = 0,
-) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
-    """``(probs, mask, hidden)``: ``softmax(score_mod(q k^T / sqrt(D)) + bias)``
-    over the keys each query may see (key padding, ``causal`` and the bool
-    ``[Tq, Tk]`` restriction ``allowed``), in :func:`logit_dtype`; ``mask,
-    hidden`` from :func:`masking.logit_mask`. ``bias`` broadcasts to ``[B, H, Tq, Tk]``
-    and is in the logit dtype."""
+    logits: Optional[Tensor] = None,
+    normaliser: Optional[Normaliser] = None,
+) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+    """``(probs, mask, hidden, own_share)``: ``softmax(score_mod(q k^T / sqrt(D)) + bias)``
+    over the keys each query may see (key padding, ``causal`` and the bool ``[Tq, Tk]``
+    restriction ``allowed``), in :func:`logit_dtype`; ``mask, hidden`` from
+    :func:`masking.logit_mask`. ``bias`` broadcasts to ``[B, H, Tq, Tk]`` and is in the
+    logit dtype. ``logits`` replace ``q k^T / sqrt(D)``, and ``normaliser`` the softmax
+    (``own_share``: the mass it leaves on each query's own value; None without one)."""
     tgt_len, src_len = q.size(2), k.size(2)
     mask, hidden = logit_mask(
         key_padding_mask, causal, query_offset, tgt_len, src_len, q.device, logit_dtype(q.dtype), allowed
     )
-    if score_mod is None:
+    if score_mod is None and logits is None:
         logits = masked_scores(q, k, mask)
         if bias is not None:
             logits = logits.add_(bias)
     else:
-        logits = score_mod(scores(q, k), mask)
+        raw = scores(q, k) if logits is None else logits
+        logits = raw if score_mod is None else score_mod(raw, mask)
         if bias is not None:
             logits = logits + bias
         if mask is not None:
             logits = logits + mask
-    return masked_softmax(logits, hidden), mask, hidden
+    if normaliser is not None:
+        probs, own_share = normaliser(logits, mask, hidden)
+        return probs, mask, hidden, own_share
+    return masked_softmax(logits, hidden), mask, hidden, None
 
 
 def attend(
@@ -203,7 +210,7 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, terms: Terms, options: CallOptions)
             key_padding_mask, causal, query_offset, q.size(2), k.size(2), q.device, q.dtype, terms.allowed
         )
         return fused_attention(q, k, v, bias, mask, hidden, dropout_p), None
-    probs, mask, hidden = attention_weights(
+    probs, mask, hidden, own_share = attention_weights(
         q,
         k,
         bias=bias,
@@ -212,6 +219,8 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, terms: Terms, options: CallOptions)
         key_padding_mask=key_padding_mask,
         causal=causal,
         query_offset=query_offset,
+        logits=terms.logits,
+        normaliser=terms.normaliser,
     )
     if terms.window is not None:
         probs = probs * terms.window
@@ -222,6 +231,9 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, terms: Terms, options: CallOptions)
     out = torch.matmul(attended, v)
     if terms.value_term is not None:
         out = out + terms.value_term(attended)
+    if own_share is not None:
+        own_values = v[:, :, query_offset : query_offset + q.size(2)]
+        out = out + own_share.to(q.dtype)[..., None] * own_values
     return out, probs if options.need_weights else None
 
 

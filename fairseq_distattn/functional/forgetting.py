@@ -61,8 +61,16 @@ padding; fla's one-step decoding kernel (``fla/ops/attn/decoding.py``) has a
 ``do_gate_scale`` option that would multiply the gates by ``scale`` too, off by
 default and left off by the FoX layer.
 
-The bidirectional form is not FoX (the gate is a product over the positions
-between query and key in one direction): ``causal=False`` is refused.
+The bidirectional form is not FoX's (the gate is a product over the positions
+between query and key in one direction). x-transformers' ``DataDependentAlibi``
+(github.com/lucidrains/x-transformers at commit 9252ed7,
+``x_transformers/x_transformers.py``) defines one for its encoder: a second set
+of gates ``g`` per head, whose inclusive cumsum ``r`` gives the keys after the
+query ``r_j - r_p = sum_{l=p+1}^{j} log g_l`` (``forget_gates_reversed``, its
+``triu``), the keys before it FoX's ``c_p - c_j`` (its ``tril``), 0 on the
+diagonal from both. :func:`forgetting_attention` takes it as
+``log_forget_backward`` with ``causal=False``, and refuses ``causal=False``
+without it.
 """
 
 from typing import Optional, Tuple
@@ -71,7 +79,7 @@ import torch
 from torch import Tensor
 
 from .attention import attention_op, logit_dtype
-from .masking import check_queries_among_keys, check_tensor_argument
+from .masking import check_queries_among_keys, check_tensor_argument, relative_distance
 from .position_tables import check_position_argument
 from .terms import Terms
 
@@ -80,13 +88,15 @@ FORGET_GATES_WITH_KEYS = (
 )
 
 
-def _check_log_forget(log_forget: Tensor, shape: Optional[Tuple[int, int, int]], like: Optional[Tensor]) -> None:
+def _check_log_forget(
+    log_forget: Tensor, shape: Optional[Tuple[int, int, int]], like: Optional[Tensor], name: str = "log_forget"
+) -> None:
     """Type, shape and device of ``log_forget`` (``shape`` ``(B, H, Tk)`` when known):
     a ValueError naming it. Attribute comparisons only."""
-    check_tensor_argument("log_forget", log_forget, "q", like, dtypes=None)  # any floating dtype: converted
+    check_tensor_argument(name, log_forget, "q", like, dtypes=None)  # any floating dtype: converted
     if log_forget.dim() != 3 or (shape is not None and tuple(log_forget.shape) != shape):
         wanted = "[B, H, Tk]" if shape is None else f"[B, H, Tk] = {shape}"
-        raise ValueError(f"log_forget must be {wanted}, one log gate per key position, got {tuple(log_forget.shape)}")
+        raise ValueError(f"{name} must be {wanted}, one log gate per key position, got {tuple(log_forget.shape)}")
 
 
 def _bias(log_forget: Tensor, tgt_len: int, query_offset: int) -> Tensor:
@@ -120,21 +130,39 @@ def forget_gate_bias(log_forget: Tensor, tgt_len: int, query_offset: int = 0) ->
 
 
 def forgetting_terms(
-    q: Tensor, k: Tensor, log_forget: Tensor, *, key_padding_mask: Optional[Tensor], causal: bool, query_offset: int
+    q: Tensor,
+    k: Tensor,
+    log_forget: Tensor,
+    log_forget_backward: Optional[Tensor] = None,
+    *,
+    key_padding_mask: Optional[Tensor],
+    causal: bool,
+    query_offset: int,
 ) -> Terms:
-    """FoX's bias ``D_ij = sum_{l=j+1}^{p} log f_l`` (:func:`forget_gate_bias`), ``[B, H, Tq, Tk]``."""
-    if not causal:
+    """FoX's bias ``D_ij = sum_{l=j+1}^{p} log f_l`` (:func:`forget_gate_bias`), ``[B, H, Tq, Tk]``;
+    with ``log_forget_backward`` (``causal=False``), x-transformers' bidirectional form."""
+    if causal == (log_forget_backward is not None):
         raise ValueError(
-            "causal must be True: FoX's forget gate is defined for causal attention only "
-            "(a bidirectional form is a different method)"
+            "causal must be True: FoX's forget gate is defined for causal attention (the bidirectional form, "
+            "x-transformers' DataDependentAlibi, takes log_forget_backward with causal=False)"
+            if not causal
+            else "log_forget_backward is the bidirectional form's (causal=False); a causal call takes log_forget only"
         )
     batch, heads, tgt_len, src_len = q.size(0), q.size(1), q.size(2), k.size(2)
     _check_log_forget(log_forget, (batch, heads, src_len), q)
     check_queries_among_keys(tgt_len, query_offset, src_len, "", FORGET_GATES_WITH_KEYS)
-    gates = log_forget.to(logit_dtype(q.dtype))
+    gates = [log_forget] if causal else [log_forget, log_forget_backward]
+    if not causal:
+        _check_log_forget(log_forget_backward, (batch, heads, src_len), q, "log_forget_backward")
+    gates = [gate.to(logit_dtype(q.dtype)) for gate in gates]
     if key_padding_mask is not None:
-        gates = gates.masked_fill(key_padding_mask[:, None, :], 0.0)
-    return Terms(bias=_bias(gates, tgt_len, query_offset))
+        gates = [gate.masked_fill(key_padding_mask[:, None, :], 0.0) for gate in gates]
+    earlier = _bias(gates[0], tgt_len, query_offset)
+    if causal:
+        return Terms(bias=earlier)
+    later = _bias(gates[1], tgt_len, query_offset).neg_()  # r_j - r_p
+    before = relative_distance(tgt_len, src_len, query_offset, q.device) <= 0
+    return Terms(bias=torch.where(before, earlier, later))
 
 
 forgetting_attention = attention_op(
@@ -146,8 +174,10 @@ forgetting_attention = attention_op(
     position (``logsigmoid`` of the gate logits), of any floating dtype, on q's
     device; every entry <= 0 and finite (unchecked, as no op reads values: a -inf gate
     gives NaN, -inf - -inf), and
-    ``query_offset + Tq <= Tk``. Causal only: pass ``causal=True`` (the shared
-    default, False, is refused). The gates of padded keys are set to 0 before the
+    ``query_offset + Tq <= Tk``. Causal: pass ``causal=True`` (the shared default,
+    False, is refused without ``log_forget_backward``). With ``log_forget_backward``
+    ``[B, H, Tk]`` and ``causal=False``, x-transformers' bidirectional form: keys after
+    the query get ``sum_{l=p+1}^{j} log g_l`` from those gates. The gates of padded keys are set to 0 before the
     cumulative sum, so a padded token does not decay the keys before it (the
     authors' treatment of left padding). Returns ``(out [B,H,Tq,D], probs
     [B,H,Tq,Tk])``; the bias runs fused with ``need_weights=False`` (``probs``

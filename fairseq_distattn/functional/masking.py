@@ -165,7 +165,7 @@ def check_queries_among_keys(tgt_len: int, query_offset: int, src_len: int, cond
     if query_offset + tgt_len > src_len:
         raise ValueError(
             f"query_offset + Tq must be <= Tk{condition}: {why}, got query_offset {query_offset}, Tq {tgt_len} "
-            f"and Tk {src_len}"
+            f"and Tk {src_len} (the keys' src_len)"
         )
 
 

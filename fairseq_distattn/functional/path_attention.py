@@ -94,15 +94,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import dropout_probs, full_precision, logit_dtype
-from .flex import check_flex
+from .attention import attention_op, full_precision, logit_dtype
 from .masking import (
-    check_attention_arguments,
     check_queries_among_keys,
     check_tensor_argument,
-    logit_mask,
-    masked_softmax,
 )
+from .terms import Terms
 
 NORM_EPS = 1e-12  # the floor on ||w|| when normalising (F.normalize's default)
 
@@ -145,41 +142,19 @@ def _path_logits(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, query_offset: in
     return F.pad(logits, (0, src_len - last)) if src_len > last else logits
 
 
-def path_attention(
+def path_terms(
     q: Tensor,
     k: Tensor,
-    v: Tensor,
     w: Tensor,
     beta: Tensor,
     log_forget: Optional[Tensor] = None,
     *,
-    key_padding_mask: Optional[Tensor] = None,
-    causal: bool = False,
-    query_offset: int = 0,
-    dropout_p: float = 0.0,
-    need_weights: bool = True,
-    flex: str = "auto",
-) -> Tuple[Tensor, Optional[Tensor]]:
-    """PaTH attention: ``softmax_j(q_i^T H_p ... H_{j+1} k_j / sqrt(D)) v`` over the keys
-    ``j <= p = query_offset + i``, with ``H_t = I - beta_t w_t w_t^T``.
-
-    ``w`` ``[B, H, Tk, D]``: the Householder direction of every key position, normalised
-    here to unit length per head (as fla's layer does before its op; any nonzero length
-    may be given). ``beta`` ``[B, H, Tk]``: its strength, in (0, 2) as fla's ``2 *
-    sigmoid`` gives it (not checked; 0 gives H_t = I). ``log_forget`` ``[B, H, Tk]`` or
-    None: PaTH-FoX's log forget gates (<= 0, not checked), added as ``sum_{t=j+1}^{p}
-    log f_t`` before the 1/sqrt(D) scaling, as fla does. All three may have any floating
-    dtype (converted to the logit dtype) and are on q's device. The w, beta (and gates)
-    of positions up to the last query's are needed: ``query_offset + Tq <= Tk``.
-
-    Padding: a padded position's H_t is the identity (its beta and w set to 0) and its
-    gate is 1, so it transforms and decays nothing; padded keys are hidden. Causal only:
-    pass ``causal=True`` (the shared default, False, is refused). ``flex`` is checked and
-    has no effect. Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])`` (``probs`` undropped,
-    None with ``need_weights=False``); half inputs: logits in float32, ``out`` and
-    ``probs`` in the input dtype. Every mistake is a ValueError naming the argument."""
-    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
-    check_flex(flex)
+    key_padding_mask: Optional[Tensor],
+    causal: bool,
+    query_offset: int,
+) -> Terms:
+    """PaTH's logits ``q_i^T H_p ... H_{j+1} k_j / sqrt(D)`` (with PaTH-FoX's gates), in
+    place of ``q k^T / sqrt(D)``."""
     if not causal:
         raise ValueError(
             "causal must be True: PaTH multiplies the Householder matrices of the positions between a key "
@@ -207,10 +182,31 @@ def path_attention(
             cumulative = torch.cumsum(gates, dim=-1)
             rows = cumulative[..., query_offset : query_offset + tgt_len]
             logits = logits + (rows[..., :, None] - cumulative[..., None, :]) * scale
-        mask, hidden = logit_mask(key_padding_mask, True, query_offset, tgt_len, src_len, q.device, compute)
-        probs = masked_softmax(logits if mask is None else logits + mask, hidden).to(q.dtype)
-    out = torch.matmul(dropout_probs(probs, dropout_p), v)
-    return out, probs if need_weights else None
+    return Terms(logits=logits)
+
+
+path_attention = attention_op(
+    path_terms,
+    "path_attention",
+    """PaTH attention: ``softmax_j(q_i^T H_p ... H_{j+1} k_j / sqrt(D)) v`` over the keys
+    ``j <= p = query_offset + i``, with ``H_t = I - beta_t w_t w_t^T``.
+
+    ``w`` ``[B, H, Tk, D]``: the Householder direction of every key position, normalised
+    here to unit length per head (as fla's layer does before its op; any nonzero length
+    may be given). ``beta`` ``[B, H, Tk]``: its strength, in (0, 2) as fla's ``2 *
+    sigmoid`` gives it (not checked; 0 gives H_t = I). ``log_forget`` ``[B, H, Tk]`` or
+    None: PaTH-FoX's log forget gates (<= 0, not checked), added as ``sum_{t=j+1}^{p}
+    log f_t`` before the 1/sqrt(D) scaling, as fla does. All three may have any floating
+    dtype (converted to the logit dtype) and are on q's device. The w, beta (and gates)
+    of positions up to the last query's are needed: ``query_offset + Tq <= Tk``.
+
+    Padding: a padded position's H_t is the identity (its beta and w set to 0) and its
+    gate is 1, so it transforms and decays nothing; padded keys are hidden. Causal only:
+    pass ``causal=True`` (the shared default, False, is refused). ``flex`` is checked and
+    has no effect. Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])`` (``probs`` undropped,
+    None with ``need_weights=False``); half inputs: logits in float32, ``out`` and
+    ``probs`` in the input dtype. Every mistake is a ValueError naming the argument.""",
+)
 
 
 __all__ = ["path_attention"]

@@ -78,9 +78,12 @@ def index_scalar(value: int, device) -> Tensor:
 class ScoreTable(Protocol):
     """What :func:`attention.attend` takes as ``offset_table``: a bias (``combine``
     "add") or DA's ``ReLU(score) * value`` ("relu-multiply") given as a table
-    read inside flex_attention's ``score_mod``, or as its ``dense()`` matrix."""
+    read inside flex_attention's ``score_mod``, or as its ``dense()`` matrix.
+    ``per_batch``: whether that matrix has a batch dimension (what SDPA then keeps
+    for backward, :func:`terms.kept_for_backward`)."""
 
     combine: str
+    per_batch: bool
 
     def dense(self) -> Tensor: ...
 
@@ -98,6 +101,7 @@ class OffsetTable:
     values: Tensor
     tgt_len: int
     combine: str = "add"
+    per_batch = False  # a class attribute: one row per head, for every sentence
 
     def __post_init__(self):
         if self.combine not in COMBINES:

@@ -180,6 +180,7 @@ class RelativeKeyScores:
     query_offset: int
     causal: bool
     combine: str = "add"
+    per_batch = True  # a class attribute: q_i . a^K per sentence
 
     @classmethod
     def of(

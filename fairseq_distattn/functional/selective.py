@@ -114,6 +114,8 @@ def _selectable(key_padding_mask: Optional[Tensor], tgt_len: int, src_len: int, 
     if key_padding_mask is None:
         return (earlier & (keys != 0))[None]
     real = ~key_padding_mask
+    if src_len == 0:
+        return earlier[None] & real[:, None, :]  # [B, Tq, 0]
     first = torch.where(real.any(dim=-1), real.to(torch.int8).argmax(dim=-1), 0)  # [B]
     selectable_keys = real & (keys[None, :] != first[:, None])  # [B, Tk]
     real_queries = real[:, query_offset : query_offset + tgt_len]  # [B, Tq]

@@ -73,9 +73,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import dropout_probs, logit_dtype, scores
-from .flex import check_flex
-from .masking import check_attention_arguments, check_queries_among_keys, position_tensor, relative_distance
+from .attention import attention_op, logit_dtype
+from .masking import check_queries_among_keys, position_tensor, relative_distance
+from .terms import Terms
 
 
 @position_tensor
@@ -138,20 +138,47 @@ def _check_options(attend_current, remainder, tgt_len: int, src_len: int, query_
         check_queries_among_keys(tgt_len, query_offset, src_len, " with remainder=True", why)
 
 
-def stick_breaking_attention(
+def stick_breaking_terms(
     q: Tensor,
     k: Tensor,
-    v: Tensor,
     attend_current: bool = False,
     remainder: bool = True,
     *,
-    key_padding_mask: Optional[Tensor] = None,
-    causal: bool = False,
-    query_offset: int = 0,
-    dropout_p: float = 0.0,
-    need_weights: bool = True,
-    flex: str = "auto",
-) -> Tuple[Tensor, Optional[Tensor]]:
+    key_padding_mask: Optional[Tensor],
+    causal: bool,
+    query_offset: int,
+) -> Terms:
+    """The keys a query breaks its stick over (before its position, or up to it with
+    ``attend_current``) and the stick-breaking process in place of the softmax
+    (:func:`stick_breaking_weights`), whose remaining stick goes to the query's own value
+    with ``remainder`` (not where that position is padding)."""
+    if not causal:
+        raise ValueError(
+            "causal must be True: stick-breaking breaks each query's stick from its nearest earlier key "
+            "backwards, an order only causal attention has (the authors define no bidirectional form)"
+        )
+    tgt_len, src_len = q.size(2), k.size(2)
+    _check_options(attend_current, remainder, tgt_len, src_len, query_offset)
+    own_padding = None
+    if remainder and key_padding_mask is not None:
+        own_padding = key_padding_mask[:, None, query_offset : query_offset + tgt_len]
+
+    def stick_breaking(logits: Tensor, mask: Optional[Tensor], hidden: Optional[Tensor]):
+        visible = None if mask is None else torch.isfinite(mask)
+        if hidden is not None:  # a row with no visible key: the mask leaves it finite, hidden says so
+            visible = ~hidden if visible is None else visible & ~hidden
+        weights, rem = stick_breaking_weights(logits, visible)
+        if not remainder:
+            return weights, None
+        return weights, rem if own_padding is None else rem.masked_fill(own_padding, 0.0)
+
+    allowed = _stick_visibility(tgt_len, src_len, query_offset, attend_current, q.device)
+    return Terms(allowed=allowed, normaliser=stick_breaking)
+
+
+stick_breaking_attention = attention_op(
+    stick_breaking_terms,
+    "stick_breaking_attention",
     """Stick-breaking attention: ``out_i = sum_j A_ij v_j + rem_i v_p`` with the
     weights ``A`` and the remaining stick ``rem`` of :func:`stick_breaking_weights` on
     ``z = q k^T / sqrt(D)`` over the keys before the query's position ``p =
@@ -167,28 +194,8 @@ def stick_breaking_attention(
     (undropped; rows sum to ``1 - rem <= 1``, the remainder not included), None with
     ``need_weights=False``. Attention dropout applies to ``A`` where it multiplies
     ``v``; the remainder term is not dropped. Half inputs: logits and log-space sums
-    in float32, ``out`` and ``probs`` in the input dtype."""
-    check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
-    check_flex(flex)
-    if not causal:
-        raise ValueError(
-            "causal must be True: stick-breaking breaks each query's stick from its nearest earlier key "
-            "backwards, an order only causal attention has (the authors define no bidirectional form)"
-        )
-    tgt_len, src_len = q.size(2), k.size(2)
-    _check_options(attend_current, remainder, tgt_len, src_len, query_offset)
-    visible = _stick_visibility(tgt_len, src_len, query_offset, attend_current, q.device)
-    if key_padding_mask is not None:
-        visible = visible & ~key_padding_mask[:, None, None, :]
-    weights, rem = stick_breaking_weights(scores(q, k), visible)
-    probs = weights.to(q.dtype)
-    out = torch.matmul(dropout_probs(probs, dropout_p), v)
-    if remainder:
-        if key_padding_mask is not None:
-            rem = rem.masked_fill(key_padding_mask[:, None, query_offset : query_offset + tgt_len], 0.0)
-        own_values = v[:, :, query_offset : query_offset + tgt_len]
-        out = out + rem.to(q.dtype)[..., None] * own_values
-    return out, probs if need_weights else None
+    in float32, ``out`` and ``probs`` in the input dtype.""",
+)
 
 
 __all__ = ["stick_breaking_attention", "stick_breaking_weights"]

@@ -12,7 +12,7 @@ declared per mechanism: the paths follow from the kinds of terms (a table read
 by ``j - i`` runs in flex_attention, an additive bias alone in SDPA).
 """
 
-from typing import Callable, FrozenSet, NamedTuple, Optional
+from typing import Callable, FrozenSet, NamedTuple, Optional, Tuple
 
 from torch import Tensor
 
@@ -27,6 +27,9 @@ ScoreMod = Callable[[Tensor, Optional[Tensor]], Tensor]
 WeightMod = Callable[[Tensor, Optional[Tensor], Optional[Tensor]], Tensor]
 # value_term(the (dropped) weights) -> a [B, H, Tq, D] term added to the output
 ValueTerm = Callable[[Tensor], Tensor]
+# normaliser(masked logits, additive mask, hidden rows) -> (weights, the share of each query's own
+# value [B, H, Tq] or None): what replaces the softmax (stick-breaking's weights and remaining stick)
+Normaliser = Callable[[Tensor, Optional[Tensor], Optional[Tensor]], Tuple[Tensor, Optional[Tensor]]]
 
 
 class Terms(NamedTuple):
@@ -45,7 +48,14 @@ class Terms(NamedTuple):
     - ``allowed``: a bool ``[Tq, Tk]`` visibility the masks add (a direction);
     - ``query``, ``key``, ``value``: the call's tensors replaced (Transformer-XL's
       ``q + u``, QVI's query-aware values); replacements in float32 for half inputs are
-      attended with autocast off, and the output rounded back once.
+      attended with autocast off, and the output rounded back once;
+    - ``logits``: the scaled logits themselves ``[B, H, Tq, Tk]`` in the logit dtype, in
+      place of ``q k^T / sqrt(D)`` (PaTH's, which transform the queries per key);
+    - ``normaliser``: what replaces the softmax (:data:`Normaliser`: stick-breaking), with
+      the share of the mass it leaves on each query's own value (the key at the query's
+      position, ``query_offset + i``).
+
+    The last two run on the eager path only.
     """
 
     bias: Optional[Tensor] = None
@@ -58,6 +68,8 @@ class Terms(NamedTuple):
     query: Optional[Tensor] = None
     key: Optional[Tensor] = None
     value: Optional[Tensor] = None
+    logits: Optional[Tensor] = None
+    normaliser: Optional[Normaliser] = None
 
 
 PLAIN = Terms()
@@ -72,8 +84,10 @@ def candidate_paths(terms: Terms) -> FrozenSet[Path]:
     weight modification, and a value term only if it can be rebuilt from flex's
     log-sum-exp) or a soft window alone; SDPA for an additive bias alone (a table that
     combines by addition is one), and its causal kernel where there is neither a bias
-    nor ``allowed``."""
+    nor ``allowed``. Logits or a normaliser of their own run eager only."""
     paths = {Path.EAGER}
+    if terms.logits is not None or terms.normaliser is not None:
+        return frozenset(paths)
     table = terms.offset_table
     modifies = terms.score_mod is not None or terms.weight_mod is not None
     if table is not None and not modifies and terms.window is None:
@@ -105,7 +119,9 @@ def kept_for_backward(terms: Terms, path: Path) -> Keeps:
         return Keeps.NOTHING if terms.window is None else Keeps.PER_BATCH
     if terms.bias is not None:
         return Keeps.PER_BATCH if _per_batch(terms.bias) else Keeps.BIAS
-    return Keeps.NOTHING if terms.offset_table is None else Keeps.BIAS
+    if terms.offset_table is None:
+        return Keeps.NOTHING
+    return Keeps.PER_BATCH if terms.offset_table.per_batch else Keeps.BIAS
 
 
 def recomputes_in_row_blocks(call: Call, terms: Callable[[], Terms], row_wise: bool) -> bool:

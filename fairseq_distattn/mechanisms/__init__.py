@@ -18,11 +18,13 @@ for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
         importlib.import_module(f"{__name__}.{_module}")
 
 
-def build_mechanism(name: str, num_heads: int, head_dim: int, options, stack: "Stack | None" = None) -> Mechanism:
+def build_mechanism(
+    name: str, num_heads: int, head_dim: int, options, stack: "Stack | None" = None, causal: "bool | None" = None
+) -> Mechanism:
     """The module of mechanism ``name``, given its own options dataclass out of
     ``options``, the model-wide :class:`fairseq_distattn.spec.AttentionOptions`."""
     info = REGISTRY[name]
-    return info.module(MechanismConfig(name, num_heads, head_dim, info.own_options(options), stack))
+    return info.module(MechanismConfig(name, num_heads, head_dim, info.own_options(options), stack, causal))
 
 
 __all__ = ["Mechanism", "MechanismConfig", "Stack", "build_mechanism"]

@@ -45,6 +45,8 @@ class MechanismConfig:
     options: Any  # its own options dataclass (MechanismInfo.options), or None
     # the layer's stack (None: a lone attention module, which shares nothing)
     stack: Optional[Stack] = field(default=None, compare=False, hash=False, repr=False)
+    # whether the layer is causal (decoder self-attention); None: either (a lone module, an example call)
+    causal: Optional[bool] = None
 
 
 @dataclass(frozen=True)
@@ -163,6 +165,12 @@ class Mechanism(nn.Module):
 
         return recomputes_in_row_blocks(call, empty_block_terms, self.info.row_wise)
 
+    def inputs_from_layer(self, x: Tensor) -> Dict[str, Tensor]:
+        """The per-position inputs the mechanism makes from the layer's key-side input ``x``
+        ``[T, B, E]`` (its registration's ``layer_inputs``, each ``[B, H, T, W]``), which the
+        attention module caches with the keys: by default none."""
+        return {}
+
     def encode_positions(
         self,
         queries: Dict[str, Tensor],
@@ -186,14 +194,14 @@ class Mechanism(nn.Module):
         return parameter_values(self, self.config.num_heads)
 
     def op_arguments(
-        self, queries: Dict[str, Tensor], keys: Dict[str, Tensor], causal: bool
+        self, queries: Dict[str, Tensor], keys: Dict[str, Tensor], options: CallOptions
     ) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
-        """What this layer hands its registered op after ``q, k, v`` for one call: the
-        positional arguments (its parameters, its extra projections out of ``queries`` and
-        ``keys``) and its own keyword arguments (its options); the call's
-        (:class:`~fairseq_distattn.functional.paths.CallOptions`) come with the call. Tests
-        and benchmarks call the op with it, as the model does. By default none: the op
-        needs nothing but the tensors."""
+        """What this layer hands its registered op after ``q, k, v`` for a call with
+        ``options`` (:class:`~fairseq_distattn.functional.paths.CallOptions`, which come
+        with the call): the positional arguments (its parameters, its extra projections
+        out of ``queries`` and ``keys``, what it makes of them for the call) and its own
+        keyword arguments (its options). Tests and benchmarks call the op with it, as the
+        model does. By default none: the op needs nothing but the tensors."""
         return (), {}
 
     def terms(
@@ -208,7 +216,7 @@ class Mechanism(nn.Module):
         call's tensors and :meth:`op_arguments`. ``cache`` is the layer's incremental state
         (batch-first tensors), or None. A mechanism overrides this only where it must, and
         says why in ``overrides_terms_because``."""
-        positional, own = self.op_arguments(queries, keys, options.causal)
+        positional, own = self.op_arguments(queries, keys, options)
         return self.info.op.terms(queries["query"], keys["key"], keys["value"], positional, own, options)
 
     def forward(

@@ -95,7 +95,7 @@ class Cope(Mechanism):
             "cope-positions", "CoPE contextual positions p_ij = sum_{t=j..i} g_it", positions[0].double().cpu()
         )
 
-    def op_arguments(self, queries, keys, causal):
+    def op_arguments(self, queries, keys, options):
         return (self.position_embeddings,), {}
 
     def example_distribution(self, name):

@@ -107,7 +107,7 @@ class DifferentiableWindow(Mechanism):
         ]
         return SoftWindow(*pointers, mask.double(), "eq. 11" if self.segment_size else "eq. 9")
 
-    def op_arguments(self, queries, keys, causal):
+    def op_arguments(self, queries, keys, options):
         local = (queries["local_query"], keys["local_key"]) if self.additive else ()
         pointers = (queries["left_query"], keys["left_key"], queries["right_query"], keys["right_key"])
         return (*pointers, *local), {"segment_size": self.segment_size, "expected": self.expected_mask}

@@ -135,7 +135,7 @@ class DistanceAware(Mechanism):
             values = self.coefficients(tgt_len, src_len).double().cpu()
         return PositionTerm("da-coefficients", "DA coefficients f(w |i-j|) (eq. 5 or its sec. 4.3 mapping)", values)
 
-    def op_arguments(self, queries, keys, causal):
+    def op_arguments(self, queries, keys, options):
         return (self.distance_weight, self.sharpness), {"adjusting": self.adjusting, **self._mapping_arguments()}
 
     # the parameters' start, w = v = 0 (and k = b = 1), is f = 1 at every distance: values that weigh them

@@ -90,6 +90,6 @@ class DistanceMask(Mechanism):
         options = self.config.options
         return f"alpha={options.distance_mask_alpha}, direction={options.distance_mask_direction or 'none'}"
 
-    def op_arguments(self, queries, keys, causal):
+    def op_arguments(self, queries, keys, options):
         options = self.config.options
         return (options.distance_mask_alpha,), {"direction": options.distance_mask_direction}

@@ -127,7 +127,7 @@ class Fire(Mechanism):
             bias = fire_bias(*arguments, tgt_len, src_len)[0]
         return PositionTerm("fire-bias", "FIRE bias f(psi(i-j) / psi(max(L, i)))", bias)
 
-    def op_arguments(self, queries, keys, causal):
+    def op_arguments(self, queries, keys, options):
         return tuple(self._arguments()), {}
 
     def example_distribution(self, name):

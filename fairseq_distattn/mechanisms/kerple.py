@@ -141,7 +141,7 @@ class Kerple(Mechanism):
         equation = "-r1 log(1 + r2 |i-j|)" if self.kernel == "log" else "-r1 |i-j|^r2"
         return PositionTerm(f"kerple-{self.kernel}-bias", f"KERPLE {self.kernel} kernel {equation}", bias)
 
-    def op_arguments(self, queries, keys, causal):
+    def op_arguments(self, queries, keys, options):
         return (self.scale, self.r2), {"kernel": self.kernel}
 
     def example_distribution(self, name):

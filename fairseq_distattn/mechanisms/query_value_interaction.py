@@ -70,7 +70,7 @@ class QueryValueInteraction(Mechanism):
         interaction = "" if self.interaction == "gated" else f", interaction={self.interaction}"
         return f"heads={self.config.num_heads}, head_dim={self.config.head_dim}{interaction}"
 
-    def op_arguments(self, queries, keys, causal):
+    def op_arguments(self, queries, keys, options):
         return (self.value_projection, self.gate_weight, self.gate_bias), {"interaction": self.interaction}
 
     def example_distribution(self, name):

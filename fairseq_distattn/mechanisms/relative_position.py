@@ -118,5 +118,5 @@ class RelativePosition(Mechanism):
             if table is not None
         ]
 
-    def op_arguments(self, queries, keys, causal):
+    def op_arguments(self, queries, keys, options):
         return (self.relative_keys, self.relative_values, self.config.options.max_relative_position), {}

@@ -298,7 +298,7 @@ class Rotary(Mechanism):
         "the op's rotation is done, and nothing is left to add"
     )
 
-    def op_arguments(self, queries, keys, causal):
+    def op_arguments(self, queries, keys, options):
         return (), dict(self.arguments)
 
     def terms(self, queries, keys, options, cache=None):

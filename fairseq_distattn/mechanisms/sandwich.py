@@ -75,5 +75,5 @@ class Sandwich(Mechanism):
         bias = sandwich_bias(tgt_len, src_len, self.config.num_heads, self.dim, 0, "cpu", torch.float64)
         return PositionTerm("sandwich-bias", "Sandwich bias (p_i . p_j - d/2) / (n 8/H)", bias)
 
-    def op_arguments(self, queries, keys, causal):
+    def op_arguments(self, queries, keys, options):
         return (self.dim,), {}

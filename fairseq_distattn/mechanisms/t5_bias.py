@@ -137,11 +137,11 @@ class T5Bias(Mechanism):
         bias = t5_relative_bias(table, tgt_len, src_len, self.max_distance, not causal)
         return PositionTerm("t5-bias", "T5 relative attention bias b_h(bucket(j - i))", bias)
 
-    def op_arguments(self, queries, keys, causal):
+    def op_arguments(self, queries, keys, options):
         # T5: bidirectional buckets in the encoder, unidirectional in the (causal) decoder
         table = self.relative_attention_bias
-        if not causal and table.size(0) % 2:
+        if not options.causal and table.size(0) % 2:
             # an encoder trained with an odd count before --t5-bias-buckets refused one: T5's buckets never
             # read its last row, which the op refuses to be handed; the rows before it give the same bias
             table = table[:-1]
-        return (table,), {"max_distance": self.max_distance, "bidirectional": not causal}
+        return (table,), {"max_distance": self.max_distance, "bidirectional": not options.causal}

@@ -98,7 +98,7 @@ class TransformerXL(Mechanism):
             scores = relative_position_scores(query, weight, bias, src_len, 0, head_dim**-0.5)[0]
         return PositionTerm("transformer-xl-v-term", "Transformer-XL term (d) v W_R R_{i-j} / sqrt(d)", scores)
 
-    def op_arguments(self, queries, keys, causal):
+    def op_arguments(self, queries, keys, options):
         return (self.relative_projection.weight, self.content_bias, self.position_bias), {}
 
     def example_distribution(self, name):

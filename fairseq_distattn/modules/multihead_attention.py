@@ -63,7 +63,7 @@ class MechanismMultiheadAttention(MultiheadAttention):
         )
         self.causal = causal
         # stack: the layers of this attention kind, across which a mechanism may share parameters
-        self.mechanism = build_mechanism(mechanism, num_heads, self.head_dim, options, stack)
+        self.mechanism = build_mechanism(mechanism, num_heads, self.head_dim, options, stack, causal)
         # the attention module's own options (the mechanism gets only its own options dataclass)
         self.attention_flex = options.module.attention_flex
         self.recompute_length = options.module.attention_recompute_length
@@ -93,6 +93,7 @@ class MechanismMultiheadAttention(MultiheadAttention):
     def _project_keys(self, key: Tensor, value: Tensor) -> Dict[str, Tensor]:
         keys = {"key": self._heads(self.k_proj(key)), "value": self._heads(self.v_proj(value))}
         keys.update((name, self._heads(proj(key))) for name, proj in self.extra_key_proj.items())
+        keys.update(self.mechanism.inputs_from_layer(key))
         return keys
 
     def forward(
@@ -214,4 +215,5 @@ class MechanismMultiheadAttention(MultiheadAttention):
         return torch.cat(outputs, dim=2), torch.cat(weights, dim=2) if options.need_weights else None
 
     def _is_cached_key(self, name: str) -> bool:
-        return name.startswith("prev_") and name[len("prev_") :] in ("key", "value") + tuple(self.extra_key_proj)
+        cached = ("key", "value", *self.extra_key_proj, *self.mechanism.info.layer_inputs)
+        return name.startswith("prev_") and name[len("prev_") :] in cached

@@ -89,21 +89,38 @@ class ExampleCall:
     are the ops'. Returns
     ``(out [B,H,Tq,D], probs [B,H,Tq,Tk] or None)``."""
 
-    def __init__(self, mechanism: Mechanism, queries: Dict[str, Tensor], keys: Dict[str, Tensor]):
-        self.mechanism, self.queries, self.keys = mechanism, queries, keys
+    def __init__(
+        self,
+        mechanism: Mechanism,
+        queries: Dict[str, Tensor],
+        keys: Dict[str, Tensor],
+        layer_input: Optional[Tensor] = None,
+    ):
+        self.mechanism, self.queries, self.keys, self.layer_input = mechanism, queries, keys, layer_input
+
+    def all_keys(self) -> Dict[str, Tensor]:
+        """The keys with what the mechanism makes of the layer input (its ``layer_inputs``), made anew."""
+        if self.layer_input is None:
+            return self.keys
+        return {**self.keys, **self.mechanism.inputs_from_layer(self.layer_input)}
 
     def __call__(self, **options) -> Tuple[Tensor, Optional[Tensor]]:
-        """The call with ``options``, the ops' keyword arguments (:data:`paths.OP_OPTIONS`)."""
+        """The call with ``options``, the ops' keyword arguments (:data:`paths.OP_OPTIONS`); a
+        mechanism defined for causal attention only (no encoder self-attention form) is
+        called causal whatever ``causal`` says, as every layer of it is."""
+        if self.mechanism.info.causal_only:
+            options = {**options, "causal": True}
         key_padding_mask, query_offset = options.get("key_padding_mask"), options.get("query_offset", 0)
-        queries, keys = self.mechanism.encode_positions(self.queries, self.keys, key_padding_mask, query_offset)
+        queries, keys = self.mechanism.encode_positions(self.queries, self.all_keys(), key_padding_mask, query_offset)
         return self.mechanism(queries, keys, CallOptions(**options))
 
 
 def example_call(info: MechanismInfo, draw: ExampleDraw, options=None) -> ExampleCall:
     """Mechanism ``info``'s module, built with ``options`` (its options dataclass; None:
     the defaults) made runnable on ``draw``'s lengths (:class:`.inspectable.HasExampleOptions`),
-    ``draw.heads`` heads of ``draw.head_dim``, and q, k, v, its extra projections and its
-    parameters drawn by ``draw``, in that order."""
+    ``draw.heads`` heads of ``draw.head_dim``, and q, k, v, its extra projections, its
+    parameters and (for a mechanism with ``layer_inputs``) a layer input ``[Tk, B, H * D]``
+    drawn by ``draw``, in that order."""
     options = example_options(info.module, info.default_options() if options is None else options, draw.src_len)
     # building initialises parameters from the global generator, which the draws never touch
     with torch.random.fork_rng(devices=[]):
@@ -116,4 +133,5 @@ def example_call(info: MechanismInfo, draw: ExampleDraw, options=None) -> Exampl
         values = draw(*parameter.shape, **example_distribution(mechanism, name))
         owner, _, attribute = name.rpartition(".")
         setattr(mechanism.get_submodule(owner), attribute, draw.parameter(values))
-    return ExampleCall(mechanism, queries, keys)
+    layer_input = draw(draw.src_len, draw.batch, draw.heads * draw.head_dim) if info.layer_inputs else None
+    return ExampleCall(mechanism, queries, keys, layer_input)

@@ -30,8 +30,8 @@ def example_terms(info: MechanismInfo, options=None) -> Terms:
     padding = torch.zeros(2, 4, dtype=torch.bool)
     padding[1, -1] = True
     with torch.no_grad():
-        queries, keys = call.mechanism.encode_positions(call.queries, call.keys, padding, 0)
-        return call.mechanism.terms(queries, keys, CallOptions(padding, need_weights=False))
+        queries, keys = call.mechanism.encode_positions(call.queries, call.all_keys(), padding, 0)
+        return call.mechanism.terms(queries, keys, CallOptions(padding, info.causal_only, need_weights=False))
 
 
 def layer_terms(mechanism: Mechanism) -> Terms:
@@ -44,11 +44,14 @@ def layer_terms(mechanism: Mechanism) -> Terms:
         torch.manual_seed(0)
         queries = {name: torch.randn(shape, **like) for name in ("query", *mechanism.extra_queries)}
         keys = {name: torch.randn(shape, **like) for name in ("key", "value", *mechanism.extra_keys)}
+        layer_input = torch.randn(4, 2, shape[1] * shape[3], **like)
     padding = torch.zeros(2, 4, dtype=torch.bool, device=like.get("device"))
     padding[1, -1] = True
     with torch.no_grad():
+        keys.update(mechanism.inputs_from_layer(layer_input))
         queries, keys = mechanism.encode_positions(queries, keys, padding, 0)
-        return mechanism.terms(queries, keys, CallOptions(padding, need_weights=False))
+        causal = mechanism.info.causal_only if mechanism.config.causal is None else mechanism.config.causal
+        return mechanism.terms(queries, keys, CallOptions(padding, causal, need_weights=False))
 
 
 def layer_path(mechanism: Mechanism, call: Call) -> Path:

@@ -54,5 +54,5 @@ class LogDistance(Mechanism):
         bias = log_distance_bias(self.slopes.detach().double().cpu(), tgt_len, src_len)
         return PositionTerm("log-distance-bias", "log-distance bias -s_h log(1 + |i-j|)", bias)
 
-    def op_arguments(self, queries, keys, causal):
+    def op_arguments(self, queries, keys, options):
         return (self.slopes,), {}
