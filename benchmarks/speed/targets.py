@@ -33,12 +33,22 @@ PRESET_TRAIN_TARGETS = [
 WITHOUT_BIAS_TRAIN_TARGET = 0.97
 BIAS_TRAIN_TARGET = 0.95
 MECHANISM_TRAIN_TARGET = 0.90
+# Mechanisms whose target is their own (issue 63): FoX's bias is one cumsum and one subtraction per head
+# beyond a per-sentence bias, and selective attention one head's scores and a cumsum, both on SDPA's or the
+# eager path's arithmetic, so they are held to a bias's target. Stick-breaking (a log-space cumsum per row
+# in place of the softmax), PaTH (a loop over the key positions, the naive form of fla's kernel) and DAPE
+# (an MLP over 2H channels per query-key pair) do O(Tq Tk) work of their own beyond the attention, on the
+# eager path: each is held to the generic target of a mechanism that builds per-query tensors, and its
+# ratio says what that work costs on this machine.
+OWN_TRAIN_TARGETS = {"fox": BIAS_TRAIN_TARGET, "selective": BIAS_TRAIN_TARGET}
 
 
 def mechanism_train_target(info) -> float:
     from fairseq_distattn.functional.paths import Keeps
     from fairseq_distattn.tools.path_profile import fused_keeps
 
+    if info.name in OWN_TRAIN_TARGETS:
+        return OWN_TRAIN_TARGETS[info.name]
     keeps = fused_keeps(info)
     if keeps is Keeps.NOTHING:
         return WITHOUT_BIAS_TRAIN_TARGET
