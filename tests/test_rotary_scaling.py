@@ -482,3 +482,67 @@ def test_a_bad_argument_raises_a_one_line_value_error_naming_it(function, argume
         function(**{**arguments, name: value})
     message = str(error.value)
     assert message.startswith(f"{name} ") and "\n" not in message, message
+
+
+# --------------------------------------------------------------------------
+# the scalings as the rope mechanism's options (issue 64)
+# --------------------------------------------------------------------------
+
+
+def test_rope_scaling_llama3_and_kept_frequencies_are_the_peer_functions():
+    from fairseq_distattn.functional.rotary import rotary_frequencies
+
+    theta, logit_factor = rotary_frequencies(
+        128, 500000.0, "llama3", 8.0, 8192, low_frequency_factor=1.0, high_frequency_factor=4.0
+    )
+    torch.testing.assert_close(theta, llama3_frequencies(128, 500000.0, 8.0, 1.0, 4.0, 8192), rtol=0, atol=0)
+    assert logit_factor == 1.0
+    kept, _ = rotary_frequencies(64, 10000.0, kept_frequencies=0.25)
+    plain, _ = rotary_frequencies(64, 10000.0)
+    torch.testing.assert_close(kept, partial_frequencies(plain, 0.25), rtol=0, atol=0)
+    assert int((kept > 0).sum()) == 8
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--rope-scaling", "llama3", "--rope-scaling-factor", "4", "--rope-original-length", "3"],
+        ["--rope-kept-frequencies", "0.5"],
+    ],
+    ids=["llama3", "p-rope"],
+)
+def test_rope_language_model_with_the_new_forms_decodes_as_its_full_forward(flags):
+    from .model_helpers import TINY_LM, language_model, random_tokens
+
+    model, d = language_model(extra=[*TINY_LM, "--decoder-self-attention", "rope", *flags])
+    tokens = random_tokens(d, 3, 7, seed=3)
+    full = model(tokens)[0]
+    state = {}
+    steps = [model.decoder(tokens[:, : t + 1], incremental_state=state)[0][:, -1] for t in range(tokens.size(1))]
+    torch.testing.assert_close(torch.stack(steps, dim=1), full, rtol=1e-5, atol=1e-6)
+    plain, _ = language_model(extra=[*TINY_LM, "--decoder-self-attention", "rope"])
+    plain.load_state_dict(model.state_dict())
+    assert not torch.allclose(plain(tokens)[0], full), "the option changes what the model computes"
+
+
+@pytest.mark.parametrize(
+    "flags, flag",
+    [
+        (["--rope-scaling", "llama3", "--rope-scaling-factor", "8"], "--rope-original-length"),
+        (["--rope-low-frequency-factor", "2"], "--rope-low-frequency-factor"),
+        (
+            ["--rope-scaling", "llama3", "--rope-scaling-factor", "8", "--rope-original-length", "64"]
+            + ["--rope-high-frequency-factor", "0.5"],
+            "--rope-high-frequency-factor",
+        ),
+        (["--rope-kept-frequencies", "1.5"], "--rope-kept-frequencies"),
+    ],
+)
+def test_rope_scaling_flags_are_refused_in_one_line_naming_the_flag(flags, flag, capsys):
+    from .model_helpers import TINY_LM, language_model
+
+    with pytest.raises(SystemExit) as exit_status:
+        language_model(extra=[*TINY_LM, "--decoder-self-attention", "rope", *flags])
+    assert exit_status.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error: argument" in line]
+    assert len(errors) == 1 and f"error: argument {flag}: invalid value" in errors[0], errors

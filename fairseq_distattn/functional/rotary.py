@@ -104,13 +104,18 @@ from torch import Tensor
 from ..registry import FLOAT32_MAX, SpecError, finite_number, is_integer
 from .attention import attention_op
 from .masking import position_tensor, sequence_positions
+from .rotary_scaling import llama3_frequencies, partial_frequencies
 from .terms import Terms
 
 ROPE_BASE = 10000.0
 XPOS_GAMMA = 0.4
 XPOS_SCALE_BASE = 512.0
-SCALING_MODES = ("none", "linear", "ntk", "yarn", "yarn-paper")
+SCALING_MODES = ("none", "linear", "ntk", "yarn", "yarn-paper", "llama3")
 YARN_MODES = ("yarn", "yarn-paper")
+# the scalings that read the training length (--rope-original-length)
+LENGTH_MODES = (*YARN_MODES, "llama3")
+# Llama 3.1's low and high frequency factors (its published rope_scaling)
+LLAMA3_LOW_FREQUENCY_FACTOR, LLAMA3_HIGH_FREQUENCY_FACTOR = 1.0, 4.0
 YARN_ALPHA, YARN_BETA = 1.0, 32.0  # the paper's alpha, beta: its code's beta_slow, beta_fast
 # xPos's smallest per-pair scale zeta_0 = gamma / (1 + gamma) = 2/7, whose powers are the extreme factors
 XPOS_ZETA_MIN = XPOS_GAMMA / (1 + XPOS_GAMMA)
@@ -209,20 +214,60 @@ def scaling_combination_problem(
             f"scales nothing with {_named(names, 'scaling', 'none')}",
             f"1 (the default), or name a {_named(names, 'scaling')} mode",
         )
-    yarn = scaling in YARN_MODES
-    if yarn and original_length < 1:
+    reads_length = scaling in LENGTH_MODES
+    if reads_length and original_length < 1:
         return RotaryProblem(
             "original_length",
             original_length,
-            f"{_named(names, 'scaling', scaling)} ramps its interpolation by the training length, which must be given",
+            f"{_named(names, 'scaling', scaling)} scales the frequencies by the training length, which must be given",
             "the length in tokens the model was trained on (--tokens-per-sample of its training)",
         )
-    if not yarn and original_length:
+    if not reads_length and original_length:
         return RotaryProblem(
             "original_length",
             original_length,
-            f"has no effect with {_named(names, 'scaling', scaling)}: only yarn and yarn-paper read it",
-            f"0 (the default), or {_named(names, 'scaling')} yarn or yarn-paper",
+            f"has no effect with {_named(names, 'scaling', scaling)}: only yarn, yarn-paper and llama3 read it",
+            f"0 (the default), or {_named(names, 'scaling')} yarn, yarn-paper or llama3",
+        )
+    return None
+
+
+def frequency_factors_problem(
+    scaling: str, low_frequency_factor, high_frequency_factor, names: Mapping[str, str] = ARGUMENT_NAMES
+) -> Optional[RotaryProblem]:
+    """Llama 3's band edges: numbers 0 < low < high, given other than the defaults only with llama3."""
+    for argument, value in (
+        ("low_frequency_factor", low_frequency_factor),
+        ("high_frequency_factor", high_frequency_factor),
+    ):
+        if not _is_number(value) or not math.isfinite(value) or value <= 0:
+            return RotaryProblem(argument, value, "must be a finite number > 0", "a number > 0")
+    if high_frequency_factor <= low_frequency_factor:
+        return RotaryProblem(
+            "high_frequency_factor",
+            high_frequency_factor,
+            f"must exceed the low frequency factor {low_frequency_factor:g} (the band between them is blended)",
+            f"a number > {low_frequency_factor:g}",
+        )
+    given = (low_frequency_factor, high_frequency_factor) != (LLAMA3_LOW_FREQUENCY_FACTOR, LLAMA3_HIGH_FREQUENCY_FACTOR)
+    if given and scaling != "llama3":
+        return RotaryProblem(
+            "low_frequency_factor",
+            low_frequency_factor,
+            f"has no effect with {_named(names, 'scaling', scaling)}: only llama3 reads the frequency factors",
+            f"the defaults {LLAMA3_LOW_FREQUENCY_FACTOR:g} and {LLAMA3_HIGH_FREQUENCY_FACTOR:g}, or "
+            f"{_named(names, 'scaling')} llama3",
+        )
+    return None
+
+
+def kept_frequencies_problem(kept_frequencies) -> Optional[RotaryProblem]:
+    if not _is_number(kept_frequencies) or not 0 <= kept_frequencies <= 1:
+        return RotaryProblem(
+            "kept_frequencies",
+            kept_frequencies,
+            "must be the share of the frequencies kept, 0 <= p <= 1 (p-RoPE: the lowest ones are removed)",
+            "a number 0 <= p <= 1 (1: RoPE, 0: NoPE)",
         )
     return None
 
@@ -286,7 +331,7 @@ def xpos_range_problem(
 
 @functools.lru_cache(maxsize=256, typed=True)
 def _configuration_problem(
-    base, fraction, scaling, scaling_factor, original_length, xpos_scale_base, xpos_centre, head_dim
+    base, fraction, scaling, scaling_factor, original_length, low, high, kept, xpos_scale_base, xpos_centre, head_dim
 ):
     for problem in (
         base_problem(base),
@@ -294,10 +339,13 @@ def _configuration_problem(
         scaling_problem(scaling),
         scaling_factor_problem(scaling_factor),
         original_length_problem(original_length),
+        kept_frequencies_problem(kept),
     ):
         if problem is not None:
             return problem
     problem = scaling_combination_problem(scaling, scaling_factor, original_length)
+    if problem is None and scaling in SCALING_MODES:
+        problem = frequency_factors_problem(scaling, low, high)
     if problem is None and xpos_scale_base is not None:
         problem = xpos_scale_base_problem(xpos_scale_base)
         if problem is None and (not _is_number(xpos_centre) or not math.isfinite(xpos_centre)):
@@ -314,20 +362,32 @@ def check_rotary_arguments(
     scaling="none",
     scaling_factor=1.0,
     original_length=0,
+    low_frequency_factor=LLAMA3_LOW_FREQUENCY_FACTOR,
+    high_frequency_factor=LLAMA3_HIGH_FREQUENCY_FACTOR,
+    kept_frequencies=1.0,
     xpos_scale_base=None,
     xpos_centre=0.0,
 ) -> None:
     """Raise a ValueError naming the argument for what the command line refuses (the same
     predicates), and for an xPos scale base or centre whose factors leave float32 on
     ``positions`` positions (:func:`xpos_range_problem`)."""
+    arguments = (
+        base,
+        fraction,
+        scaling,
+        scaling_factor,
+        original_length,
+        low_frequency_factor,
+        high_frequency_factor,
+        kept_frequencies,
+        xpos_scale_base,
+        xpos_centre,
+        head_dim,
+    )
     try:
-        problem = _configuration_problem(
-            base, fraction, scaling, scaling_factor, original_length, xpos_scale_base, xpos_centre, head_dim
-        )
+        problem = _configuration_problem(*arguments)
     except TypeError:  # an unhashable value: checked uncached
-        problem = _configuration_problem.__wrapped__(
-            base, fraction, scaling, scaling_factor, original_length, xpos_scale_base, xpos_centre, head_dim
-        )
+        problem = _configuration_problem.__wrapped__(*arguments)
     if problem is None and xpos_scale_base is not None:
         problem = xpos_range_problem(float(xpos_scale_base), positions, float(xpos_centre))
     if problem is not None:
@@ -380,13 +440,20 @@ def rotary_frequencies(
     scaling_factor: float = 1.0,
     original_length: int = 0,
     *,
+    low_frequency_factor: float = LLAMA3_LOW_FREQUENCY_FACTOR,
+    high_frequency_factor: float = LLAMA3_HIGH_FREQUENCY_FACTOR,
+    kept_frequencies: float = 1.0,
     device=None,
     dtype: torch.dtype = torch.float64,
 ) -> Tuple[Tensor, float]:
     """``(theta [dims/2], logit_factor)``: each pair's angle per position after
     ``scaling`` (one of :data:`SCALING_MODES`, by ``scaling_factor`` s >= 1;
-    ``yarn`` needs ``original_length``, the training length L), and the factor
-    every logit is multiplied by (YaRN's ``1/t``, else 1)."""
+    ``yarn`` and ``llama3`` need ``original_length``, the training length L;
+    ``llama3`` blends between its ``low_frequency_factor`` and ``high_frequency_factor``
+    bands, :func:`rotary_scaling.llama3_frequencies`) with only the highest
+    ``kept_frequencies`` share of them kept (p-RoPE,
+    :func:`rotary_scaling.partial_frequencies`), and the factor every logit is
+    multiplied by (YaRN's ``1/t``, else 1)."""
     if dims < 2 or dims % 2:
         raise ValueError(f"the rotated dimensions must be an even number >= 2, got {dims}")
     for problem in (base_problem(base), scaling_problem(scaling), scaling_factor_problem(scaling_factor)):
@@ -403,6 +470,12 @@ def rotary_frequencies(
             raise ValueError(f"yarn scaling needs the training length original_length >= 1, got {original_length!r}")
         interpolated = _yarn_interpolated_share(theta, dims, float(base), scaling, original_length)
         theta = interpolated * theta / scaling_factor + (1 - interpolated) * theta
+    elif scaling == "llama3":
+        theta = llama3_frequencies(
+            dims, base, scaling_factor, low_frequency_factor, high_frequency_factor, original_length, device=device
+        )
+    if kept_frequencies != 1.0:
+        theta = partial_frequencies(theta, kept_frequencies)
     return theta.to(dtype), yarn_logit_factor(scaling, scaling_factor)
 
 
@@ -449,11 +522,22 @@ def rotate(
     return apply_turns(x, turns(positions, theta.to(compute), scale, centre))
 
 
-def _rotation(dims, base, scaling, scaling_factor, original_length, xpos_scale_base, xpos_centre, device, compute):
+def _rotation(
+    dims, base, scaling, scaling_factor, original_length, low, high, kept, xpos_scale_base, xpos_centre, device, compute
+):
     """(theta, logit factor, query log-scale, key log-scale) of one configuration (``xpos_centre``
     is read by :func:`_unpadded_turns`)."""
     theta, logit_factor = rotary_frequencies(
-        dims, base, scaling, scaling_factor, original_length, device=device, dtype=compute
+        dims,
+        base,
+        scaling,
+        scaling_factor,
+        original_length,
+        low_frequency_factor=low,
+        high_frequency_factor=high,
+        kept_frequencies=kept,
+        device=device,
+        dtype=compute,
     )
     if xpos_scale_base is None:
         return theta, logit_factor, None, None
@@ -478,6 +562,9 @@ def rotary_query_key(
     scaling: str = "none",
     scaling_factor: float = 1.0,
     original_length: int = 0,
+    low_frequency_factor: float = LLAMA3_LOW_FREQUENCY_FACTOR,
+    high_frequency_factor: float = LLAMA3_HIGH_FREQUENCY_FACTOR,
+    kept_frequencies: float = 1.0,
     xpos_scale_base: Optional[float] = None,
     xpos_centre: float = 0.0,
     key_padding_mask: Optional[Tensor] = None,
@@ -504,6 +591,9 @@ def rotary_query_key(
         scaling=scaling,
         scaling_factor=scaling_factor,
         original_length=original_length,
+        low_frequency_factor=low_frequency_factor,
+        high_frequency_factor=high_frequency_factor,
+        kept_frequencies=kept_frequencies,
         xpos_scale_base=xpos_scale_base,
         xpos_centre=xpos_centre,
     )
@@ -514,6 +604,9 @@ def rotary_query_key(
         scaling,
         float(scaling_factor),
         int(original_length),
+        float(low_frequency_factor),
+        float(high_frequency_factor),
+        float(kept_frequencies),
         None if xpos_scale_base is None else float(xpos_scale_base),
         0.0 if xpos_scale_base is None else float(xpos_centre),
     )
@@ -551,6 +644,9 @@ def rotary_terms(
     scaling: str = "none",
     scaling_factor: float = 1.0,
     original_length: int = 0,
+    low_frequency_factor: float = LLAMA3_LOW_FREQUENCY_FACTOR,
+    high_frequency_factor: float = LLAMA3_HIGH_FREQUENCY_FACTOR,
+    kept_frequencies: float = 1.0,
     xpos_scale_base: Optional[float] = None,
     xpos_centre: Optional[float] = None,
     key_padding_mask: Optional[Tensor],
@@ -567,6 +663,9 @@ def rotary_terms(
         scaling=scaling,
         scaling_factor=scaling_factor,
         original_length=original_length,
+        low_frequency_factor=low_frequency_factor,
+        high_frequency_factor=high_frequency_factor,
+        kept_frequencies=kept_frequencies,
         xpos_scale_base=xpos_scale_base,
         xpos_centre=xpos_centre,
         key_padding_mask=key_padding_mask,

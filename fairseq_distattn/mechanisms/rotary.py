@@ -10,12 +10,16 @@ from typing import List, Optional
 import torch
 
 from ..functional.rotary import (
+    LENGTH_MODES,
+    LLAMA3_HIGH_FREQUENCY_FACTOR,
+    LLAMA3_LOW_FREQUENCY_FACTOR,
     ROPE_BASE,
     SCALING_MODES,
     XPOS_SCALE_BASE,
-    YARN_MODES,
     base_problem,
     fraction_problem,
+    frequency_factors_problem,
+    kept_frequencies_problem,
     original_length_problem,
     rotary_attention,
     rotary_dims,
@@ -49,6 +53,9 @@ ROTARY_FLAGS = {
     "scaling": "--rope-scaling",
     "scaling_factor": "--rope-scaling-factor",
     "original_length": "--rope-original-length",
+    "low_frequency_factor": "--rope-low-frequency-factor",
+    "high_frequency_factor": "--rope-high-frequency-factor",
+    "kept_frequencies": "--rope-kept-frequencies",
     "xpos_scale_base": "--xpos-scale-base",
 }
 
@@ -101,7 +108,10 @@ class RotaryOptions:
         "compute it: interpolation ramped over the pair index between the correction dimensions of 32 and 1 "
         "rotations over --rope-original-length, and the rotated dimensions' share of each logit times "
         "(0.1 ln s + 1)^2), yarn-paper (the paper's formulas: the ramp continuous in the wavelength, the whole "
-        "logit times (0.1 ln s + 1)^2) (default: {default})",
+        "logit times (0.1 ln s + 1)^2), llama3 (Llama 3.1's, as Hugging Face's rope_type='llama3' and "
+        "torchtune's Llama3ScaledRoPE compute it: wavelengths above --rope-original-length / "
+        "--rope-low-frequency-factor divided by s, below it / --rope-high-frequency-factor kept, blended "
+        "between) (default: {default})",
         convert=_checked(scaling_problem, str),
         choices=SCALING_MODES,
         role=EVALUATION,
@@ -119,11 +129,42 @@ class RotaryOptions:
     rope_original_length: int = option(
         0,
         "--rope-original-length",
-        "rope, xpos: the training length L in tokens, which --rope-scaling yarn and yarn-paper ramp their "
-        "interpolation by, and which nothing else reads (default: {default}, unset)",
+        "rope, xpos: the training length L in tokens, which --rope-scaling yarn, yarn-paper and llama3 scale "
+        "the frequencies by, and which nothing else reads (default: {default}, unset)",
         convert=_checked(original_length_problem, int),
         type=int,
         metavar="L",
+        role=EVALUATION,
+    )
+    rope_low_frequency_factor: float = option(
+        LLAMA3_LOW_FREQUENCY_FACTOR,
+        "--rope-low-frequency-factor",
+        "rope, xpos: --rope-scaling llama3's low_freq_factor: wavelengths beyond L / this are divided by s "
+        "(default: {default:g}, Llama 3.1's)",
+        convert=lambda value, context: float(value),
+        type=float,
+        metavar="F",
+        role=EVALUATION,
+    )
+    rope_high_frequency_factor: float = option(
+        LLAMA3_HIGH_FREQUENCY_FACTOR,
+        "--rope-high-frequency-factor",
+        "rope, xpos: --rope-scaling llama3's high_freq_factor: wavelengths below L / this keep their frequency "
+        "(default: {default:g}, Llama 3.1's)",
+        convert=lambda value, context: float(value),
+        type=float,
+        metavar="F",
+        role=EVALUATION,
+    )
+    rope_kept_frequencies: float = option(
+        1.0,
+        "--rope-kept-frequencies",
+        "rope, xpos: p-RoPE (Barbero et al. 2025), the share p of the rotation frequencies kept, the highest; "
+        "the lowest are removed (those pairs are not rotated), as Google DeepMind's gemma rope_proportion "
+        "counts them, int(p d/2) of the d/2 pairs (default: {default:g}, every frequency: RoPE; 0: NoPE)",
+        convert=_checked(kept_frequencies_problem, float),
+        type=float,
+        metavar="P",
         role=EVALUATION,
     )
     xpos_scale_base: float = option(
@@ -145,6 +186,9 @@ def _op_arguments(options, xpos: bool):
         scaling=options.rope_scaling,
         scaling_factor=options.rope_scaling_factor,
         original_length=options.rope_original_length,
+        low_frequency_factor=options.rope_low_frequency_factor,
+        high_frequency_factor=options.rope_high_frequency_factor,
+        kept_frequencies=options.rope_kept_frequencies,
         xpos_scale_base=options.xpos_scale_base if xpos else None,
     )
 
@@ -208,7 +252,8 @@ XPOS_CAUSAL_ONLY = (
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     description="queries and keys rotated pairwise by position times `base^(-2i/d)` (`--rope-base`, "
     "`--rope-fraction` of each head), then the plain fused attention; context-length scaling at evaluation "
-    "(`--rope-scaling linear|ntk|yarn`); positions count from each sentence's first real token",
+    "(`--rope-scaling linear|ntk|yarn|llama3`), p-RoPE (`--rope-kept-frequencies`); positions count from each "
+    "sentence's first real token",
     paper="Su et al. 2021, *RoFormer: Enhanced Transformer with Rotary Position Embedding*",
 )
 class Rotary(Mechanism):
@@ -235,6 +280,14 @@ class Rotary(Mechanism):
                 options.rope_scaling, options.rope_scaling_factor, options.rope_original_length, ROTARY_FLAGS
             )
         )
+        refuse(
+            frequency_factors_problem(
+                options.rope_scaling,
+                options.rope_low_frequency_factor,
+                options.rope_high_frequency_factor,
+                ROTARY_FLAGS,
+            )
+        )
         if kind is None:
             return
         if kind.head_dim:
@@ -258,11 +311,11 @@ class Rotary(Mechanism):
             return options
         # a scaling that scales: by 2 where the options leave it at 1; yarn's training length from half the
         # keys where unset (the other scalings refuse one, as their flags do)
-        yarn = options.rope_scaling in YARN_MODES
+        reads_length = options.rope_scaling in LENGTH_MODES
         return dataclasses.replace(
             options,
             rope_scaling_factor=max(options.rope_scaling_factor, 2.0),
-            rope_original_length=(options.rope_original_length or max(1, src_len // 2)) if yarn else 0,
+            rope_original_length=(options.rope_original_length or max(1, src_len // 2)) if reads_length else 0,
         )
 
     def extra_repr(self) -> str:
@@ -270,6 +323,8 @@ class Rotary(Mechanism):
         text = f"base={self.arguments['base']:g}, rotated {rotated} of {self.config.head_dim} dims per head"
         if self.arguments["scaling"] != "none":
             text += f", {self.arguments['scaling']} scaling x{self.arguments['scaling_factor']:g}"
+        if self.arguments["kept_frequencies"] != 1.0:
+            text += f", p-RoPE keeping {self.arguments['kept_frequencies']:g} of the frequencies"
         if self.xpos:
             text += f", xpos scale_base={self.arguments['xpos_scale_base']:g}"
         return text
