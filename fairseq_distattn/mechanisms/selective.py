@@ -17,6 +17,9 @@ CAUSAL_ONLY = (
     unsupported={ENCODER_SELF_KIND: CAUSAL_ONLY, CROSS_KIND: CAUSAL_ONLY},
     # a row's penalty sums the selections of every earlier query: not row-wise
     row_wise=False,
+    # it changes which earlier tokens a query attends to, not where they are: the paper's models keep their
+    # position encoding beside it, as x-transformers' Attend(selective=True) sits beside any of its encodings
+    keeps_position_embeddings=True,
     description="selective attention: head 0's ReLU scores, summed over the earlier queries, are subtracted "
     "from every head's logits (a token masks the earlier tokens it no longer needs); no parameters",
     paper="Leviathan, Kalman and Matias 2024, *Selective Attention Improves Transformer*",
