@@ -155,6 +155,15 @@ BAD_INPUTS = [
     (MT, ["--rope-scaling", "linear", "--rope-scaling-factor", "0.5"], "--rope-scaling-factor", ["'0.5'"]),
     (MT, ["--rope-scaling", "yarn", "--rope-scaling-factor", "4"], "--rope-original-length", ["'0'"]),
     (MT, ["--rope-original-length", "-1"], "--rope-original-length", ["'-1'"]),
+    (MT, ["--rope-kept-frequencies", "1.5"], "--rope-kept-frequencies", ["'1.5'"]),
+    (MT, ["--rope-low-frequency-factor", "0"], "--rope-low-frequency-factor", ["'0.0'"]),
+    (
+        MT,
+        ["--rope-scaling", "llama3", "--rope-scaling-factor", "8", "--rope-original-length", "64"]
+        + ["--rope-high-frequency-factor", "0.5"],
+        "--rope-high-frequency-factor",
+        ["'0.5'"],
+    ),
     (MT, ["--xpos-scale-base", "0"], "--xpos-scale-base", ["'0.0'"]),
     (MT, ["--encoder-self-attention", "xpos"], "--encoder-self-attention", ["xpos"]),
     (MT, ["--cross-attention", "rope"], "--cross-attention", ["rope"]),
@@ -167,6 +176,22 @@ BAD_INPUTS = [
     (MT, ["--fire-threshold", "0"], "--fire-threshold", ["'0.0'"]),
     (MT, ["--fire-threshold", "inf"], "--fire-threshold", ["inf"]),
     (MT, ["--arch", "transformer", "--fire-shared-layers"], "--fire-shared-layers", ["distattn_transformer"]),
+    # the data-dependent methods: dape's biases, the decoder-only ones' switches
+    (MT, ["--dape-bias", "fire"], "--dape-bias", ["fire"]),
+    (MT, ["--encoder-self-attention", "stick-breaking"], "--encoder-self-attention", ["stick-breaking"]),
+    (
+        MT,
+        ["--arch", "transformer", "--stick-breaking-attend-current"],
+        "--stick-breaking-attend-current",
+        ["distattn_transformer"],
+    ),
+    (
+        MT,
+        ["--arch", "transformer", "--stick-breaking-no-remainder"],
+        "--stick-breaking-no-remainder",
+        ["distattn_transformer"],
+    ),
+    (MT, ["--arch", "transformer", "--path-forget-gate"], "--path-forget-gate", ["distattn_transformer"]),
     # cope (decoder only, a table of positions) and transformer-xl (self-attention only)
     (MT, ["--cope-max-positions", "0"], "--cope-max-positions", ["'0'"]),
     (MT, ["--encoder-self-attention", "cope"], "--encoder-self-attention", ["cope"]),

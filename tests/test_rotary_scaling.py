@@ -529,7 +529,6 @@ def test_rope_language_model_with_the_new_forms_decodes_as_its_full_forward(flag
     "flags, flag",
     [
         (["--rope-scaling", "llama3", "--rope-scaling-factor", "8"], "--rope-original-length"),
-        (["--rope-low-frequency-factor", "2"], "--rope-low-frequency-factor"),
         (
             ["--rope-scaling", "llama3", "--rope-scaling-factor", "8", "--rope-original-length", "64"]
             + ["--rope-high-frequency-factor", "0.5"],

@@ -40,7 +40,9 @@ MECHANISM_TRAIN_TARGET = 0.90
 # (an MLP over 2H channels per query-key pair) do O(Tq Tk) work of their own beyond the attention, on the
 # eager path: each is held to the generic target of a mechanism that builds per-query tensors, and its
 # ratio says what that work costs on this machine.
-OWN_TRAIN_TARGETS = {"fox": BIAS_TRAIN_TARGET, "selective": BIAS_TRAIN_TARGET}
+# QVI's fused path keeps nothing of the [Tq, Tk] size, but its values are an attention of their own
+# (eq. 7's mix of the queries into each value), not a few elementwise passes
+OWN_TRAIN_TARGETS = {"fox": BIAS_TRAIN_TARGET, "selective": BIAS_TRAIN_TARGET, "qvi": MECHANISM_TRAIN_TARGET}
 
 
 def mechanism_train_target(info) -> float:

@@ -235,7 +235,7 @@ def scaling_combination_problem(
 def frequency_factors_problem(
     scaling: str, low_frequency_factor, high_frequency_factor, names: Mapping[str, str] = ARGUMENT_NAMES
 ) -> Optional[RotaryProblem]:
-    """Llama 3's band edges: numbers 0 < low < high, given other than the defaults only with llama3."""
+    """Llama 3's band edges: numbers 0 < low < high (read by llama3 only)."""
     for argument, value in (
         ("low_frequency_factor", low_frequency_factor),
         ("high_frequency_factor", high_frequency_factor),
@@ -248,15 +248,6 @@ def frequency_factors_problem(
             high_frequency_factor,
             f"must exceed the low frequency factor {low_frequency_factor:g} (the band between them is blended)",
             f"a number > {low_frequency_factor:g}",
-        )
-    given = (low_frequency_factor, high_frequency_factor) != (LLAMA3_LOW_FREQUENCY_FACTOR, LLAMA3_HIGH_FREQUENCY_FACTOR)
-    if given and scaling != "llama3":
-        return RotaryProblem(
-            "low_frequency_factor",
-            low_frequency_factor,
-            f"has no effect with {_named(names, 'scaling', scaling)}: only llama3 reads the frequency factors",
-            f"the defaults {LLAMA3_LOW_FREQUENCY_FACTOR:g} and {LLAMA3_HIGH_FREQUENCY_FACTOR:g}, or "
-            f"{_named(names, 'scaling')} llama3",
         )
     return None
 
