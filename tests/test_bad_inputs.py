@@ -164,6 +164,15 @@ BAD_INPUTS = [
         "--rope-high-frequency-factor",
         ["'0.5'"],
     ),
+    (MT, ["--rope-short-factor", "1,1"], "--rope-short-factor", ["only longrope reads it"]),
+    (
+        MT,
+        ["--rope-scaling", "longrope", "--rope-original-length", "64", "--rope-short-factor", "1,1"]
+        + ["--rope-long-factor", "1,x"],
+        "--rope-long-factor",
+        ["numbers separated by commas"],
+    ),
+    (MT, ["--rope-attention-factor", "1.2"], "--rope-attention-factor", ["only longrope reads it"]),
     (MT, ["--xpos-scale-base", "0"], "--xpos-scale-base", ["'0.0'"]),
     (MT, ["--encoder-self-attention", "xpos"], "--encoder-self-attention", ["xpos"]),
     (MT, ["--cross-attention", "rope"], "--cross-attention", ["rope"]),

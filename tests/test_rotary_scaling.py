@@ -545,3 +545,131 @@ def test_rope_scaling_flags_are_refused_in_one_line_naming_the_flag(flags, flag,
     assert exit_status.value.code == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if "error: argument" in line]
     assert len(errors) == 1 and f"error: argument {flag}: invalid value" in errors[0], errors
+
+
+# --------------------------------------------------------------------------
+# --rope-scaling longrope in the rope mechanism and the model (issue 64)
+# --------------------------------------------------------------------------
+
+LONGROPE_FLAGS = [
+    "--rope-scaling",
+    "longrope",
+    "--rope-scaling-factor",
+    "4",
+    "--rope-original-length",
+    "4",
+    "--rope-short-factor",
+    "1.0,1.1,1.3,1.6",
+    "--rope-long-factor",
+    "1.0,2.0,4.0,8.0",
+]
+
+
+@pytest.mark.parametrize("length", [3, 4, 5, 9])
+@pytest.mark.parametrize("partial", [1.0, 0.5])
+def test_rotary_longrope_logits_equal_phi3s_rotary_as_shipped(length, partial):
+    """The rope op's longrope logits are Phi-3's: HF's ``Phi3RotaryEmbedding`` (its factors
+    switching at ``max(position_ids) + 1 > original``, cos and sin times the attention factor)
+    and ``apply_rotary_pos_emb`` on the rotate-half layout, the same queries and keys in
+    neighbouring pairs (the layouts are one rotation, :mod:`fairseq_distattn.functional.rotary`)."""
+    from transformers.models.phi3.modeling_phi3 import apply_rotary_pos_emb
+
+    from fairseq_distattn.functional.rotary import rotary_query_key
+
+    pairs = int(16 * partial) // 2
+    config = phi3_config(partial=partial, pairs=pairs, hidden_size=64, num_attention_heads=4)
+    config.max_position_embeddings, config.original_max_position_embeddings = 16, 4
+    generator = torch.Generator().manual_seed(length)
+    q, k = torch.randn(2, 1, 4, length, 16, generator=generator)
+    cos, sin = Phi3RotaryEmbedding(config)(q, torch.arange(length)[None])
+    rotated = 2 * pairs
+    hf_q, hf_k = apply_rotary_pos_emb(q[..., :rotated], k[..., :rotated], cos, sin)
+    hf_logits = hf_q @ hf_k.transpose(-1, -2) + q[..., rotated:] @ k[..., rotated:].transpose(-1, -2)
+    order = [i // 2 + (pairs if i % 2 else 0) for i in range(rotated)] + list(range(rotated, 16))
+    ours_q, ours_k = rotary_query_key(
+        q[..., order].double(),
+        k[..., order].double(),
+        fraction=partial,
+        scaling="longrope",
+        scaling_factor=4.0,
+        original_length=4,
+        short_factor=SHORT[:pairs],
+        long_factor=LONG[:pairs],
+    )
+    torch.testing.assert_close((ours_q @ ours_k.transpose(-1, -2)).float(), hf_logits, rtol=1e-5, atol=1e-5)
+
+
+def longrope_steps(model, tokens, **decoder_inputs):
+    state = {}
+    return [
+        model.decoder(tokens[:, : t + 1], incremental_state=state, **decoder_inputs)[0][:, -1]
+        for t in range(tokens.size(1))
+    ]
+
+
+def test_longrope_language_model_decodes_across_the_switch_as_each_prefix_forward():
+    """Incremental decoding equals the full forward of each prefix, before and after the
+    switch (4 positions): at the crossing the decoder recomputes its cache, as Phi-3's
+    generate() does; without that the steps after the switch would differ."""
+    from .model_helpers import TINY_LM, language_model, random_tokens
+
+    model, d = language_model(extra=[*TINY_LM, "--decoder-self-attention", "rope", *LONGROPE_FLAGS])
+    assert model.decoder.cache_recompute_lengths == {4}
+    tokens = random_tokens(d, 3, 8, seed=5)
+    prefixes = [model(tokens[:, : t + 1])[0][:, -1] for t in range(tokens.size(1))]
+    torch.testing.assert_close(torch.stack(longrope_steps(model, tokens), 1), torch.stack(prefixes, 1))
+    full = model(tokens)[0]
+    assert not torch.allclose(full[:, 3], prefixes[3]), "the long factors change the first positions too"
+    model.decoder.cache_recompute_lengths = frozenset()  # the cache kept: HF's forward with a cache
+    kept = longrope_steps(model, tokens)
+    torch.testing.assert_close(torch.stack(kept[:4], 1), torch.stack(prefixes[:4], 1))
+    assert not torch.allclose(kept[4], prefixes[4])
+
+
+def test_longrope_translation_decoder_recomputes_its_cache_with_a_beam_reorder():
+    """A translation decoder with rope in its self-attention and fairseq's own cross-attention:
+    the cross-attention's cached keys are refilled too, after a beam reorder."""
+    from .model_helpers import TINY, random_tokens, translation_model
+
+    model, d = translation_model(extra=[*TINY, "--decoder-self-attention", "rope", *LONGROPE_FLAGS])
+    model.decoder.set_beam_size(2)
+    # two sentences x two hypotheses (fairseq's cross-attention keeps one key copy per sentence)
+    src_tokens = random_tokens(d, 2, 6, seed=1).repeat_interleave(2, 0)
+    src_lengths = torch.full((4,), 6)
+    targets = random_tokens(d, 4, 8, seed=2)
+    targets[:, 0] = d.eos()
+    new_order = torch.tensor([1, 1, 3, 2])
+    encoder_out, state, steps = model.encoder(src_tokens, src_lengths), {}, []
+    for step in range(targets.size(1)):
+        if step == 2:
+            encoder_out = model.encoder.reorder_encoder_out(encoder_out, new_order)
+            model.decoder.reorder_incremental_state_scripting(state, new_order)
+            steps = [out[new_order] for out in steps]
+            targets = torch.cat([targets[new_order, :step], targets[:, step:]], dim=1)
+        out = model.decoder(targets[:, : step + 1], encoder_out=encoder_out, incremental_state=state)[0]
+        steps.append(out[:, -1])
+    prefixes = [model(src_tokens, src_lengths, targets[:, : t + 1])[0][:, -1] for t in range(targets.size(1))]
+    torch.testing.assert_close(torch.stack(steps, 1), torch.stack(prefixes, 1))
+
+
+@pytest.mark.parametrize(
+    "flags, flag",
+    [
+        (LONGROPE_FLAGS[:6], "--rope-short-factor"),
+        ([*LONGROPE_FLAGS[:-1], "1,2,4"], "--rope-long-factor"),
+        ([*LONGROPE_FLAGS[:-1], "1,2,x,4"], "--rope-long-factor"),
+        ([*LONGROPE_FLAGS[:-1], "1,2,0,4"], "--rope-long-factor"),
+        ([*LONGROPE_FLAGS, "--rope-attention-factor", "-1"], "--rope-attention-factor"),
+        (["--rope-short-factor", "1,1,1,1"], "--rope-short-factor"),
+        (["--rope-attention-factor", "1.2"], "--rope-attention-factor"),
+        (LONGROPE_FLAGS[:4] + LONGROPE_FLAGS[6:], "--rope-original-length"),
+    ],
+)
+def test_longrope_flags_are_refused_in_one_line_naming_the_flag(flags, flag, capsys):
+    from .model_helpers import TINY_LM, language_model
+
+    with pytest.raises(SystemExit) as exit_status:
+        language_model(extra=[*TINY_LM, "--decoder-self-attention", "rope", *flags])
+    assert exit_status.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error: argument" in line]
+    assert len(errors) == 1 and f"error: argument {flag}: invalid value" in errors[0], errors

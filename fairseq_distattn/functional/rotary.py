@@ -104,16 +104,22 @@ from torch import Tensor
 from ..registry import FLOAT32_MAX, SpecError, finite_number, is_integer
 from .attention import attention_op
 from .masking import position_tensor, sequence_positions
-from .rotary_scaling import llama3_frequencies, partial_frequencies
+from .rotary_scaling import (
+    llama3_frequencies,
+    longrope_default_attention_factor,
+    longrope_theta,
+    longrope_uses_long_factors,
+    partial_frequencies,
+)
 from .terms import Terms
 
 ROPE_BASE = 10000.0
 XPOS_GAMMA = 0.4
 XPOS_SCALE_BASE = 512.0
-SCALING_MODES = ("none", "linear", "ntk", "yarn", "yarn-paper", "llama3")
+SCALING_MODES = ("none", "linear", "ntk", "yarn", "yarn-paper", "llama3", "longrope")
 YARN_MODES = ("yarn", "yarn-paper")
 # the scalings that read the training length (--rope-original-length)
-LENGTH_MODES = (*YARN_MODES, "llama3")
+LENGTH_MODES = (*YARN_MODES, "llama3", "longrope")
 # Llama 3.1's low and high frequency factors (its published rope_scaling)
 LLAMA3_LOW_FREQUENCY_FACTOR, LLAMA3_HIGH_FREQUENCY_FACTOR = 1.0, 4.0
 YARN_ALPHA, YARN_BETA = 1.0, 32.0  # the paper's alpha, beta: its code's beta_slow, beta_fast
@@ -149,6 +155,10 @@ def _named(names: Mapping[str, str], argument: str, value=None) -> str:
     if value is None:
         return name
     return f"{name} {value}" if name.startswith("--") else f"{name}={value!r}"
+
+
+def _listed(words, last: str = "and") -> str:
+    return f"{', '.join(words[:-1])} {last} {words[-1]}"
 
 
 def _is_number(value) -> bool:
@@ -226,15 +236,13 @@ def scaling_combination_problem(
         return RotaryProblem(
             "original_length",
             original_length,
-            f"has no effect with {_named(names, 'scaling', scaling)}: only yarn, yarn-paper and llama3 read it",
-            f"0 (the default), or {_named(names, 'scaling')} yarn, yarn-paper or llama3",
+            f"has no effect with {_named(names, 'scaling', scaling)}: only {_listed(LENGTH_MODES)} read it",
+            f"0 (the default), or {_named(names, 'scaling')} {_listed(LENGTH_MODES, 'or')}",
         )
     return None
 
 
-def frequency_factors_problem(
-    scaling: str, low_frequency_factor, high_frequency_factor, names: Mapping[str, str] = ARGUMENT_NAMES
-) -> Optional[RotaryProblem]:
+def frequency_factors_problem(low_frequency_factor, high_frequency_factor) -> Optional[RotaryProblem]:
     """Llama 3's band edges: numbers 0 < low < high (read by llama3 only)."""
     for argument, value in (
         ("low_frequency_factor", low_frequency_factor),
@@ -261,6 +269,54 @@ def kept_frequencies_problem(kept_frequencies) -> Optional[RotaryProblem]:
             "a number 0 <= p <= 1 (1: RoPE, 0: NoPE)",
         )
     return None
+
+
+def _factor_list_problem(argument: str, factors, pairs: Optional[int]) -> Optional[RotaryProblem]:
+    numbers = isinstance(factors, (tuple, list)) and all(_is_number(f) and math.isfinite(f) for f in factors)
+    if not numbers or not factors or not all(f > 0 for f in factors):
+        return RotaryProblem(
+            argument, factors, "must list LongRoPE's per-pair factors, finite numbers > 0", "a list of numbers > 0"
+        )
+    if pairs is not None and len(factors) != pairs:
+        return RotaryProblem(
+            argument,
+            factors,
+            f"must hold one factor per rotated pair: {pairs} (the rotated dimensions over 2), not {len(factors)}",
+            f"{pairs} numbers > 0",
+        )
+    return None
+
+
+def longrope_problem(
+    scaling: str, short_factor, long_factor, attention_factor, pairs: Optional[int] = None, names=ARGUMENT_NAMES
+) -> Optional[RotaryProblem]:
+    """LongRoPE's arguments: with ``scaling`` longrope, both factor lists, one factor per
+    rotated pair (``pairs``, where known), and an attention factor >= 0 (0: HF's default);
+    without it, none of them (they would be ignored)."""
+    if not _is_number(attention_factor) or not math.isfinite(attention_factor) or attention_factor < 0:
+        return RotaryProblem(
+            "attention_factor", attention_factor, "must be a finite number >= 0", "a number > 0, or 0 for HF's default"
+        )
+    if scaling != "longrope":
+        for argument, value in (("short_factor", short_factor), ("long_factor", long_factor)):
+            if value:
+                return RotaryProblem(
+                    argument,
+                    value,
+                    f"has no effect with {_named(names, 'scaling', scaling)}: only longrope reads it",
+                    f"no factors, or {_named(names, 'scaling', 'longrope')}",
+                )
+        if attention_factor:
+            return RotaryProblem(
+                "attention_factor",
+                attention_factor,
+                f"has no effect with {_named(names, 'scaling', scaling)}: only longrope reads it",
+                f"0 (the default), or {_named(names, 'scaling', 'longrope')}",
+            )
+        return None
+    return _factor_list_problem("short_factor", short_factor, pairs) or _factor_list_problem(
+        "long_factor", long_factor, pairs
+    )
 
 
 def xpos_scale_base_problem(xpos_scale_base) -> Optional[RotaryProblem]:
@@ -320,28 +376,69 @@ def xpos_range_problem(
     return None
 
 
-@functools.lru_cache(maxsize=256, typed=True)
-def _configuration_problem(
-    base, fraction, scaling, scaling_factor, original_length, low, high, kept, xpos_scale_base, xpos_centre, head_dim
-):
-    for problem in (
-        base_problem(base),
-        fraction_problem(fraction, head_dim),
-        scaling_problem(scaling),
-        scaling_factor_problem(scaling_factor),
-        original_length_problem(original_length),
-        kept_frequencies_problem(kept),
-    ):
-        if problem is not None:
-            return problem
-    problem = scaling_combination_problem(scaling, scaling_factor, original_length)
-    if problem is None and scaling in SCALING_MODES:
-        problem = frequency_factors_problem(scaling, low, high)
-    if problem is None and xpos_scale_base is not None:
-        problem = xpos_scale_base_problem(xpos_scale_base)
-        if problem is None and (not _is_number(xpos_centre) or not math.isfinite(xpos_centre)):
-            problem = RotaryProblem("xpos_centre", xpos_centre, "must be a finite number", "a position, such as 0")
-    return problem
+class RotaryConfiguration(NamedTuple):
+    """One call's rotation arguments, hashable (the turns of a configuration are kept:
+    :func:`_unpadded_turns`); ``length`` is the sequence length LongRoPE's switch reads."""
+
+    dims: int
+    base: float
+    scaling: str
+    scaling_factor: float
+    original_length: int
+    low_frequency_factor: float
+    high_frequency_factor: float
+    kept_frequencies: float
+    short_factor: Tuple[float, ...]
+    long_factor: Tuple[float, ...]
+    attention_factor: float
+    xpos_scale_base: Optional[float]
+    xpos_centre: float
+
+    def problem(self, head_dim: int) -> Optional[RotaryProblem]:
+        """What the command line would refuse in these arguments (the same predicates)."""
+        for problem in (
+            base_problem(self.base),
+            scaling_problem(self.scaling),
+            scaling_factor_problem(self.scaling_factor),
+            original_length_problem(self.original_length),
+            kept_frequencies_problem(self.kept_frequencies),
+        ):
+            if problem is not None:
+                return problem
+        problem = scaling_combination_problem(self.scaling, self.scaling_factor, self.original_length)
+        problem = problem or frequency_factors_problem(self.low_frequency_factor, self.high_frequency_factor)
+        problem = problem or longrope_problem(
+            self.scaling, self.short_factor, self.long_factor, self.attention_factor, self.dims // 2
+        )
+        if problem is None and self.xpos_scale_base is not None:
+            problem = xpos_scale_base_problem(self.xpos_scale_base)
+            if problem is None and (not _is_number(self.xpos_centre) or not math.isfinite(self.xpos_centre)):
+                problem = RotaryProblem(
+                    "xpos_centre", self.xpos_centre, "must be a finite number", "a position, such as 0"
+                )
+        return problem
+
+    def uses_long_factors(self, length: int) -> bool:
+        """LongRoPE's switch at sequence length ``length`` (False for every other scaling)."""
+        return self.scaling == "longrope" and longrope_uses_long_factors(max(length, 1), self.original_length)
+
+    def logit_factor(self) -> float:
+        """What the rotated dimensions' share of each logit (the whole logit: ``yarn-paper``) is
+        multiplied by: YaRN's ``1/t = (0.1 ln s + 1)^2`` (eq. 22), the square of LongRoPE's
+        attention factor (HF multiplies cos and sin by it), else 1."""
+        if self.scaling in YARN_MODES:
+            return (0.1 * math.log(self.scaling_factor) + 1) ** 2
+        if self.scaling == "longrope":
+            factor = self.attention_factor or longrope_default_attention_factor(
+                self.scaling_factor, self.original_length
+            )
+            return factor**2
+        return 1.0
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_problem(configuration: RotaryConfiguration, fraction, head_dim) -> Optional[RotaryProblem]:
+    return fraction_problem(fraction, head_dim) or configuration.problem(head_dim)
 
 
 def check_rotary_arguments(
@@ -356,33 +453,54 @@ def check_rotary_arguments(
     low_frequency_factor=LLAMA3_LOW_FREQUENCY_FACTOR,
     high_frequency_factor=LLAMA3_HIGH_FREQUENCY_FACTOR,
     kept_frequencies=1.0,
+    short_factor=(),
+    long_factor=(),
+    attention_factor=0.0,
     xpos_scale_base=None,
     xpos_centre=0.0,
-) -> None:
-    """Raise a ValueError naming the argument for what the command line refuses (the same
-    predicates), and for an xPos scale base or centre whose factors leave float32 on
-    ``positions`` positions (:func:`xpos_range_problem`)."""
-    arguments = (
+) -> RotaryConfiguration:
+    """The call's :class:`RotaryConfiguration`; raise a ValueError naming the argument for
+    what the command line refuses (the same predicates), and for an xPos scale base or
+    centre whose factors leave float32 on ``positions`` positions (:func:`xpos_range_problem`)."""
+    problem = fraction_problem(fraction, head_dim)
+    if problem is not None:
+        raise problem.error()
+    configuration = RotaryConfiguration(
+        rotary_dims(head_dim, fraction),
         base,
-        fraction,
         scaling,
         scaling_factor,
         original_length,
         low_frequency_factor,
         high_frequency_factor,
         kept_frequencies,
+        tuple(short_factor) if isinstance(short_factor, (tuple, list)) else short_factor,
+        tuple(long_factor) if isinstance(long_factor, (tuple, list)) else long_factor,
+        attention_factor,
         xpos_scale_base,
         xpos_centre,
-        head_dim,
     )
     try:
-        problem = _configuration_problem(*arguments)
+        problem = _cached_problem(configuration, fraction, head_dim)
     except TypeError:  # an unhashable value: checked uncached
-        problem = _configuration_problem.__wrapped__(*arguments)
+        problem = configuration.problem(head_dim)
     if problem is None and xpos_scale_base is not None:
         problem = xpos_range_problem(float(xpos_scale_base), positions, float(xpos_centre))
     if problem is not None:
         raise problem.error()
+    return configuration._replace(
+        base=float(base),
+        scaling_factor=float(scaling_factor),
+        original_length=int(original_length),
+        low_frequency_factor=float(low_frequency_factor),
+        high_frequency_factor=float(high_frequency_factor),
+        kept_frequencies=float(kept_frequencies),
+        short_factor=tuple(float(f) for f in configuration.short_factor),
+        long_factor=tuple(float(f) for f in configuration.long_factor),
+        attention_factor=float(attention_factor),
+        xpos_scale_base=None if xpos_scale_base is None else float(xpos_scale_base),
+        xpos_centre=0.0 if xpos_scale_base is None else float(xpos_centre),
+    )
 
 
 def rotary_dims(head_dim: int, fraction: float) -> int:
@@ -394,12 +512,6 @@ def rotary_dims(head_dim: int, fraction: float) -> int:
 def angle_dtype(dtype: torch.dtype) -> torch.dtype:
     """float64 for float64 inputs, float32 for every other floating dtype."""
     return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def yarn_logit_factor(scaling: str, scaling_factor: float) -> float:
-    """What the logits' rotated share (``yarn``) or whole logits (``yarn-paper``) are
-    multiplied by: YaRN's ``1/t = (0.1 ln s + 1)^2`` (eq. 22), else 1."""
-    return (0.1 * math.log(scaling_factor) + 1) ** 2 if scaling in YARN_MODES else 1.0
 
 
 def yarn_correction_range(dims: int, base: float, original_length: int) -> Tuple[int, int]:
@@ -434,40 +546,68 @@ def rotary_frequencies(
     low_frequency_factor: float = LLAMA3_LOW_FREQUENCY_FACTOR,
     high_frequency_factor: float = LLAMA3_HIGH_FREQUENCY_FACTOR,
     kept_frequencies: float = 1.0,
+    short_factor: Tuple[float, ...] = (),
+    long_factor: Tuple[float, ...] = (),
+    attention_factor: float = 0.0,
+    length: int = 1,
     device=None,
     dtype: torch.dtype = torch.float64,
 ) -> Tuple[Tensor, float]:
     """``(theta [dims/2], logit_factor)``: each pair's angle per position after
     ``scaling`` (one of :data:`SCALING_MODES`, by ``scaling_factor`` s >= 1;
-    ``yarn`` and ``llama3`` need ``original_length``, the training length L;
+    ``yarn``, ``llama3`` and ``longrope`` need ``original_length``, the training length L;
     ``llama3`` blends between its ``low_frequency_factor`` and ``high_frequency_factor``
-    bands, :func:`rotary_scaling.llama3_frequencies`) with only the highest
-    ``kept_frequencies`` share of them kept (p-RoPE,
-    :func:`rotary_scaling.partial_frequencies`), and the factor every logit is
-    multiplied by (YaRN's ``1/t``, else 1)."""
+    bands, :func:`rotary_scaling.llama3_frequencies`; ``longrope`` divides by its
+    ``long_factor`` on sequences of ``length`` > L, else by its ``short_factor``,
+    :func:`rotary_scaling.longrope_theta`) with only the highest ``kept_frequencies``
+    share of them kept (p-RoPE, :func:`rotary_scaling.partial_frequencies`), and the
+    factor the rotated share of every logit is multiplied by
+    (:meth:`RotaryConfiguration.logit_factor`)."""
     if dims < 2 or dims % 2:
         raise ValueError(f"the rotated dimensions must be an even number >= 2, got {dims}")
-    for problem in (base_problem(base), scaling_problem(scaling), scaling_factor_problem(scaling_factor)):
-        if problem is not None:
-            raise problem.error()
-    if scaling == "ntk":
-        base = base * scaling_factor ** (dims / (dims - 2))
-    exponents = torch.arange(0, dims, 2, device=device, dtype=torch.float64) / dims
+    configuration = check_rotary_arguments(
+        dims,
+        length,
+        base=base,
+        scaling=scaling,
+        scaling_factor=scaling_factor,
+        original_length=original_length,
+        low_frequency_factor=low_frequency_factor,
+        high_frequency_factor=high_frequency_factor,
+        kept_frequencies=kept_frequencies,
+        short_factor=short_factor,
+        long_factor=long_factor,
+        attention_factor=attention_factor,
+    )
+    return _frequencies(configuration, configuration.uses_long_factors(length), device, dtype)
+
+
+def _frequencies(c: RotaryConfiguration, long_factors: bool, device, dtype) -> Tuple[Tensor, float]:
+    base = c.base
+    if c.scaling == "ntk":
+        base = base * c.scaling_factor ** (c.dims / (c.dims - 2))
+    exponents = torch.arange(0, c.dims, 2, device=device, dtype=torch.float64) / c.dims
     theta = torch.as_tensor(base, dtype=torch.float64).pow(-exponents)
-    if scaling == "linear":
-        theta = theta / scaling_factor
-    elif scaling in YARN_MODES:
-        if original_length < 1:
-            raise ValueError(f"yarn scaling needs the training length original_length >= 1, got {original_length!r}")
-        interpolated = _yarn_interpolated_share(theta, dims, float(base), scaling, original_length)
-        theta = interpolated * theta / scaling_factor + (1 - interpolated) * theta
-    elif scaling == "llama3":
+    if c.scaling == "linear":
+        theta = theta / c.scaling_factor
+    elif c.scaling in YARN_MODES:
+        interpolated = _yarn_interpolated_share(theta, c.dims, float(base), c.scaling, c.original_length)
+        theta = interpolated * theta / c.scaling_factor + (1 - interpolated) * theta
+    elif c.scaling == "llama3":
         theta = llama3_frequencies(
-            dims, base, scaling_factor, low_frequency_factor, high_frequency_factor, original_length, device=device
+            c.dims,
+            base,
+            c.scaling_factor,
+            c.low_frequency_factor,
+            c.high_frequency_factor,
+            c.original_length,
+            device=device,
         )
-    if kept_frequencies != 1.0:
-        theta = partial_frequencies(theta, kept_frequencies)
-    return theta.to(dtype), yarn_logit_factor(scaling, scaling_factor)
+    elif c.scaling == "longrope":
+        theta = longrope_theta(c.dims, base, c.long_factor if long_factors else c.short_factor, device=device)
+    if c.kept_frequencies != 1.0:
+        theta = partial_frequencies(theta, c.kept_frequencies)
+    return theta.to(dtype), c.logit_factor()
 
 
 def xpos_zeta(dims: int, *, device=None, dtype: torch.dtype = torch.float64) -> Tensor:
@@ -513,35 +653,21 @@ def rotate(
     return apply_turns(x, turns(positions, theta.to(compute), scale, centre))
 
 
-def _rotation(
-    dims, base, scaling, scaling_factor, original_length, low, high, kept, xpos_scale_base, xpos_centre, device, compute
-):
-    """(theta, logit factor, query log-scale, key log-scale) of one configuration (``xpos_centre``
-    is read by :func:`_unpadded_turns`)."""
-    theta, logit_factor = rotary_frequencies(
-        dims,
-        base,
-        scaling,
-        scaling_factor,
-        original_length,
-        low_frequency_factor=low,
-        high_frequency_factor=high,
-        kept_frequencies=kept,
-        device=device,
-        dtype=compute,
-    )
-    if xpos_scale_base is None:
-        return theta, logit_factor, None, None
-    query_scale = xpos_zeta(dims, device=device, dtype=compute).log() / xpos_scale_base
-    return theta, logit_factor, query_scale, -query_scale
+def _rotation(configuration: RotaryConfiguration, long_factors: bool, device, compute):
+    """(theta, query log-scale, key log-scale) of one configuration."""
+    theta, _ = _frequencies(configuration, long_factors, device, compute)
+    if configuration.xpos_scale_base is None:
+        return theta, None, None
+    query_scale = xpos_zeta(configuration.dims, device=device, dtype=compute).log() / configuration.xpos_scale_base
+    return theta, query_scale, -query_scale
 
 
 @position_tensor
-def _unpadded_turns(length, _, offset, side, configuration, device, compute) -> Tensor:
+def _unpadded_turns(length, _, offset, side, configuration, long_factors, device, compute) -> Tensor:
     # a decoding step asks for the same turns in every layer: kept (see masking.position_tensor)
-    theta, _, query_scale, key_scale = _rotation(*configuration, device, compute)
+    theta, query_scale, key_scale = _rotation(configuration, long_factors, device, compute)
     positions = torch.arange(offset, offset + length, device=device)[None]
-    return turns(positions, theta, query_scale if side == "query" else key_scale, configuration[-1])
+    return turns(positions, theta, query_scale if side == "query" else key_scale, configuration.xpos_centre)
 
 
 def rotary_query_key(
@@ -556,6 +682,9 @@ def rotary_query_key(
     low_frequency_factor: float = LLAMA3_LOW_FREQUENCY_FACTOR,
     high_frequency_factor: float = LLAMA3_HIGH_FREQUENCY_FACTOR,
     kept_frequencies: float = 1.0,
+    short_factor: Tuple[float, ...] = (),
+    long_factor: Tuple[float, ...] = (),
+    attention_factor: float = 0.0,
     xpos_scale_base: Optional[float] = None,
     xpos_centre: float = 0.0,
     key_padding_mask: Optional[Tensor] = None,
@@ -568,15 +697,19 @@ def rotary_query_key(
     (positions count from its first real key, :func:`sequence_positions`).
     xPos with ``xpos_scale_base``, its scales centred on the constant position
     ``xpos_centre`` (0: the paper's; keys cached by one call and queried by a later one
-    must have been rotated with the same centre). YaRN's logit factor goes on the queries:
-    on their rotated dimensions (``yarn``, as its authors' code scales cos and sin) or on
-    all of them (``yarn-paper``, the paper's temperature on the whole logit). Arguments
-    the command line would refuse, and an xPos scale base or centre whose factors leave
-    float32 over the positions of this call, raise a ValueError naming the argument
-    (:func:`check_rotary_arguments`)."""
-    check_rotary_arguments(
+    must have been rotated with the same centre). The logit factor of YaRN and LongRoPE
+    (:meth:`RotaryConfiguration.logit_factor`) goes on the queries: on their rotated
+    dimensions (``yarn`` and ``longrope``, as their code scales cos and sin) or on all of
+    them (``yarn-paper``, the paper's temperature on the whole logit). LongRoPE's factor
+    lists switch on the length of the call's sequence, ``max(query_offset + Tq, key_offset
+    + Tk)``: HF's ``max(position_ids) + 1`` wherever the batch's longest sequence has no
+    leading padding (in every fairseq batch). Arguments the command line would refuse,
+    and an xPos scale base or centre whose factors leave float32 over the positions of
+    this call, raise a ValueError naming the argument (:func:`check_rotary_arguments`)."""
+    longest = max(query_offset + q.size(2), key_offset + k.size(2))
+    configuration = check_rotary_arguments(
         q.size(-1),
-        max(query_offset + q.size(2), key_offset + k.size(2)),
+        longest,
         base=base,
         fraction=fraction,
         scaling=scaling,
@@ -585,30 +718,21 @@ def rotary_query_key(
         low_frequency_factor=low_frequency_factor,
         high_frequency_factor=high_frequency_factor,
         kept_frequencies=kept_frequencies,
+        short_factor=short_factor,
+        long_factor=long_factor,
+        attention_factor=attention_factor,
         xpos_scale_base=xpos_scale_base,
         xpos_centre=xpos_centre,
     )
     compute = angle_dtype(q.dtype)
-    configuration = (
-        rotary_dims(q.size(-1), fraction),
-        float(base),
-        scaling,
-        float(scaling_factor),
-        int(original_length),
-        float(low_frequency_factor),
-        float(high_frequency_factor),
-        float(kept_frequencies),
-        None if xpos_scale_base is None else float(xpos_scale_base),
-        0.0 if xpos_scale_base is None else float(xpos_centre),
-    )
+    long_factors = configuration.uses_long_factors(longest)
 
     def turn(side: str, x: Tensor, offset: int) -> Tensor:
         if key_padding_mask is None:
-            return _unpadded_turns(x.size(2), 1, offset, side, configuration, x.device, compute)
+            return _unpadded_turns(x.size(2), 1, offset, side, configuration, long_factors, x.device, compute)
         # rows of the (cached) unpadded turns at each sentence's positions: a gather
         # instead of the sines and cosines of every [B, T] angle in every layer
-        longest = max(query_offset + q.size(2), key_offset + k.size(2))
-        table = _unpadded_turns(longest, 1, 0, side, configuration, x.device, compute)[0, 0]
+        table = _unpadded_turns(longest, 1, 0, side, configuration, long_factors, x.device, compute)[0, 0]
         return table[sequence_positions(key_padding_mask, x.size(2), offset, x.device)][:, None]
 
     query_turn = turn("query", q, query_offset)
@@ -617,8 +741,8 @@ def rotary_query_key(
     same = xpos_scale_base is None and key_offset == query_offset and k.size(2) == q.size(2)
     key_turn = query_turn if same else turn("key", k, key_offset)
     q, k = apply_turns(q, query_turn), apply_turns(k, key_turn)
-    logit_factor = yarn_logit_factor(scaling, scaling_factor)
-    rotated = configuration[0]
+    logit_factor = configuration.logit_factor()
+    rotated = configuration.dims
     if logit_factor != 1.0 and (scaling == "yarn-paper" or rotated == q.size(-1)):
         q = q * logit_factor
     elif logit_factor != 1.0:
@@ -638,6 +762,9 @@ def rotary_terms(
     low_frequency_factor: float = LLAMA3_LOW_FREQUENCY_FACTOR,
     high_frequency_factor: float = LLAMA3_HIGH_FREQUENCY_FACTOR,
     kept_frequencies: float = 1.0,
+    short_factor: Tuple[float, ...] = (),
+    long_factor: Tuple[float, ...] = (),
+    attention_factor: float = 0.0,
     xpos_scale_base: Optional[float] = None,
     xpos_centre: Optional[float] = None,
     key_padding_mask: Optional[Tensor],
@@ -657,6 +784,9 @@ def rotary_terms(
         low_frequency_factor=low_frequency_factor,
         high_frequency_factor=high_frequency_factor,
         kept_frequencies=kept_frequencies,
+        short_factor=short_factor,
+        long_factor=long_factor,
+        attention_factor=attention_factor,
         xpos_scale_base=xpos_scale_base,
         xpos_centre=xpos_centre,
         key_padding_mask=key_padding_mask,

@@ -164,12 +164,31 @@ def longrope_attention_factor(original_length: int, max_length: int, attention_f
     if attention_factor is not None:
         _check_positive("attention_factor", attention_factor, "what cos and sin are multiplied by")
         return float(attention_factor)
-    scale = max_length / original_length
+    return longrope_default_attention_factor(max_length / original_length, original_length)
+
+
+def longrope_default_attention_factor(scale: float, original_length: int) -> float:
+    """HF's LongRoPE attention factor for the context-length scale ``scale`` (its
+    ``rope_scaling["factor"]``, or ``max_position_embeddings / original_max_position_embeddings``):
+    1 for ``scale <= 1``, else ``sqrt(1 + ln scale / ln original_length)``."""
+    _check_integer("original_length", original_length, 1, "original_max_position_embeddings")
+    if not _is_real(scale) or scale <= 0:
+        raise ValueError(f"scale must be a finite number > 0 (the context-length scale), got {_shown(scale)}")
     if scale <= 1.0:
         return 1.0
     if original_length < 2:
         raise ValueError("original_length must be >= 2 for the default attention factor (ln of it divides), got 1")
     return math.sqrt(1 + math.log(scale) / math.log(original_length))
+
+
+def longrope_theta(dims: int, base: float, factors: Factors, device=None) -> Tensor:
+    """``theta_i = 1 / (f_i * base^(2i / dims))`` ``[dims / 2]`` (float64) for one of LongRoPE's
+    factor lists ``f`` (HF's ``inv_freq`` of ``_compute_longrope_parameters``)."""
+    _check_dims(dims)
+    _check_positive("base", base, "theta_i = 1 / (f_i base^(2i/dims))")
+    factors = _factor_tensor("factors", factors, dims // 2, device)
+    exponents = torch.arange(0, dims, 2, dtype=torch.float64, device=device) / dims
+    return 1.0 / (factors * float(base) ** exponents)
 
 
 def longrope_frequencies(
@@ -218,9 +237,7 @@ def longrope_frequencies(
     use_long = longrope_uses_long_factors(length, original_length)
     short = _factor_tensor("short_factor", short_factor, dims // 2, device)
     long = _factor_tensor("long_factor", long_factor, dims // 2, device)
-    exponents = torch.arange(0, dims, 2, dtype=torch.float64, device=device) / dims
-    theta = 1.0 / ((long if use_long else short) * float(base) ** exponents)
-    return theta, scale_factor
+    return longrope_theta(dims, base, long if use_long else short, device), scale_factor
 
 
 def partial_frequencies(theta: Tensor, fraction: float) -> Tensor:
@@ -289,7 +306,9 @@ __all__ = [
     "llama3_frequencies",
     "llama4_attention_scales",
     "longrope_attention_factor",
+    "longrope_default_attention_factor",
     "longrope_frequencies",
+    "longrope_theta",
     "longrope_uses_long_factors",
     "partial_frequencies",
 ]

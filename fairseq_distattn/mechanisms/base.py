@@ -128,6 +128,9 @@ class Mechanism(nn.Module):
     extra_keys: Tuple[str, ...] = ()
     # why a subclass overrides terms instead of declaring op_arguments alone (a test holds them to it)
     overrides_terms_because: str = ""
+    # a sequence length whose crossing makes the keys cached before it stale (LongRoPE's switch of
+    # factors): the decoder then recomputes its whole decoding cache once, in one pass (None: never)
+    cache_recompute_length: Optional[int] = None
 
     def __init__(self, config: MechanismConfig):
         super().__init__()

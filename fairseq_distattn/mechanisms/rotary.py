@@ -5,7 +5,7 @@ scaling at evaluation time."""
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -20,6 +20,7 @@ from ..functional.rotary import (
     fraction_problem,
     frequency_factors_problem,
     kept_frequencies_problem,
+    longrope_problem,
     original_length_problem,
     rotary_attention,
     rotary_dims,
@@ -56,6 +57,9 @@ ROTARY_FLAGS = {
     "low_frequency_factor": "--rope-low-frequency-factor",
     "high_frequency_factor": "--rope-high-frequency-factor",
     "kept_frequencies": "--rope-kept-frequencies",
+    "short_factor": "--rope-short-factor",
+    "long_factor": "--rope-long-factor",
+    "attention_factor": "--rope-attention-factor",
     "xpos_scale_base": "--xpos-scale-base",
 }
 
@@ -72,6 +76,21 @@ def _checked(problem_of, kind):
     def convert(value, context):
         refuse(problem_of(value))
         return kind(value)
+
+    return convert
+
+
+def _factor_list(flag: str):
+    """A flag converter: LongRoPE's comma-separated factors as a tuple of floats (empty: none)."""
+
+    def convert(value, context) -> Tuple[float, ...]:
+        if isinstance(value, str):
+            words = [word.strip() for word in value.split(",")] if value.strip() else []
+            try:
+                return tuple(float(word) for word in words)
+            except ValueError:
+                raise SpecError(flag, value, "must list numbers separated by commas", "e.g. 1.0,1.5,2.0") from None
+        return tuple(value)
 
     return convert
 
@@ -111,7 +130,11 @@ class RotaryOptions:
         "logit times (0.1 ln s + 1)^2), llama3 (Llama 3.1's, as Hugging Face's rope_type='llama3' and "
         "torchtune's Llama3ScaledRoPE compute it: wavelengths above --rope-original-length / "
         "--rope-low-frequency-factor divided by s, below it / --rope-high-frequency-factor kept, blended "
-        "between) (default: {default})",
+        "between), longrope (LongRoPE as Hugging Face's rope_type='longrope' runs it for Phi-3: each pair's "
+        "frequency divided by its --rope-long-factor on sequences longer than --rope-original-length, else by "
+        "its --rope-short-factor, the rotated share of each logit times the square of "
+        "--rope-attention-factor; a decoding cache is recomputed once when the sequence crosses the switch, as "
+        "Phi-3's generate() does) (default: {default})",
         convert=_checked(scaling_problem, str),
         choices=SCALING_MODES,
         role=EVALUATION,
@@ -130,7 +153,8 @@ class RotaryOptions:
         0,
         "--rope-original-length",
         "rope, xpos: the training length L in tokens, which --rope-scaling yarn, yarn-paper and llama3 scale "
-        "the frequencies by, and which nothing else reads (default: {default}, unset)",
+        "the frequencies by and at which longrope switches to its long factors (Hugging Face's "
+        "original_max_position_embeddings); nothing else reads it (default: {default}, unset)",
         convert=_checked(original_length_problem, int),
         type=int,
         metavar="L",
@@ -167,6 +191,41 @@ class RotaryOptions:
         metavar="P",
         role=EVALUATION,
     )
+    rope_short_factor: Tuple[float, ...] = option(
+        (),
+        "--rope-short-factor",
+        "rope, xpos: --rope-scaling longrope's short_factor, one number per rotated pair, comma-separated: "
+        "each pair's frequency is divided by its factor on sequences up to --rope-original-length",
+        convert=_factor_list("--rope-short-factor"),
+        arg_default="",
+        only_with=("rope_scaling", "longrope"),
+        type=str,
+        metavar="F1,F2,...",
+        role=EVALUATION,
+    )
+    rope_long_factor: Tuple[float, ...] = option(
+        (),
+        "--rope-long-factor",
+        "rope, xpos: --rope-scaling longrope's long_factor (as --rope-short-factor), read on sequences longer "
+        "than --rope-original-length",
+        convert=_factor_list("--rope-long-factor"),
+        arg_default="",
+        only_with=("rope_scaling", "longrope"),
+        type=str,
+        metavar="F1,F2,...",
+        role=EVALUATION,
+    )
+    rope_attention_factor: float = option(
+        0.0,
+        "--rope-attention-factor",
+        "rope, xpos: --rope-scaling longrope's attention_factor, which Hugging Face multiplies cos and sin by "
+        "(default: {default:g}: its default, sqrt(1 + ln s / ln L) for s = --rope-scaling-factor > 1, else 1)",
+        convert=lambda value, context: float(value),
+        only_with=("rope_scaling", "longrope"),
+        type=float,
+        metavar="A",
+        role=EVALUATION,
+    )
     xpos_scale_base: float = option(
         XPOS_SCALE_BASE,
         "--xpos-scale-base",
@@ -189,6 +248,9 @@ def _op_arguments(options, xpos: bool):
         low_frequency_factor=options.rope_low_frequency_factor,
         high_frequency_factor=options.rope_high_frequency_factor,
         kept_frequencies=options.rope_kept_frequencies,
+        short_factor=options.rope_short_factor,
+        long_factor=options.rope_long_factor,
+        attention_factor=options.rope_attention_factor,
         xpos_scale_base=options.xpos_scale_base if xpos else None,
     )
 
@@ -252,7 +314,7 @@ XPOS_CAUSAL_ONLY = (
     unsupported={CROSS_KIND: DIFFERENT_SEQUENCES},
     description="queries and keys rotated pairwise by position times `base^(-2i/d)` (`--rope-base`, "
     "`--rope-fraction` of each head), then the plain fused attention; context-length scaling at evaluation "
-    "(`--rope-scaling linear|ntk|yarn|llama3`), p-RoPE (`--rope-kept-frequencies`); positions count from each "
+    "(`--rope-scaling linear|ntk|yarn|llama3|longrope`), p-RoPE (`--rope-kept-frequencies`); positions count from each "
     "sentence's first real token",
     paper="Su et al. 2021, *RoFormer: Enhanced Transformer with Rotary Position Embedding*",
 )
@@ -272,6 +334,10 @@ class Rotary(Mechanism):
         if self.xpos:
             stack = config.stack
             self.arguments["xpos_centre"] = xpos_module_centre(stack.max_positions if stack else None)
+        if options.rope_scaling == "longrope":
+            # the keys cached below LongRoPE's switch are rotated with its short factors (and the layers
+            # above read hidden states made with them): the decoder recomputes its cache there
+            self.cache_recompute_length = options.rope_original_length
 
     @classmethod
     def check_options(cls, options, kind=None, layers=()):
@@ -280,11 +346,15 @@ class Rotary(Mechanism):
                 options.rope_scaling, options.rope_scaling_factor, options.rope_original_length, ROTARY_FLAGS
             )
         )
+        refuse(frequency_factors_problem(options.rope_low_frequency_factor, options.rope_high_frequency_factor))
+        pairs = rotary_dims(kind.head_dim, options.rope_fraction) // 2 if kind is not None and kind.head_dim else None
         refuse(
-            frequency_factors_problem(
+            longrope_problem(
                 options.rope_scaling,
-                options.rope_low_frequency_factor,
-                options.rope_high_frequency_factor,
+                options.rope_short_factor,
+                options.rope_long_factor,
+                options.rope_attention_factor,
+                pairs,
                 ROTARY_FLAGS,
             )
         )
@@ -323,6 +393,8 @@ class Rotary(Mechanism):
         text = f"base={self.arguments['base']:g}, rotated {rotated} of {self.config.head_dim} dims per head"
         if self.arguments["scaling"] != "none":
             text += f", {self.arguments['scaling']} scaling x{self.arguments['scaling_factor']:g}"
+        if self.arguments["scaling"] == "longrope":
+            text += f", long factors beyond {self.arguments['original_length']} positions"
         if self.arguments["kept_frequencies"] != 1.0:
             text += f", p-RoPE keeping {self.arguments['kept_frequencies']:g} of the frequencies"
         if self.xpos:

@@ -6,7 +6,9 @@ overrides ``forward`` completely: fairseq's fast path
 (``F.multi_head_attention_forward``) would bypass any hook.
 """
 
-from typing import Dict, Optional, Tuple
+import contextlib
+import functools
+from typing import Dict, FrozenSet, Optional, Tuple
 
 import torch
 from fairseq.modules import MultiheadAttention
@@ -217,3 +219,35 @@ class MechanismMultiheadAttention(MultiheadAttention):
     def _is_cached_key(self, name: str) -> bool:
         cached = ("key", "value", *self.extra_key_proj, *self.mechanism.info.layer_inputs)
         return name.startswith("prev_") and name[len("prev_") :] in cached
+
+
+def cache_recompute_lengths(decoder: nn.Module) -> FrozenSet[int]:
+    """The lengths at which some attention of ``decoder`` makes its cached keys stale
+    (:attr:`Mechanism.cache_recompute_length`)."""
+    return frozenset(
+        module.mechanism.cache_recompute_length
+        for module in decoder.modules()
+        if isinstance(module, MechanismMultiheadAttention) and module.mechanism.cache_recompute_length is not None
+    )
+
+
+def _forward_into(forward, cache, *args, **kwargs):
+    kwargs["incremental_state"] = cache
+    return forward(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def filling_a_new_cache(decoder: nn.Module, incremental_state: Dict[str, Dict[str, Optional[Tensor]]]):
+    """Every attention of ``decoder`` (fairseq's and this module alike) with its cache in
+    ``incremental_state`` emptied, and, inside, caching into it whatever a full-sequence pass
+    (which fairseq's decoder runs without a state) computes: one call then refills the cache
+    of a whole sequence, as a decoding step that starts from an empty cache would."""
+    attentions = [module for module in decoder.modules() if isinstance(module, MultiheadAttention)]
+    for attention in attentions:
+        attention._set_input_buffer(incremental_state, {})
+        attention.forward = functools.partial(_forward_into, attention.forward, incremental_state)
+    try:
+        yield
+    finally:
+        for attention in attentions:
+            del attention.forward

@@ -7,6 +7,7 @@ the layers are built in order inside ``__init__``, so each build call takes the
 next plan from an iterator prepared beforehand (no layer is ever built twice).
 """
 
+import functools
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -15,6 +16,7 @@ from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase
 from ..mechanisms import Stack
 from ..registry import CROSS, DECODER_SELF, ENCODER_SELF
 from ..spec import AttentionOptions, SpecError, check_no_pruning_in_training, pruned_spec
+from .multihead_attention import cache_recompute_lengths, filling_a_new_cache
 from .transformer_layer import DistAttnDecoderLayer, DistAttnEncoderLayer, LayerAttentionPlan, wrap_layer
 
 SOURCE_POSITIONS, TARGET_POSITIONS = "--max-source-positions", "--max-target-positions"
@@ -172,6 +174,34 @@ class DistAttnTransformerDecoder(TransformerDecoderBase):
         super().__init__(
             cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn, output_projection=output_projection
         )
+        self.cache_recompute_lengths = cache_recompute_lengths(self)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         return wrap_layer(DistAttnDecoderLayer(cfg, next(self._plans_to_build), no_encoder_attn=no_encoder_attn), cfg)
+
+    def extract_features_scriptable(
+        self,
+        prev_output_tokens,
+        encoder_out=None,
+        incremental_state=None,
+        full_context_alignment=False,
+        alignment_layer=None,
+        alignment_heads=None,
+    ):
+        features = functools.partial(
+            super().extract_features_scriptable,
+            encoder_out=encoder_out,
+            full_context_alignment=full_context_alignment,
+            alignment_layer=alignment_layer,
+            alignment_heads=alignment_heads,
+        )
+        # fairseq's decoding protocol: one new token per step, the sequence so far in prev_output_tokens
+        if incremental_state is None or prev_output_tokens.size(1) - 1 not in self.cache_recompute_lengths:
+            return features(prev_output_tokens, incremental_state=incremental_state)
+        # The step crosses a switch (LongRoPE's): every cached key is stale, and so is every hidden state a
+        # higher layer's cached keys were made from. As Phi-3's generate() does, the cache is dropped and the
+        # whole sequence run once, refilling it; the step's output is the last position's.
+        with filling_a_new_cache(self, incremental_state):
+            x, extra = features(prev_output_tokens, incremental_state=None)
+        attn = [None if weights is None else weights[:, -1:] for weights in extra["attn"]]
+        return x[:, -1:], {**extra, "attn": attn, "inner_states": [state[-1:] for state in extra["inner_states"]]}
