@@ -211,6 +211,12 @@ BAD_INPUTS = [
         "--transformer-xl-per-layer-biases",
         ["distattn_transformer"],
     ),
+    # llama4-temperature (decoder only) and the preset that interleaves it with rope every K-th layer
+    (MT, ["--llama4-floor-scale", "0"], "--llama4-floor-scale", ["'0.0'"]),
+    (MT, ["--llama4-attn-scale", "-1"], "--llama4-attn-scale", ["'-1.0'"]),
+    (LM, ["--arch", "distattn_lm_llama4_gbw", "--llama4-nope-interval", "0"], "--llama4-nope-interval", ["'0'"]),
+    (MT, ["--encoder-self-attention", "llama4-temperature"], "--encoder-self-attention", ["llama4-temperature"]),
+    (MT, ["--cross-attention", "llama4-temperature"], "--cross-attention", ["llama4-temperature"]),
     # the model's widths and heads (fairseq's own MultiheadAttention would assert or divide by zero)
     (MT, ["--decoder-attention-heads", "3"], "--decoder-attention-heads", ["--decoder-embed-dim 32"]),
     (MT, ["--encoder-attention-heads", "0"], "--encoder-attention-heads", ["'0'"]),

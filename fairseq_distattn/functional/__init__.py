@@ -29,6 +29,7 @@ from .fire import fire_attention, fire_bias
 from .flex import check_flex, flex_attend, flex_windowed_attend
 from .forgetting import forget_gate_bias, forgetting_attention
 from .kerple import KERPLE_KERNELS, kerple_attention, kerple_bias
+from .llama4_temperature import llama4_temperature_attention
 from .masking import logit_mask, masked_softmax, relative_distance, sequence_positions
 from .path_attention import path_attention
 from .paths import Call, CallOptions, Keeps, Path, choose_path
@@ -107,6 +108,7 @@ __all__ = [
     "kerple_bias",
     "llama3_frequencies",
     "llama4_attention_scales",
+    "llama4_temperature_attention",
     "logit_mask",
     "longrope_attention_factor",
     "longrope_default_attention_factor",

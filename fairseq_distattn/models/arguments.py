@@ -84,14 +84,29 @@ def register_architecture(
     cross=None,
 ):
     """Register ``name``: fairseq's architecture defaults plus attention defaults
-    (architectures only set defaults; a flag the user gives always wins)."""
-    specs = {attr: spec for attr, spec in zip(SPEC_ATTRIBUTES, (encoder_self, decoder_self, cross)) if spec}
+    (architectures only set defaults; a flag the user gives always wins). A SPEC
+    default may be a function of the parsed ``args``, called after fairseq's
+    defaults (so it reads the layer counts) where the flag was not given: a SPEC
+    that follows ``--decoder-layers``; it returns None where it cannot be formed (a
+    bad value of a flag it reads, which the checks then refuse), leaving vanilla.
+    ``ARCHITECTURES`` holds its value on fairseq's defaults alone."""
+    given = dict(zip(SPEC_ATTRIBUTES, (encoder_self, decoder_self, cross)))
+    follows_args = any(callable(spec) for spec in given.values())
+    on_defaults = argparse.Namespace()
+    if follows_args:
+        fairseq_architecture(on_defaults)
+    specs = {attr: spec(on_defaults) if callable(spec) else spec for attr, spec in given.items() if spec}
     ARCHITECTURES[name] = (fairseq_architecture, specs)
 
     def set_defaults(args):
         if no_absolute_positions:
             args.no_token_positional_embeddings = getattr(args, "no_token_positional_embeddings", True)
-        set_distattn_defaults(args, encoder_self, decoder_self, cross)
+        if follows_args:
+            fairseq_architecture(args)  # the layer counts a SPEC function reads (it sets defaults only)
+        resolved = [
+            spec(args) if callable(spec) and getattr(args, attr, None) is None else spec for attr, spec in given.items()
+        ]
+        set_distattn_defaults(args, *(None if callable(spec) else spec for spec in resolved))
         fairseq_architecture(args)
 
     set_defaults.__name__ = name

@@ -2,7 +2,9 @@
 
 import dataclasses
 import functools
+import itertools
 from argparse import Namespace
+from typing import Optional
 
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import register_model
@@ -10,11 +12,12 @@ from fairseq.models import transformer_lm as fairseq_lm
 from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig
 
+from ..mechanisms.llama4_temperature import NOPE_INTERVAL
 from ..modules.summary import log_attention
 from ..modules.transformer import DistAttnTransformerDecoder, ModelAttentionPlans, language_model_plans
 from ..patches.checkpoint_upgrade import record_arithmetic
 from ..patches.lm_decoder import language_model_decoder
-from ..registry import on_register
+from ..registry import is_integer, on_register
 from ..spec import SpecError
 from .arguments import (
     CROSS,
@@ -131,3 +134,54 @@ on_register(register_mechanism_preset)
 architecture("distattn_lm_nope_gbw", fairseq_lm.transformer_lm_baevski_gbw, no_absolute_positions=True)
 # Nguyen et al. 2020 LM: multiplicative window in the first 3 decoder layers.
 architecture("distattn_lm_window_gbw", fairseq_lm.transformer_lm_baevski_gbw, decoder_self="window-mw@0-2")
+
+
+def llama4_decoder_spec(layers: int, interval: int) -> str:
+    """Llama 4's layout of ``layers`` decoder layers as a SPEC: ``llama4-temperature`` (no
+    rope) in the layers ``i`` with ``(i + 1) % interval == 0``, HF's ``no_rope_layers`` rule
+    (``Llama4TextConfig``: ``int((i + 1) % no_rope_layer_interval != 0)``, 0 a NoPE layer),
+    ``rope`` in the others (``interval`` 1: no rope at all; above ``layers``: rope only)."""
+    for name, value in (("layers", layers), ("interval", interval)):
+        if not is_integer(value) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    names = ["llama4-temperature" if (i + 1) % interval == 0 else "rope" for i in range(layers)]
+    if len(set(names)) == 1:
+        return names[0]
+    items = []
+    for name, run in itertools.groupby(range(layers), key=names.__getitem__):
+        run = list(run)
+        items.append(f"{name}@{run[0]}" if len(run) == 1 else f"{name}@{run[0]}-{run[-1]}")
+    return ",".join(items)
+
+
+def llama4_decoder_self(args) -> Optional[str]:
+    """The default ``--decoder-self-attention`` of ``distattn_lm_llama4_gbw``:
+    :func:`llama4_decoder_spec` of ``--decoder-layers`` and ``--llama4-nope-interval``; None
+    where either is bad (the checks refuse it in one line).
+
+    Llama 4 (Meta AI 2025), as HF transformers 4.57.1 builds its text model (modeling_llama4.py,
+    Llama4TextAttention; configuration_llama4.py, Llama4TextConfig): no position embeddings, rope in
+    every layer but every --llama4-nope-interval-th (default 4), which has no rope and scales its queries
+    (llama4-temperature; --llama4-attn-scale 0 turns that off, HF's attn_temperature_tuning=False). Left
+    out, as other parts of a block than the position method: the rope layers' chunked local attention
+    (layer_types "chunked_attention", attention_chunk_size 8192: those layers see only the keys of the
+    query's own chunk of 8192 positions, so on sequences of up to 8192 tokens they are full causal
+    attention) and their qk norm (use_qk_norm: a weightless RMS norm of the rotated queries and keys,
+    Llama4TextL2Norm), Llama 4's rope
+    base (rope_theta 500000: give --rope-base 500000) and its pairing of dimensions (adjacent pairs, a
+    fixed permutation of each head's dimensions for a model trained from scratch), grouped-query heads,
+    RMSNorm, SwiGLU and mixture-of-experts feed-forward layers: fairseq's gbw LM keeps its own."""
+    layers = getattr(args, "decoder_layers", None)
+    interval = getattr(args, "llama4_nope_interval", NOPE_INTERVAL)
+    if not (is_integer(layers) and layers >= 1 and is_integer(interval) and interval >= 1):
+        return None
+    return llama4_decoder_spec(layers, interval)
+
+
+# Llama 4's interleaving of rope and NoPE layers: what it keeps and leaves out is llama4_decoder_self's docstring
+architecture(
+    "distattn_lm_llama4_gbw",
+    fairseq_lm.transformer_lm_baevski_gbw,
+    decoder_self=llama4_decoder_self,
+    no_absolute_positions=True,
+)
