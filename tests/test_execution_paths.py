@@ -167,3 +167,12 @@ def test_the_paths_and_what_they_keep_follow_from_the_kinds_of_terms():
     assert TM.kept_for_backward(TM.Terms(window=window), P.Path.FLEX) is P.Keeps.PER_BATCH
     assert TM.kept_for_backward(TM.PLAIN, P.Path.SDPA_CAUSAL) is P.Keeps.NOTHING
     assert TM.kept_for_backward(TM.PLAIN, P.Path.EAGER) is P.Keeps.PER_BATCH
+
+
+def test_plain_terms_take_the_paths_their_kinds_give():
+    """``candidate_paths`` answers ``PLAIN`` (rope's terms, every decoding step) from a constant:
+    the same paths as any empty ``Terms``."""
+    from fairseq_distattn.functional.terms import PLAIN, Terms, candidate_paths
+
+    empty = Terms()
+    assert empty is not PLAIN and candidate_paths(PLAIN) == candidate_paths(empty)

@@ -295,9 +295,15 @@ def test_the_quickstart_offers_every_mechanism_both_self_attentions_accept(tmp_p
 MECHANISM_OPTION_FIELDS = [field for info in registered() for field in info.option_fields()]
 
 
+# a value of an option whose flag takes a list (one factor per rotated pair of the tiny models' heads of 8)
+LIST_VALUES = {"--rope-short-factor": "1,1.5,2,3", "--rope-long-factor": "2,3,5,9"}
+
+
 def _another_value(field: dataclasses.Field):
     """A value of the option's flag other than its default."""
     flag = option_flag(field)
+    if flag.flag in LIST_VALUES:
+        return LIST_VALUES[flag.flag]
     default, choices = flag.arg_default, flag.argparse.get("choices")
     if isinstance(default, bool):
         return not default

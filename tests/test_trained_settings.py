@@ -41,11 +41,11 @@ from fairseq_distattn.trained_settings import (
 try:  # tests/ is a package (tests/__init__.py)
     from .conftest import REPO_ROOT, cli_env, run_cli
     from .model_helpers import TINY, TINY_LM, parse, translation_model
-    from .test_registry import _another_value
+    from .test_registry import LIST_VALUES, _another_value
 except ImportError:  # rootdir-relative import mode without the package
     from conftest import REPO_ROOT, cli_env, run_cli
     from model_helpers import TINY, TINY_LM, parse, translation_model
-    from test_registry import _another_value
+    from test_registry import LIST_VALUES, _another_value
 
 MECHANISMS = [info.name for info in registered()]
 OPTION_FIELDS = list(option_fields())
@@ -168,13 +168,35 @@ def _choices(field):
     from fairseq_distattn.registry import OptionContext
 
     flag = option_flag(field)
-    if flag.argparse.get("choices") or not isinstance(flag.arg_default, str):
+    if flag.argparse.get("choices") or not isinstance(flag.arg_default, str) or flag.flag in LIST_VALUES:
         return flag.argparse.get("choices")
     try:
         flag.convert("no such value", OptionContext())
     except SpecError as error:
         return error.allowed.split(", ")
     return None
+
+
+# what an option's only_with setting needs beside it to be valid (longrope: the training length and both
+# factor lists, one factor per rotated pair of TINY's heads of 8)
+ONLY_WITH_COMPANIONS = {
+    ("rope_scaling", "longrope"): [
+        "--rope-original-length",
+        "4",
+        "--rope-short-factor",
+        "1,1,1,1",
+        "--rope-long-factor",
+        "1,2,4,8",
+    ],
+}
+
+
+def _only_with(flag) -> list:
+    """The flags of ``flag``'s ``only_with`` setting, with what it needs beside it."""
+    if flag.only_with is None:
+        return []
+    attribute, value = flag.only_with
+    return ["--" + attribute.replace("_", "-"), str(value), *ONLY_WITH_COMPANIONS.get(flag.only_with, [])]
 
 
 def _other_values(field):
@@ -256,9 +278,7 @@ def test_an_option_is_overridable_exactly_when_no_value_changes_the_parameters(f
     flag = option_flag(field)
     changes_parameters = False
     for user in option_users(field):
-        base = spec_flags(user)
-        if flag.only_with is not None:
-            base += ["--" + flag.only_with[0].replace("_", "-"), str(flag.only_with[1])]
+        base = [*spec_flags(user), *_only_with(flag)]
         reference = _parameters(translation_model(extra=[*TINY, *base], perturb=False)[0])
         for alternative in _alternatives(field, base):
             if "--distance-mask-direction" in alternative and alternative[-1] == "backward":
@@ -287,9 +307,7 @@ def test_an_override_may_not_change_the_mechanism(mechanism):
 def test_an_override_may_change_exactly_the_parameter_free_options(field):
     flag = option_flag(field)
     users = option_users(field) or ("rpr",)
-    base = spec_flags(users[0])
-    if flag.only_with is not None:
-        base += ["--" + flag.only_with[0].replace("_", "-"), str(flag.only_with[1])]
+    base = [*spec_flags(users[0]), *_only_with(flag)]
     alternative = next(a for a in _alternatives(field, base) if a[-1] != "backward")
     before, after = settings(base), settings([*base, *alternative])
     if flag.role in (EVALUATION, RUNTIME):

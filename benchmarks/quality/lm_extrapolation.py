@@ -65,12 +65,13 @@ DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "lm_extrapolation"
 LENGTHS = (64, 128, 256, 512, 1024, 2048)
 MODES = ("blocks", "sliding")
 # RoPE's context-length scalings: every --rope-scaling choice except none, yarn-paper (the
-# paper's ramp, kept as an option beside yarn, the authors' code that users run) and llama3 (issue 64:
-# its rows come with its runs, with the fine-tune protocol of issue 47). Each is evaluated
+# paper's ramp, kept as an option beside yarn, the authors' code that users run), llama3 and longrope
+# (issue 64: their rows come with their runs, with the fine-tune protocol of issue 47; longrope's factors
+# are searched per model). Each is evaluated
 # on the RoPE models as trained beyond their training length (up to it they scale by 1, which
 # changes nothing); xpos takes the same flags, but its published comparisons do not scale it, and
 # each scaling costs a full sweep
-ROPE_SCALINGS = tuple(mode for mode in SCALING_MODES if mode not in ("none", "yarn-paper", "llama3"))
+ROPE_SCALINGS = tuple(mode for mode in SCALING_MODES if mode not in ("none", "yarn-paper", "llama3", "longrope"))
 ROTARY_MECHANISMS = ("rope",)
 
 

@@ -436,11 +436,6 @@ class RotaryConfiguration(NamedTuple):
         return 1.0
 
 
-@functools.lru_cache(maxsize=256)
-def _cached_problem(configuration: RotaryConfiguration, fraction, head_dim) -> Optional[RotaryProblem]:
-    return fraction_problem(fraction, head_dim) or configuration.problem(head_dim)
-
-
 def check_rotary_arguments(
     head_dim: int,
     positions: int,
@@ -462,6 +457,50 @@ def check_rotary_arguments(
     """The call's :class:`RotaryConfiguration`; raise a ValueError naming the argument for
     what the command line refuses (the same predicates), and for an xPos scale base or
     centre whose factors leave float32 on ``positions`` positions (:func:`xpos_range_problem`)."""
+    arguments = (
+        head_dim,
+        base,
+        fraction,
+        scaling,
+        scaling_factor,
+        original_length,
+        low_frequency_factor,
+        high_frequency_factor,
+        kept_frequencies,
+        tuple(short_factor) if isinstance(short_factor, list) else short_factor,
+        tuple(long_factor) if isinstance(long_factor, list) else long_factor,
+        attention_factor,
+        xpos_scale_base,
+        xpos_centre,
+    )
+    try:  # every decoding step of every layer asks again: kept
+        configuration = _configuration(*arguments)
+    except TypeError:  # an unhashable value: checked uncached
+        configuration = _configuration.__wrapped__(*arguments)
+    if configuration.xpos_scale_base is not None:
+        problem = xpos_range_problem(configuration.xpos_scale_base, positions, configuration.xpos_centre)
+        if problem is not None:
+            raise problem.error()
+    return configuration
+
+
+@functools.lru_cache(maxsize=256)
+def _configuration(
+    head_dim,
+    base,
+    fraction,
+    scaling,
+    scaling_factor,
+    original_length,
+    low,
+    high,
+    kept,
+    short,
+    long,
+    attention,
+    xpos,
+    centre,
+) -> RotaryConfiguration:
     problem = fraction_problem(fraction, head_dim)
     if problem is not None:
         raise problem.error()
@@ -471,35 +510,30 @@ def check_rotary_arguments(
         scaling,
         scaling_factor,
         original_length,
-        low_frequency_factor,
-        high_frequency_factor,
-        kept_frequencies,
-        tuple(short_factor) if isinstance(short_factor, (tuple, list)) else short_factor,
-        tuple(long_factor) if isinstance(long_factor, (tuple, list)) else long_factor,
-        attention_factor,
-        xpos_scale_base,
-        xpos_centre,
+        low,
+        high,
+        kept,
+        short,
+        long,
+        attention,
+        xpos,
+        centre,
     )
-    try:
-        problem = _cached_problem(configuration, fraction, head_dim)
-    except TypeError:  # an unhashable value: checked uncached
-        problem = configuration.problem(head_dim)
-    if problem is None and xpos_scale_base is not None:
-        problem = xpos_range_problem(float(xpos_scale_base), positions, float(xpos_centre))
+    problem = configuration.problem(head_dim)
     if problem is not None:
         raise problem.error()
     return configuration._replace(
         base=float(base),
         scaling_factor=float(scaling_factor),
         original_length=int(original_length),
-        low_frequency_factor=float(low_frequency_factor),
-        high_frequency_factor=float(high_frequency_factor),
-        kept_frequencies=float(kept_frequencies),
-        short_factor=tuple(float(f) for f in configuration.short_factor),
-        long_factor=tuple(float(f) for f in configuration.long_factor),
-        attention_factor=float(attention_factor),
-        xpos_scale_base=None if xpos_scale_base is None else float(xpos_scale_base),
-        xpos_centre=0.0 if xpos_scale_base is None else float(xpos_centre),
+        low_frequency_factor=float(low),
+        high_frequency_factor=float(high),
+        kept_frequencies=float(kept),
+        short_factor=tuple(float(f) for f in short),
+        long_factor=tuple(float(f) for f in long),
+        attention_factor=float(attention),
+        xpos_scale_base=None if xpos is None else float(xpos),
+        xpos_centre=0.0 if xpos is None else float(centre),
     )
 
 

@@ -85,6 +85,8 @@ def candidate_paths(terms: Terms) -> FrozenSet[Path]:
     log-sum-exp) or a soft window alone; SDPA for an additive bias alone (a table that
     combines by addition is one), and its causal kernel where there is neither a bias
     nor ``allowed``. Logits or a normaliser of their own run eager only."""
+    if terms is PLAIN:  # rope's, xpos's, every decoding step of every layer: answered once
+        return _PLAIN_PATHS
     paths = {Path.EAGER}
     if terms.logits is not None or terms.normaliser is not None:
         return frozenset(paths)
@@ -102,6 +104,9 @@ def candidate_paths(terms: Terms) -> FrozenSet[Path]:
         if terms.bias is None and table is None and terms.allowed is None:
             paths.add(Path.SDPA_CAUSAL)
     return frozenset(paths)
+
+
+_PLAIN_PATHS = frozenset((Path.EAGER, Path.FUSED, Path.SDPA_CAUSAL))
 
 
 def _per_batch(tensor: Tensor) -> bool:
