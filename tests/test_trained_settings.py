@@ -189,6 +189,8 @@ def _other_values(field):
         return [value for value in _choices(field) if value != default]
     if not isinstance(default, (int, float)) or isinstance(default, bool):
         return [value for value in [_another_value(field)] if value != default]
+    if flag.flag == "--randomized-positions":
+        return [2048]  # N covers the tiny models' 1024 positions (a smaller N is refused)
     for value in (2 * default, default / 2, default + 1):
         try:
             flag.convert(value, OptionContext())
@@ -286,7 +288,8 @@ def test_an_override_may_not_change_the_mechanism(mechanism):
 @pytest.mark.parametrize("field", OPTION_FIELDS, ids=lambda field: option_flag(field).flag)
 def test_an_override_may_change_exactly_the_parameter_free_options(field):
     flag = option_flag(field)
-    users = option_users(field) or ("rpr",)
+    # the attention module's options: any mechanism (--randomized-positions: one that takes it)
+    users = option_users(field) or (("rope",) if flag.flag == "--randomized-positions" else ("rpr",))
     base = spec_flags(users[0])
     if flag.only_with is not None:
         base += ["--" + flag.only_with[0].replace("_", "-"), str(flag.only_with[1])]
