@@ -252,6 +252,21 @@ def _recompute_length(value, context):
     return value
 
 
+def _randomized_positions(value, context):
+    flag = "--randomized-positions"
+    if not is_integer(value) or value < 0:
+        raise SpecError(flag, value, "must be a non-negative integer", "an integer >= 0 (0: off)")
+    if value and context.max_positions and value < context.max_positions:
+        raise SpecError(
+            flag,
+            value,
+            f"smaller than the longest sequence the model accepts ({context.positions_flag} "
+            f"{context.max_positions}): a sorted sample of T distinct positions of [0, N) needs N >= T",
+            f"0 (off) or an integer >= {context.max_positions}",
+        )
+    return value
+
+
 @dataclass(frozen=True)
 class AttentionModuleOptions:
     """Options of the attention module itself, whatever its mechanism."""
@@ -285,6 +300,23 @@ class AttentionModuleOptions:
         "generation time as --model-overrides \"{{'attention_flex': 'never'}}\"",
         convert=one_of("--attention-flex", ("auto", "always", "never")),
         metavar="auto|always|never",
+        role=RUNTIME,
+    )
+    randomized_positions: int = option(
+        0,
+        "--randomized-positions",
+        "randomized positional encodings (Ruoss et al. 2023): in training only, each attention layer whose "
+        "mechanism reads positions draws, per batch, a sorted sample without replacement from [0, N) and uses it "
+        "for the positions 0..T-1 (rope: the rotation's positions; alibi: sorted distances r_1 < ... < r_(T-1) of "
+        "[1, N), an offset j-i read as sign(j-i) r_|j-i|), and fairseq's sinusoidal position embeddings embed "
+        "such a sample of [0, N); evaluation and decoding use 0..T-1 (the authors randomize at test time too). "
+        "Refused with xpos, kerple, sandwich, fire, t5-bias, rpr and transformer-xl (not yet) and with learned "
+        "position embeddings. N must be at least the longest sequence the model accepts; 0 = off "
+        "(default: {default})",
+        convert=_randomized_positions,
+        type=int,
+        metavar="N",
+        # a training setting, as dropout is: evaluation and decoding compute the same function whatever N
         role=RUNTIME,
     )
 

@@ -120,6 +120,13 @@ BAD_INPUTS = [
     (MT, ["--arch", "transformer", "--window-expected-mask"], "--window-expected-mask", ["distattn_transformer"]),
     (MT, ["--attention-recompute-length", "-5"], "--attention-recompute-length", ["-5"]),
     (MT, ["--attention-flex", "sometimes"], "--attention-flex", ["sometimes", "auto, always, never"]),
+    (MT, ["--randomized-positions", "-3"], "--randomized-positions", ["-3"]),
+    (
+        MT,
+        ["--no-token-positional-embeddings", "--randomized-positions", "2048"],
+        "--randomized-positions",
+        ["2048", "no layer's mechanism reads positions"],
+    ),
     (MT, ["--distance-mask-alpha", "inf"], "--distance-mask-alpha", ["inf"]),
     (MT, ["--distance-mask-alpha", "1e39"], "--distance-mask-alpha", ["1e+39"]),
     (MT, ["--distance-mask-alpha", "nan"], "--distance-mask-alpha", ["nan"]),

@@ -232,7 +232,15 @@ def test_every_op_of_the_package_s_mechanisms_is_part_of_the_functional_api():
 @pytest.mark.parametrize("name", sorted(OPS))
 def test_shared_arguments_are_keyword_only_and_identical(name):
     parameters = inspect.signature(OPS[name]).parameters
-    assert SHARED == ("key_padding_mask", "causal", "query_offset", "dropout_p", "need_weights", "flex")
+    assert SHARED == (
+        "key_padding_mask",
+        "causal",
+        "query_offset",
+        "dropout_p",
+        "need_weights",
+        "flex",
+        "position_map",
+    )
     for argument in SHARED:
         default = getattr(CallOptions(), argument)
         assert parameters[argument].kind is inspect.Parameter.KEYWORD_ONLY, argument

@@ -211,6 +211,8 @@ def _other_values(field):
         return [value for value in _choices(field) if value != default]
     if not isinstance(default, (int, float)) or isinstance(default, bool):
         return [value for value in [_another_value(field)] if value != default]
+    if flag.flag == "--randomized-positions":
+        return [2048]  # N covers the tiny models' 1024 positions (a smaller N is refused)
     for value in (2 * default, default / 2, default + 1):
         try:
             flag.convert(value, OptionContext())
@@ -306,7 +308,8 @@ def test_an_override_may_not_change_the_mechanism(mechanism):
 @pytest.mark.parametrize("field", OPTION_FIELDS, ids=lambda field: option_flag(field).flag)
 def test_an_override_may_change_exactly_the_parameter_free_options(field):
     flag = option_flag(field)
-    users = option_users(field) or ("rpr",)
+    # the attention module's options: any mechanism (--randomized-positions: one that takes it)
+    users = option_users(field) or (("rope",) if flag.flag == "--randomized-positions" else ("rpr",))
     base = [*spec_flags(users[0]), *_only_with(flag)]
     alternative = next(a for a in _alternatives(field, base) if a[-1] != "backward")
     before, after = settings(base), settings([*base, *alternative])

@@ -35,6 +35,7 @@ from .path_attention import path_attention
 from .paths import Call, CallOptions, Keeps, Path, choose_path
 from .position_tables import LseValueTerm, OffsetTable, ScoreTable, index_scalar, offsets
 from .query_value_interaction import query_aware_values, query_value_interaction_attention
+from .randomized_positions import map_offsets, map_positions, sample_distances, sample_positions
 from .relative_position import relative_position_attention
 from .rotary import (
     apply_turns,
@@ -115,6 +116,8 @@ __all__ = [
     "longrope_frequencies",
     "longrope_theta",
     "longrope_uses_long_factors",
+    "map_offsets",
+    "map_positions",
     "masked_softmax",
     "multiplicative_window_attention",
     "offsets",
@@ -131,6 +134,8 @@ __all__ = [
     "rotary_frequencies",
     "rotary_query_key",
     "rotate",
+    "sample_distances",
+    "sample_positions",
     "sandwich_attention",
     "sandwich_bias",
     "selection_penalty",

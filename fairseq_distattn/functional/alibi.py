@@ -54,10 +54,24 @@ def _paper_slope_values(tgt_len: int, src_len: int, num_heads: int, query_offset
 
 
 def alibi_table(
-    tgt_len: int, src_len: int, num_heads: int, query_offset: int, device, dtype, slopes: Optional[Tensor] = None
+    tgt_len: int,
+    src_len: int,
+    num_heads: int,
+    query_offset: int,
+    device,
+    dtype,
+    slopes: Optional[Tensor] = None,
+    position_map: Optional[Tensor] = None,
 ) -> OffsetTable:
     """``-m_h |i - j|`` per head and key offset (:class:`OffsetTable`): with the
-    paper's slopes formed in float64, else with ``slopes`` ``[H]`` in ``dtype``."""
+    paper's slopes formed in float64, else with ``slopes`` ``[H]`` in ``dtype``.
+    With a ``position_map`` (randomized distances ``r``), ``-m_h r_|i - j|``."""
+    if position_map is not None:
+        distance = offsets(tgt_len, src_len, query_offset, device, torch.float64, position_map).abs_()
+        if slopes is None:
+            paper = torch.tensor(alibi_slopes(num_heads), dtype=torch.float64, device=device)
+            return OffsetTable((paper[:, None] * distance).neg_().to(dtype), tgt_len)
+        return OffsetTable(-(slopes.to(dtype)[:, None] * distance.to(dtype)), tgt_len)
     if slopes is None:
         return OffsetTable(_paper_slope_values(tgt_len, src_len, num_heads, query_offset, device, dtype), tgt_len)
     distance = offsets(tgt_len, src_len, query_offset, device, dtype).abs_()
@@ -73,15 +87,21 @@ def alibi_bias(tgt_len: int, src_len: int, num_heads: int, query_offset: int, de
     return alibi_table(tgt_len, src_len, num_heads, query_offset, device, dtype).dense()
 
 
-def alibi_terms(q: Tensor, k: Tensor, slopes: Optional[Tensor] = None, *, query_offset: int) -> Terms:
+def alibi_terms(
+    q: Tensor, k: Tensor, slopes: Optional[Tensor] = None, *, query_offset: int, position_map: Optional[Tensor]
+) -> Terms:
     """ALiBi's table ``-m_h |i - j|`` (:func:`alibi_table`) for ``q`` and ``k``,
-    ``slopes`` ``[H]`` defaulting to the paper's (:func:`alibi_slopes`)."""
+    ``slopes`` ``[H]`` defaulting to the paper's (:func:`alibi_slopes`). With a
+    ``position_map`` (randomized distances ``r_0 = 0 < r_1 < ...``, Ruoss et al. 2023's
+    ``NOISY_ALIBI``), ``-m_h r_|i - j|``; the authors' non-causal form also adds
+    ``+0.5 m_h`` below the diagonal, in their deterministic ALiBi as well, which this
+    ALiBi (the paper's symmetric encoder form) does not have, randomized or not."""
     heads = q.size(1)
     if slopes is not None:
         check_tensor_argument("slopes", slopes, "q", q, dtypes=None)  # any floating dtype: converted
         if tuple(slopes.shape) != (heads,):
             raise ValueError(f"slopes must be [H] = ({heads},), one per head, got {tuple(slopes.shape)}")
-    table = alibi_table(q.size(2), k.size(2), heads, query_offset, q.device, logit_dtype(q.dtype), slopes)
+    table = alibi_table(q.size(2), k.size(2), heads, query_offset, q.device, logit_dtype(q.dtype), slopes, position_map)
     return Terms(offset_table=table)
 
 

@@ -20,7 +20,9 @@ dropout on the probabilities that multiply the values; returned probabilities
 are undropped), ``need_weights`` (False: the op returns ``(out, None)``,
 and a mechanism that is an additive bias on the logits runs fused) and ``flex``
 (``"auto"``, ``"always"`` or ``"never"``: whether a table read by ``j - i`` may
-run in flex_attention, :func:`paths.choose_path`).
+run in flex_attention, :func:`paths.choose_path`) and ``position_map`` (randomized
+positions, :mod:`.randomized_positions`: only the ops whose terms read positions take
+one; None, the default, is the ordinary positions).
 """
 
 import contextlib
@@ -310,12 +312,14 @@ INPUTS = ("q", "k", "v")
 
 def attention_op(terms_of: Callable[..., Terms], name: str, doc: str) -> Callable[..., Tuple[Tensor, Optional[Tensor]]]:
     """The public op ``name(q, k, v, *args, key_padding_mask=None, causal=False,
-    query_offset=0, dropout_p=0.0, need_weights=True, flex="auto", **own)`` of the
+    query_offset=0, dropout_p=0.0, need_weights=True, flex="auto", position_map=None,
+    **own)`` of the
     terms function ``terms_of(q, k[, v], *args, **own, **read)``: it checks the
     shared arguments, builds the call's :class:`paths.CallOptions` and runs
     :func:`attend` on the terms. ``read`` are the call options ``terms_of`` names as
-    keyword-only parameters (``query_offset``, ``causal``, ``key_padding_mask``): a
-    terms function takes only what it uses. The op's ``terms(q, k, v, args, own,
+    keyword-only parameters (``query_offset``, ``causal``, ``key_padding_mask``,
+    ``position_map``): a terms function takes only what it uses, and an op whose terms
+    function does not read ``position_map`` refuses one (a ValueError). The op's ``terms(q, k, v, args, own,
     options)`` makes the terms alone (the attention module's call); its signature
     is the terms function's with the inputs and the shared arguments."""
     parameters = inspect.signature(terms_of).parameters
@@ -342,10 +346,13 @@ def attention_op(terms_of: Callable[..., Terms], name: str, doc: str) -> Callabl
         dropout_p: float = 0.0,
         need_weights: bool = True,
         flex: str = "auto",
+        position_map: Optional[Tensor] = None,
         **own,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
-        options = CallOptions(key_padding_mask, causal, query_offset, dropout_p, need_weights, flex)
+        if position_map is not None and "position_map" not in read:
+            raise ValueError(f"{name} reads no positions: position_map must be None")
+        options = CallOptions(key_padding_mask, causal, query_offset, dropout_p, need_weights, flex, position_map)
         return attend(q, k, v, terms(q, k, v, args, own, options), options)
 
     op.__name__ = op.__qualname__ = name

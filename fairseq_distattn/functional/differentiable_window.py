@@ -245,6 +245,7 @@ def additive_window_attention(
     dropout_p: float = 0.0,
     need_weights: bool = True,
     flex: str = "auto",
+    position_map: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """AW, eqs. 14-17. Returns ``(out, probs)``; the masked local scores are an
     additive bias, so ``need_weights=False`` runs fused and returns ``(out, None)``.
@@ -254,6 +255,8 @@ def additive_window_attention(
     check_attention_arguments(
         q_global, k_global, v, key_padding_mask, causal, query_offset, dropout_p, names=global_names
     )
+    if position_map is not None:
+        raise ValueError("additive_window_attention reads no positions: position_map must be None")
     options = CallOptions(key_padding_mask, causal, query_offset, dropout_p, need_weights, flex)
     local = dict(key_padding_mask=key_padding_mask, causal=causal, query_offset=query_offset)
     return attend(

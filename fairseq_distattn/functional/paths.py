@@ -59,7 +59,11 @@ class CallOptions(NamedTuple):
     attention module and handed down whole; the defaults are the ops'. ``flex_from``
     is the key length from which ``flex`` may take flex_attention (the attention
     module's ``--attention-recompute-length`` under ``--attention-flex auto``); the
-    ops take every length."""
+    ops take every length. ``position_map``: randomized positions
+    (``--randomized-positions``, :mod:`.randomized_positions`), a strictly increasing
+    long tensor ``phi`` that the ops whose terms read positions apply (an absolute
+    position ``t`` read as ``phi[t]``, an offset ``d`` as ``sign(d) phi[|d|]``); None:
+    the ordinary positions."""
 
     key_padding_mask: Optional[Tensor] = None
     causal: bool = False
@@ -67,6 +71,7 @@ class CallOptions(NamedTuple):
     dropout_p: float = 0.0
     need_weights: bool = True
     flex: str = "auto"
+    position_map: Optional[Tensor] = None
     flex_from: int = 0
 
     def op_keywords(self) -> Dict[str, object]:

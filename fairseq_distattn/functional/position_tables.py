@@ -23,6 +23,8 @@ from typing import Callable, Optional, Protocol
 import torch
 from torch import Tensor
 
+from .randomized_positions import map_offsets
+
 COMBINES = ("add", "relu-multiply")  # a bias on the scaled score; ReLU(score) * value (DA's eq. 6)
 
 
@@ -49,9 +51,14 @@ def check_bias_table_arguments(tgt_len: int, src_len: int, query_offset: int, dt
         raise ValueError(f"dtype must be a floating point torch.dtype, got {dtype!r}")
 
 
-def offsets(tgt_len: int, src_len: int, query_offset: int, device, dtype=torch.long) -> Tensor:
+def offsets(
+    tgt_len: int, src_len: int, query_offset: int, device, dtype=torch.long, position_map: Optional[Tensor] = None
+) -> Tensor:
     """The key's position relative to the query's, ``j - (query_offset + i)``,
     once per diagonal of a ``[Tq, Tk]`` matrix: entry ``j - i + Tq - 1``.
+    With a ``position_map`` ``phi`` (randomized positions, :mod:`.randomized_positions`)
+    each offset ``d`` is its randomized distance ``sign(d) phi[|d|]`` instead: still
+    one value per diagonal, so every table read by ``j - i`` keeps its layout.
 
     ``Tq + Tk - 1`` entries. Without queries (``Tq = 0``: nothing reads the
     table) the ``Tk`` offsets of the keys from ``query_offset``, as for one
@@ -59,7 +66,10 @@ def offsets(tgt_len: int, src_len: int, query_offset: int, device, dtype=torch.l
     (:attr:`OffsetTable.src_len`)."""
     check_position_arguments(tgt_len, src_len, query_offset)
     first = -(max(tgt_len, 1) - 1) - query_offset
-    return torch.arange(first, src_len - query_offset, device=device, dtype=dtype)
+    if position_map is None:
+        return torch.arange(first, src_len - query_offset, device=device, dtype=dtype)
+    relative = torch.arange(first, src_len - query_offset, device=device)
+    return map_offsets(relative, position_map).to(dtype)
 
 
 @functools.lru_cache(maxsize=256)

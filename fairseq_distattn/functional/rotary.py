@@ -104,6 +104,7 @@ from torch import Tensor
 from ..registry import FLOAT32_MAX, SpecError, finite_number, is_integer
 from .attention import attention_op
 from .masking import position_tensor, sequence_positions
+from .randomized_positions import map_positions
 from .rotary_scaling import (
     llama3_frequencies,
     longrope_default_attention_factor,
@@ -724,6 +725,7 @@ def rotary_query_key(
     key_padding_mask: Optional[Tensor] = None,
     query_offset: int = 0,
     key_offset: int = 0,
+    position_map: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Queries and keys of self-attention rotated at their positions: query row i
     sits at index ``query_offset + i`` and key j at ``key_offset + j`` of the
@@ -739,7 +741,11 @@ def rotary_query_key(
     + Tk)``: HF's ``max(position_ids) + 1`` wherever the batch's longest sequence has no
     leading padding (in every fairseq batch). Arguments the command line would refuse,
     and an xPos scale base or centre whose factors leave float32 over the positions of
-    this call, raise a ValueError naming the argument (:func:`check_rotary_arguments`)."""
+    this call, raise a ValueError naming the argument (:func:`check_rotary_arguments`).
+    ``position_map`` ``phi`` (randomized positions, Ruoss et al. 2023's ``NOISY_ROTARY``):
+    a token at position ``t`` (counted as above) is rotated by ``phi[t]`` instead, queries
+    and keys by the same map, so a logit depends on ``phi[n] - phi[m]``
+    (:mod:`.randomized_positions`)."""
     longest = max(query_offset + q.size(2), key_offset + k.size(2))
     configuration = check_rotary_arguments(
         q.size(-1),
@@ -762,6 +768,10 @@ def rotary_query_key(
     long_factors = configuration.uses_long_factors(longest)
 
     def turn(side: str, x: Tensor, offset: int) -> Tensor:
+        if position_map is not None:
+            theta, query_scale, key_scale = _rotation(configuration, long_factors, x.device, compute)
+            positions = map_positions(sequence_positions(key_padding_mask, x.size(2), offset, x.device), position_map)
+            return turns(positions, theta, query_scale if side == "query" else key_scale, configuration.xpos_centre)
         if key_padding_mask is None:
             return _unpadded_turns(x.size(2), 1, offset, side, configuration, long_factors, x.device, compute)
         # rows of the (cached) unpadded turns at each sentence's positions: a gather
@@ -803,8 +813,10 @@ def rotary_terms(
     xpos_centre: Optional[float] = None,
     key_padding_mask: Optional[Tensor],
     query_offset: int,
+    position_map: Optional[Tensor],
 ) -> Terms:
-    """The queries and keys rotated (:func:`rotary_query_key`), nothing else."""
+    """The queries and keys rotated (:func:`rotary_query_key`, at the randomized
+    positions of ``position_map`` where given), nothing else."""
     if xpos_centre is None:
         xpos_centre = (max(query_offset + q.size(2), k.size(2)) - 1) / 2 if xpos_scale_base is not None else 0.0
     rotated_q, rotated_k = rotary_query_key(
@@ -825,6 +837,7 @@ def rotary_terms(
         xpos_centre=xpos_centre,
         key_padding_mask=key_padding_mask,
         query_offset=query_offset,
+        position_map=position_map,
     )
     return Terms(query=rotated_q, key=rotated_k)
 

@@ -21,7 +21,10 @@ from .base import Mechanism, PositionTerm
 class ALiBi(Mechanism):
     """Press et al. 2022: the paper's slopes for this layer's heads (not learned,
     nothing saved in checkpoints); the LM preset ``distattn_lm_alibi_gbw`` drops
-    the position embeddings, as the paper does."""
+    the position embeddings, as the paper does. ``--randomized-positions`` reads its
+    offsets as sampled distances (Ruoss et al. 2023's ``NOISY_ALIBI``)."""
+
+    random_positions = "distances"
 
     def extra_repr(self) -> str:
         slopes = alibi_slopes(self.config.num_heads)

@@ -131,6 +131,12 @@ class Mechanism(nn.Module):
     # a sequence length whose crossing makes the keys cached before it stale (LongRoPE's switch of
     # factors): the decoder then recomputes its whole decoding cache once, in one pass (None: never)
     cache_recompute_length: Optional[int] = None
+    # what --randomized-positions randomizes in this mechanism's training calls (Ruoss et al. 2023):
+    # "positions" (sorted positions of [0, N), given to encode_positions: RoPE's rotation), "distances"
+    # (sorted distances of [1, N) for the offsets j - i its terms read: ALiBi's table), or None: its terms
+    # read no positions, or it does not take randomized ones (the model-wide check refuses those listed in
+    # modules.transformer.RANDOMIZED_NOT_YET); the call's CallOptions.position_map holds the draw
+    random_positions: Optional[str] = None
 
     def __init__(self, config: MechanismConfig):
         super().__init__()
@@ -180,11 +186,14 @@ class Mechanism(nn.Module):
         keys: Dict[str, Tensor],
         key_padding_mask: Optional[Tensor],
         query_offset: int,
+        *,
+        position_map: Optional[Tensor] = None,
     ) -> Tuple[Dict[str, Tensor], Dict[str, Tensor]]:
         """Position information put into the projections themselves (RoPE's
-        rotation), by default none. The attention module calls it on each call's
-        new queries and keys before it caches the keys, so a decoding step encodes
-        only its own token: its rows sit at index ``query_offset`` on of the
+        rotation), by default none. ``position_map``: the call's randomized positions
+        (given only to a mechanism whose ``random_positions`` is ``"positions"``). The
+        attention module calls it on each call's new queries and keys before it caches
+        the keys, so a decoding step encodes only its own token: its rows sit at index ``query_offset`` on of the
         self-attended sequence, whose whole padding (cached steps included)
         ``key_padding_mask`` marks."""
         return queries, keys

@@ -323,12 +323,18 @@ class Rotary(Mechanism):
     rotation is applied where the attention module hands over a layer's new
     projections (:meth:`encode_positions`), so each key is cached already
     rotated at its own position and a decoding step rotates only its own
-    query and key; the attention itself is the plain one."""
+    query and key; the attention itself is the plain one. ``--randomized-positions``
+    rotates RoPE's training calls by sampled positions (Ruoss et al. 2023's
+    ``NOISY_ROTARY``; xPos does not take them yet)."""
+
+    random_positions = "positions"
 
     def __init__(self, config: MechanismConfig):
         super().__init__(config)
         options = config.options
         self.xpos = config.name == "xpos"
+        # --randomized-positions: RoPE rotates by sampled positions (NOISY_ROTARY); xPos is refused (not yet)
+        self.random_positions = None if self.xpos else "positions"
         check_rotated_pairs(options.rope_fraction, config.head_dim)
         self.arguments = _op_arguments(options, self.xpos)
         if self.xpos:
@@ -401,13 +407,14 @@ class Rotary(Mechanism):
             text += f", xpos scale_base={self.arguments['xpos_scale_base']:g}"
         return text
 
-    def encode_positions(self, queries, keys, key_padding_mask, query_offset):
+    def encode_positions(self, queries, keys, key_padding_mask, query_offset, *, position_map=None):
         query, key = rotary_query_key(
             queries["query"],
             keys["key"],
             key_padding_mask=key_padding_mask,
             query_offset=query_offset,
             key_offset=query_offset,
+            position_map=position_map,
             **self.arguments,
         )
         return {**queries, "query": query}, {**keys, "key": key}

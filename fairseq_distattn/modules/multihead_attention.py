@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..functional.paths import Call, CallOptions, module_flex
+from ..functional.randomized_positions import sample_distances, sample_positions
 from ..mechanisms import Stack, build_mechanism
 from ..spec import AttentionOptions
 
@@ -69,6 +70,8 @@ class MechanismMultiheadAttention(MultiheadAttention):
         # the attention module's own options (the mechanism gets only its own options dataclass)
         self.attention_flex = options.module.attention_flex
         self.recompute_length = options.module.attention_recompute_length
+        # --randomized-positions N (0: off): the range this module's training calls draw positions from
+        self.randomized_positions = options.module.randomized_positions
         # --attention-flex leaves the CPU alone; tests set this to run flex's eager CPU form where it takes flex
         self.flex_on_cpu = False
 
@@ -125,6 +128,7 @@ class MechanismMultiheadAttention(MultiheadAttention):
         queries.update((name, self._heads(proj(query))) for name, proj in self.extra_query_proj.items())
 
         query_offset = 0
+        position_map: Optional[Tensor] = None
         if saved_state is not None and static_kv and "prev_key" in saved_state:
             keys = {name[len("prev_") :]: tensor for name, tensor in saved_state.items() if self._is_cached_key(name)}
             key_padding_mask = saved_state.get("prev_key_padding_mask")
@@ -142,7 +146,13 @@ class MechanismMultiheadAttention(MultiheadAttention):
                     src_len=query_offset + keys["key"].size(2),
                     static_kv=static_kv,
                 )
-            queries, keys = self.mechanism.encode_positions(queries, keys, key_padding_mask, query_offset)
+            position_map = self._draw_position_map(saved_state, query.size(0), keys["key"].size(2))
+            if position_map is None:
+                queries, keys = self.mechanism.encode_positions(queries, keys, key_padding_mask, query_offset)
+            else:
+                queries, keys = self.mechanism.encode_positions(
+                    queries, keys, key_padding_mask, query_offset, position_map=position_map
+                )
             if saved_state is not None:
                 if cached:
                     for name in keys:
@@ -164,7 +174,16 @@ class MechanismMultiheadAttention(MultiheadAttention):
         # the path is chosen by functional.paths.choose_path on the mechanism's terms, for the call and for
         # the recompute decision alike
         flex, flex_from = module_flex(self.attention_flex, self.recompute_length, self.flex_on_cpu)
-        options = CallOptions(key_padding_mask, self.causal, query_offset, dropout_p, need_weights, flex, flex_from)
+        options = CallOptions(
+            key_padding_mask,
+            self.causal,
+            query_offset,
+            dropout_p,
+            need_weights,
+            flex,
+            position_map=position_map,
+            flex_from=flex_from,
+        )
         if saved_state is None and self._recomputes_in_row_blocks(queries, keys, options):
             out, probs = self._attend_in_recomputed_chunks(queries, keys, options)
         else:
@@ -179,6 +198,25 @@ class MechanismMultiheadAttention(MultiheadAttention):
             if not need_head_weights:
                 weights = weights.mean(dim=0)
         return out, weights
+
+    def _draw_position_map(self, saved_state, tgt_len: int, src_len: int) -> Optional[Tensor]:
+        """This call's randomized positions (``--randomized-positions N``, Ruoss et al. 2023):
+        in training only, for a mechanism that reads them (:attr:`Mechanism.random_positions`),
+        one draw per call and so per layer, as the authors draw in every attention layer, shared
+        by the batch and by the row blocks of a recomputed call: sorted positions of ``[0, N)``
+        for a mechanism that rotates by positions (``"positions"``), sorted distances of
+        ``[1, N)`` for one read by ``j - i`` (``"distances"``; :mod:`functional.randomized_positions`).
+        None in evaluation and decoding, which take the ordinary positions: a decoding step
+        cannot draw a sorted sample for a length it does not know yet (the authors randomize
+        at test time too; this is a deviation)."""
+        kind = self.mechanism.random_positions
+        if not (self.training and self.randomized_positions and kind and saved_state is None):
+            return None
+        length = max(tgt_len, src_len)
+        device = self.q_proj.weight.device
+        if kind == "positions":
+            return sample_positions(length, self.randomized_positions, device)
+        return sample_distances(length, self.randomized_positions, device)
 
     def _recomputes_in_row_blocks(self, queries, keys, options: CallOptions) -> bool:
         """Whether this full-sequence call runs in recomputed row blocks (the

@@ -11,15 +11,104 @@ import functools
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
+import torch
 from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase, TransformerEncoderBase
+from fairseq.modules import SinusoidalPositionalEmbedding
 
+from ..functional.randomized_positions import sample_positions
 from ..mechanisms import Stack
-from ..registry import CROSS, DECODER_SELF, ENCODER_SELF
+from ..registry import CROSS, DECODER_SELF, ENCODER_SELF, REGISTRY
 from ..spec import AttentionOptions, SpecError, check_no_pruning_in_training, pruned_spec
 from .multihead_attention import cache_recompute_lengths, filling_a_new_cache
 from .transformer_layer import DistAttnDecoderLayer, DistAttnEncoderLayer, LayerAttentionPlan, wrap_layer
 
 SOURCE_POSITIONS, TARGET_POSITIONS = "--max-source-positions", "--max-target-positions"
+RANDOMIZED_POSITIONS = "--randomized-positions"
+# mechanisms whose terms read positions but that do not take --randomized-positions yet
+RANDOMIZED_NOT_YET = frozenset({"xpos", "kerple", "sandwich", "fire", "t5-bias", "rpr", "transformer-xl"})
+
+
+class RandomizedSinusoidalPositionalEmbedding(SinusoidalPositionalEmbedding):
+    """fairseq's sinusoidal position embeddings with ``--randomized-positions N``
+    (Ruoss et al. 2023's ``NOISY_SIN_COS``): in training, each forward pass draws
+    one sorted sample ``p_0 < ... < p_{T-1}`` of ``[0, N)`` for the batch's length
+    ``T`` (:func:`functional.randomized_positions.sample_positions`) and embeds the
+    token of rank ``t`` in its sentence (after any left padding) at ``p_t``, where
+    fairseq embeds it at ``t``; the encoder and the decoder each draw their own (the
+    authors' model is one encoder over ``[input; outputs]``, which draws once for
+    both). Evaluation and decoding embed ``0..T-1``, as fairseq does (the authors
+    randomize at test time too: a decoding step could not draw a sorted sample for
+    a length it does not know yet). Its table is fairseq's (the [sin | cos] layout
+    of tensor2tensor, as the authors'), built for ``N`` positions; nothing is saved."""
+
+    def __init__(self, embedding_dim: int, padding_idx: int, randomized_positions: int, init_size: int = 1024):
+        super().__init__(embedding_dim, padding_idx, init_size=max(init_size, padding_idx + 1 + randomized_positions))
+        self.randomized_positions = randomized_positions
+
+    def forward(self, input, incremental_state=None, timestep=None, positions=None):
+        if not (self.training and self.randomized_positions and incremental_state is None and positions is None):
+            return super().forward(input, incremental_state, timestep, positions)
+        bsz, seq_len = input.shape
+        real = input.ne(self.padding_idx)
+        rank = (torch.cumsum(real, dim=1) - 1).clamp_min(0)
+        drawn = sample_positions(seq_len, self.randomized_positions, input.device)
+        index = torch.where(real, self.padding_idx + 1 + drawn[rank], self.padding_idx)
+        return self.weights.index_select(0, index.view(-1)).view(bsz, seq_len, -1).detach()
+
+    def extra_repr(self) -> str:
+        return f"randomized_positions={self.randomized_positions}"
+
+
+def randomize_embedded_positions(stack, randomized_positions: int) -> None:
+    """Give ``stack`` (an encoder or decoder) randomized sinusoidal position embeddings
+    where it has fairseq's sinusoidal ones and ``randomized_positions`` is on."""
+    embed = getattr(stack, "embed_positions", None)
+    if randomized_positions and type(embed) is SinusoidalPositionalEmbedding:
+        stack.embed_positions = RandomizedSinusoidalPositionalEmbedding(
+            embed.embedding_dim, embed.padding_idx, randomized_positions, init_size=embed.weights.size(0)
+        ).to(embed.weights.device)
+
+
+def check_randomized_positions(cfg, plans: "ModelAttentionPlans", decoder_only: bool = False) -> None:
+    """Raise SpecError where ``--randomized-positions`` is on and nothing would take it:
+    no layer whose mechanism reads positions (:attr:`Mechanism.random_positions`) and no
+    sinusoidal position embeddings; a layer whose mechanism reads positions but does not
+    take randomized ones yet; learned position embeddings, whose table has only the
+    model's positions (the authors' ``NOISY_LEARNT`` learns a table of ``N`` rows)."""
+    value = plans.options.module.randomized_positions
+    if not value:
+        return
+    names = plans.mechanisms()
+    for name in names:
+        if name in RANDOMIZED_NOT_YET:
+            raise SpecError(
+                RANDOMIZED_POSITIONS,
+                value,
+                f"{name} reads positions but does not take randomized ones (not yet)",
+                "0 (off) with " + name + ", or a mechanism that takes them: rope, alibi "
+                "(or fairseq's sinusoidal position embeddings)",
+            )
+    embedded = not cfg.no_token_positional_embeddings
+    sides = ("decoder",) if decoder_only else ("encoder", "decoder")
+    learned = [side for side in sides if getattr(cfg, side).learned_pos]
+    if embedded and learned:
+        raise SpecError(
+            RANDOMIZED_POSITIONS,
+            value,
+            f"--{learned[0]}-learned-pos: learned position embeddings have a row for each of the model's "
+            "positions only, not for N (the authors' NOISY_LEARNT learns N rows)",
+            "0 (off) with learned position embeddings, or sinusoidal ones (leave out --encoder-learned-pos "
+            "and --decoder-learned-pos)",
+        )
+    reads = [name for name in names if REGISTRY[name].module.random_positions]
+    if not reads and not embedded:
+        raise SpecError(
+            RANDOMIZED_POSITIONS,
+            value,
+            "no layer's mechanism reads positions and the model has no sinusoidal position embeddings "
+            "(--no-token-positional-embeddings), so nothing would be randomized",
+            "0 (off), or a mechanism that reads positions (rope, alibi) or the sinusoidal embeddings",
+        )
 
 
 def mechanism_options(cfg, decoder_only: bool = False, target_flag: str = TARGET_POSITIONS) -> AttentionOptions:
@@ -123,13 +212,15 @@ def translation_plans(
     ``trained_layers``: the encoder's and the decoder's, as there)."""
     options = mechanism_options(cfg)
     encoder_layers, decoder_layers = trained_layers
-    return ModelAttentionPlans(
+    plans = ModelAttentionPlans(
         options,
         encoder=encoder_plans(cfg, options, new_model, encoder_layers),
         decoder=decoder_plans(
             cfg, options, no_encoder_attn=cfg.no_cross_attention, new_model=new_model, trained_layers=decoder_layers
         ),
     )
+    check_randomized_positions(cfg, plans)
+    return plans
 
 
 def language_model_plans(
@@ -138,7 +229,13 @@ def language_model_plans(
     """The plans of a decoder-only model (``target_flag`` as for :func:`decoder_plans`)."""
     options = mechanism_options(cfg, decoder_only=True, target_flag=target_flag)
     plans = decoder_plans(cfg, options, no_encoder_attn=True, target_flag=target_flag, new_model=new_model)
-    return ModelAttentionPlans(options, decoder=plans)
+    model_plans = ModelAttentionPlans(options, decoder=plans)
+    check_randomized_positions(cfg, model_plans, decoder_only=True)
+    return model_plans
+
+
+def _randomized_positions(layer_plans: Sequence[LayerAttentionPlan]) -> int:
+    return layer_plans[0].options.module.randomized_positions if layer_plans else 0
 
 
 class DistAttnTransformerEncoder(TransformerEncoderBase):
@@ -149,6 +246,7 @@ class DistAttnTransformerEncoder(TransformerEncoderBase):
         self.layer_plans = tuple(layer_plans)
         self._plans_to_build = iter(self.layer_plans)
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
+        randomize_embedded_positions(self, _randomized_positions(self.layer_plans))
 
     def build_encoder_layer(self, cfg):
         return wrap_layer(DistAttnEncoderLayer(cfg, next(self._plans_to_build), return_fc=self.return_fc), cfg)
@@ -174,6 +272,7 @@ class DistAttnTransformerDecoder(TransformerDecoderBase):
         super().__init__(
             cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn, output_projection=output_projection
         )
+        randomize_embedded_positions(self, _randomized_positions(self.layer_plans))
         self.cache_recompute_lengths = cache_recompute_lengths(self)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):

@@ -1,0 +1,292 @@
+"""``--randomized-positions N`` (Ruoss et al. 2023, google-deepmind/randomized_positional_encodings
+at e8c64749): the samplers, the ops against the authors' definitions restated in float64,
+the models (training draws, evaluation and decoding are the ordinary model), and the refusals."""
+
+import math
+import re
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from fairseq_distattn.functional import alibi_attention, alibi_slopes, rotary_attention, softmax_attention
+from fairseq_distattn.functional.position_tables import offsets
+from fairseq_distattn.functional.randomized_positions import (
+    map_offsets,
+    sample_distances,
+    sample_positions,
+)
+from fairseq_distattn.modules.transformer import RandomizedSinusoidalPositionalEmbedding
+
+from .model_helpers import TINY, TINY_LM, language_model, parse, random_tokens, right_pad, translation_model
+
+N = 2048  # the authors' noise_max_length (experiments/example.py:73); >= the tiny models' 1024 positions
+
+# --------------------------------------------------------------------------- (a) the samplers
+
+
+@pytest.mark.parametrize("length,high", [(0, 5), (1, 1), (5, 5), (7, 40), (64, 2048)])
+def test_positions_are_a_sorted_sample_without_replacement_of_0_to_n(length, high):
+    drawn = sample_positions(length, high, generator=torch.Generator().manual_seed(length))
+    assert drawn.dtype == torch.long and drawn.shape == (length,)
+    assert bool((drawn[1:] > drawn[:-1]).all())  # sorted and distinct
+    assert length == 0 or (int(drawn.min()) >= 0 and int(drawn.max()) < high)
+    if length == high:
+        assert drawn.tolist() == list(range(high))
+
+
+@pytest.mark.parametrize("length,high", [(1, 1), (5, 5), (7, 40), (64, 2048)])
+def test_distances_start_at_0_then_a_sorted_sample_of_1_to_n(length, high):
+    drawn = sample_distances(length, high, generator=torch.Generator().manual_seed(length))
+    assert drawn.shape == (length,) and int(drawn[0]) == 0
+    assert bool((drawn[1:] > drawn[:-1]).all())
+    assert length == 1 or (int(drawn[1:].min()) >= 1 and int(drawn.max()) < high)
+
+
+def test_the_draws_follow_torch_s_seed_and_cover_the_range():
+    torch.manual_seed(3)
+    first = sample_positions(10, 100), sample_distances(10, 100)
+    torch.manual_seed(3)
+    again = sample_positions(10, 100), sample_distances(10, 100)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    torch.manual_seed(4)
+    assert not torch.equal(sample_positions(10, 100), first[0])
+    # position 0 itself is drawn (not forced), and every position of [0, N) can be
+    seen = torch.zeros(12, dtype=torch.bool)
+    for seed in range(200):
+        seen[sample_positions(3, 12, generator=torch.Generator().manual_seed(seed))] = True
+    assert bool(seen.all())
+
+
+def test_a_sample_larger_than_the_range_is_refused():
+    with pytest.raises(ValueError, match="max_position must be at least 6"):
+        sample_positions(6, 5)
+    with pytest.raises(ValueError, match="max_position must be at least 6"):
+        sample_distances(6, 5)
+
+
+def test_offsets_read_through_the_distance_map_are_the_authors_sign_mapped_distances():
+    """The research note's NOISY_RELATIVE example (r = 1, 6, 7, 8; T = 5): phi(j - i)."""
+    r = torch.tensor([0, 1, 6, 7, 8])
+    expected = [[0, 1, 6, 7, 8], [-1, 0, 1, 6, 7], [-6, -1, 0, 1, 6], [-7, -6, -1, 0, 1], [-8, -7, -6, -1, 0]]
+    table = offsets(5, 5, 0, "cpu", position_map=r)
+    dense = torch.stack([table[j - i + 4] for i in range(5) for j in range(5)]).view(5, 5)  # entry j - i + Tq - 1
+    assert dense.tolist() == expected
+    relative = torch.arange(5)[None, :] - torch.arange(5)[:, None]
+    assert map_offsets(relative, r).tolist() == expected
+    with pytest.raises(ValueError, match="fewer than the 5 distances"):
+        map_offsets(relative, r[:4])
+
+
+# --------------------------------------------------------------------------- (b) the ops, restated
+
+
+def _inputs(batch=2, heads=4, length=6, dim=8, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, heads, length, dim, generator=generator, dtype=torch.float64) for _ in range(3)]
+
+
+def _rotated(x, positions, base=10000.0):
+    """RoPE (the authors' PE:310-362, GPT-J interleaved pairs): pair (2k, 2k+1) turned by
+    ``p * base^(-2k/d)`` at position p."""
+    dim = x.size(-1)
+    theta = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    angle = positions.to(torch.float64)[:, None] * theta[None, :]  # [T, d/2]
+    cos, sin = angle.cos(), angle.sin()
+    even, odd = x[..., 0::2], x[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = even * cos - odd * sin
+    out[..., 1::2] = even * sin + odd * cos
+    return out
+
+
+def _reference(q, k, v, logits_extra=None, causal=False, rotate_by=None):
+    if rotate_by is not None:
+        q, k = _rotated(q, rotate_by), _rotated(k, rotate_by)
+    logits = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))
+    if logits_extra is not None:
+        logits = logits + logits_extra
+    if causal:
+        length = q.size(2)
+        logits = logits.masked_fill(torch.ones(length, length, dtype=torch.bool).triu(1), float("-inf"))
+    probs = logits.softmax(-1)
+    return probs @ v, probs
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_rope_rotates_by_the_sampled_positions(causal):
+    q, k, v = _inputs()
+    positions = sample_positions(6, 50, generator=torch.Generator().manual_seed(1))
+    out, probs = rotary_attention(q, k, v, causal=causal, position_map=positions)
+    want_out, want_probs = _reference(q, k, v, causal=causal, rotate_by=positions)
+    assert_close(probs, want_probs, rtol=1e-12, atol=1e-12)
+    assert_close(out, want_out, rtol=1e-12, atol=1e-12)
+    # the logit depends on p_j - p_i only: shifting every position changes nothing
+    shifted, _ = rotary_attention(q, k, v, causal=causal, position_map=positions + 17)
+    assert_close(shifted, out, rtol=1e-10, atol=1e-10)
+    # the identity map is the ordinary model
+    ordinary, _ = rotary_attention(q, k, v, causal=causal)
+    assert_close(rotary_attention(q, k, v, causal=causal, position_map=torch.arange(6))[0], ordinary)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_alibi_reads_the_sampled_distances(causal, need_weights):
+    q, k, v = _inputs()
+    r = sample_distances(6, 50, generator=torch.Generator().manual_seed(2))
+    slopes = torch.tensor(alibi_slopes(4), dtype=torch.float64)
+    distance = r[(torch.arange(6)[None, :] - torch.arange(6)[:, None]).abs()].to(torch.float64)
+    bias = -slopes[:, None, None] * distance  # the authors' NOISY_ALIBI -m_h r_|j-i| (without their +0.5 m_h)
+    want_out, want_probs = _reference(q, k, v, bias, causal=causal)
+    out, probs = alibi_attention(q, k, v, causal=causal, need_weights=need_weights, position_map=r)
+    assert_close(out, want_out, rtol=1e-12, atol=1e-12)
+    if need_weights:
+        assert_close(probs, want_probs, rtol=1e-12, atol=1e-12)
+    # learned slopes too, and the identity map is the ordinary ALiBi
+    out_slopes, _ = alibi_attention(q, k, v, slopes, causal=causal, position_map=r)
+    assert_close(out_slopes, want_out, rtol=1e-12, atol=1e-12)
+    assert_close(
+        alibi_attention(q, k, v, causal=causal, position_map=torch.arange(6))[0],
+        alibi_attention(q, k, v, causal=causal)[0],
+    )
+
+
+def test_an_op_that_reads_no_positions_refuses_a_map():
+    q, k, v = _inputs()
+    with pytest.raises(ValueError, match="softmax_attention reads no positions"):
+        softmax_attention(q, k, v, position_map=torch.arange(6))
+
+
+def test_sinusoidal_embeddings_embed_the_sampled_positions_in_training_only():
+    pad = 1
+    embed = RandomizedSinusoidalPositionalEmbedding(8, pad, N).double()
+    tokens = torch.tensor([[5, 6, 7, pad], [5, 6, 7, 8]])
+    torch.manual_seed(5)
+    embed.train()
+    got = embed(tokens)
+    torch.manual_seed(5)
+    drawn = sample_positions(4, N)
+    table = embed.weights
+    assert torch.equal(got[1], table[pad + 1 + drawn])
+    assert torch.equal(got[0, :3], table[pad + 1 + drawn[:3]]) and torch.equal(got[0, 3], table[pad])
+    embed.eval()
+    assert torch.equal(embed(tokens)[1], table[pad + 1 + torch.arange(4)])
+
+
+# --------------------------------------------------------------------------- (c) the models
+
+LM_CASES = {
+    "rope": ["--decoder-self-attention", "rope", "--no-token-positional-embeddings"],
+    "alibi": ["--decoder-self-attention", "alibi", "--no-token-positional-embeddings"],
+    "sinusoidal": [],
+}
+
+
+def _pair(build, extra):
+    """The model with the flag and the same weights without it."""
+    flagged, d = build([*extra, "--randomized-positions", str(N)])
+    plain, _ = build(list(extra))
+    plain.load_state_dict(flagged.state_dict())
+    return flagged, plain, d
+
+
+def _lm(extra):
+    return language_model(extra=[*TINY_LM, *extra])
+
+
+def _tokens(d):
+    sentences = [random_tokens(d, 1, length, seed=length)[0] for length in (7, 5)]
+    return right_pad(sentences, d.pad())
+
+
+@pytest.mark.parametrize("case", sorted(LM_CASES))
+def test_language_model_trains_on_draws_and_evaluates_as_the_ordinary_model(case):
+    flagged, plain, d = _pair(_lm, LM_CASES[case])
+    tokens = _tokens(d)
+    with torch.no_grad():
+        evaluated = flagged(tokens)[0]
+        assert torch.equal(evaluated, plain(tokens)[0])
+        flagged.train()
+        outputs = []
+        for seed in (1, 2, 1):
+            torch.manual_seed(seed)
+            outputs.append(flagged(tokens)[0])
+        plain.train()
+        ordinary = plain(tokens)[0]
+    assert not torch.allclose(outputs[0], outputs[1])  # two seeds, two draws
+    assert torch.equal(outputs[0], outputs[2])  # one seed, one draw
+    assert not torch.allclose(outputs[0], ordinary)
+    flagged.eval()
+    tokens = tokens[:1]  # unpadded: fairseq's own decoding of a right-padded LM batch differs from its forward
+    with torch.no_grad():
+        full = flagged(tokens)[0]
+        state = {}
+        steps = [flagged.decoder(tokens[:, : t + 1], incremental_state=state)[0][:, -1] for t in range(tokens.size(1))]
+    # fairseq's own attention (the vanilla layers) takes another path in decoding: float64 round-off
+    assert_close(torch.stack(steps, dim=1), full, rtol=1e-6, atol=1e-6)
+
+
+MT_CASES = {
+    "rope": [
+        "--encoder-self-attention",
+        "rope",
+        "--decoder-self-attention",
+        "rope",
+        "--no-token-positional-embeddings",
+    ],
+    "alibi": ["--encoder-self-attention", "alibi", "--decoder-self-attention", "alibi"],
+    "sinusoidal": [],
+}
+
+
+@pytest.mark.parametrize("case", sorted(MT_CASES))
+def test_translation_model_trains_on_draws_and_evaluates_as_the_ordinary_model(case):
+    flagged, plain, d = _pair(lambda extra: translation_model(extra=[*TINY, *extra]), MT_CASES[case])
+    source, target = _tokens(d), random_tokens(d, 2, 6, seed=9)  # unpadded targets: decoding has none
+    lengths = source.ne(d.pad()).sum(-1)
+    with torch.no_grad():
+        assert torch.equal(flagged(source, lengths, target)[0], plain(source, lengths, target)[0])
+        flagged.train()
+        torch.manual_seed(1)
+        first = flagged(source, lengths, target)[0]
+        torch.manual_seed(2)
+        second = flagged(source, lengths, target)[0]
+    assert not torch.allclose(first, second)
+    flagged.eval()
+    with torch.no_grad():
+        encoder_out = flagged.encoder(source, src_lengths=lengths)
+        full = flagged.decoder(target, encoder_out=encoder_out)[0]
+        state = {}
+        steps = [
+            flagged.decoder(target[:, : t + 1], encoder_out=encoder_out, incremental_state=state)[0][:, -1]
+            for t in range(target.size(1))
+        ]
+    # fairseq's own attention (the vanilla layers) takes another path in decoding: float64 round-off
+    assert_close(torch.stack(steps, dim=1), full, rtol=1e-6, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- (d) refusals
+
+REFUSALS = [
+    ("lm", ["--randomized-positions", "-1"], "must be a non-negative integer"),
+    ("lm", ["--randomized-positions", "100"], "smaller than the longest sequence the model accepts"),
+    ("lm", ["--no-token-positional-embeddings", "--randomized-positions", str(N)], "no layer's mechanism reads"),
+    ("lm", ["--decoder-self-attention", "kerple", "--randomized-positions", str(N)], r"kerple .*\(not yet\)"),
+    ("lm", ["--decoder-learned-pos", "--randomized-positions", str(N)], "--decoder-learned-pos"),
+    ("lm", ["--decoder-self-attention", "xpos", "--randomized-positions", str(N)], r"xpos .*\(not yet\)"),
+    ("mt", ["--max-source-positions", "4096", "--randomized-positions", str(N)], "--max-source-positions"),
+]
+
+
+@pytest.mark.parametrize("model,arguments,message", REFUSALS, ids=[" ".join(c[1][-3:]) for c in REFUSALS])
+def test_refusals_are_one_line_spec_errors(model, arguments, message, capsys):
+    """fairseq's parser runs the plugin's checks (tests/test_bad_inputs.py runs fairseq-train itself)."""
+    with pytest.raises(SystemExit) as refused:
+        if model == "lm":
+            parse("language_modeling", "distattn_lm", [*TINY_LM, *arguments])
+        else:
+            parse("translation", "distattn_transformer", [*TINY, *arguments])
+    assert refused.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "argument --randomized-positions: invalid value" in lines[0]
+    assert re.search(message, lines[0]), lines[0]
