@@ -151,6 +151,104 @@ def test_alibi_reads_the_sampled_distances(causal, need_weights):
     )
 
 
+def _distance_table_cases():
+    """(op terms function, its arguments after q and k) for every distance mechanism that
+    takes the map besides ALiBi, whose authors' form is restated above."""
+    from fairseq_distattn.functional import kerple_attention, sandwich_attention, t5_bias_attention
+
+    generator = torch.Generator().manual_seed(3)
+    r1, r2 = torch.rand(4, generator=generator, dtype=torch.float64) + 0.5, torch.rand(4, dtype=torch.float64) + 0.5
+    table = torch.randn(32, 4, generator=generator, dtype=torch.float64)
+    return {
+        "kerple-log": (kerple_attention, (r1, r2), {"kernel": "log"}),
+        "kerple-power": (kerple_attention, (r1, r2.clamp(max=1.5)), {"kernel": "power"}),
+        "sandwich": (sandwich_attention, (), {}),
+        "t5-bias": (t5_bias_attention, (table,), {}),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_distance_table_cases()))
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_distance_table_is_its_ordinary_table_read_at_the_sampled_distance(case, causal):
+    """Each table read by ``j - i`` takes Ruoss et al.'s randomized distances as ALiBi does:
+    its bias at offset ``d`` is its ordinary bias at offset ``sign(d) r_|d|``, read here from
+    the ordinary table of one query among keys on both sides of it."""
+    from fairseq_distattn.functional import CallOptions
+
+    op, arguments, keywords = _distance_table_cases()[case]
+
+    def table(q, k, query_offset, position_map):
+        options = CallOptions(causal=causal, query_offset=query_offset, position_map=position_map)
+        return op.terms(q, k, k, arguments, keywords, options).offset_table.dense()
+
+    q, k, _ = _inputs()
+    length, reach = q.size(2), 50
+    r = sample_distances(length, reach, generator=torch.Generator().manual_seed(4))
+    wide_keys = torch.zeros(*k.shape[:2], 2 * reach - 1, k.size(-1), dtype=k.dtype)
+    # [H, 2 reach - 1]: the ordinary bias at offsets -(reach - 1) .. reach - 1
+    ordinary = table(q[:, :, :1], wide_keys, reach - 1, None)[..., 0, :]
+    offset = torch.arange(length)[None, :] - torch.arange(length)[:, None]
+    want = ordinary[:, reach - 1 + offset.sign() * r[offset.abs()]]
+    assert_close(table(q, k, 0, r), want, rtol=0, atol=0)
+    assert_close(table(q, k, 0, torch.arange(length)), table(q, k, 0, None), rtol=0, atol=0)
+
+
+def _bias(op, q, k, arguments, position_map, query_offset=0, causal=False):
+    from fairseq_distattn.functional import CallOptions
+
+    options = CallOptions(causal=causal, query_offset=query_offset, position_map=position_map)
+    return op.terms(q, k, k, arguments, {}, options).bias
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_transformer_xl_reads_r_at_the_sampled_distance(causal):
+    """Transformer-XL's ``(q_i + v) W_R R_{i-j}`` (a bias that depends on the query row) takes
+    the sampled distances as the authors' ``NOISY_RELATIVE`` does: row i's bias at offset ``d``
+    is its ordinary bias at ``sign(d) r_|d|``, read from that row alone among wide keys."""
+    from fairseq_distattn.functional import transformer_xl_attention
+
+    q, k, _ = _inputs()
+    generator = torch.Generator().manual_seed(6)
+    weight = torch.randn(4 * 8, 16, generator=generator, dtype=torch.float64)
+    u, v = torch.randn(2, 4, 8, generator=generator, dtype=torch.float64)
+    length, reach = q.size(2), 40
+    r = sample_distances(length, reach, generator=torch.Generator().manual_seed(7))
+    mapped = _bias(transformer_xl_attention, q, k, (weight, u, v), r, causal=causal)
+    wide_keys = torch.zeros(*k.shape[:2], 2 * reach - 1, k.size(-1), dtype=k.dtype)
+    for row in range(length):
+        ordinary = _bias(transformer_xl_attention, q[:, :, row : row + 1], wide_keys, (weight, u, v), None, reach - 1)
+        offset = torch.arange(length) - row
+        want = ordinary[:, :, 0, reach - 1 + offset.sign() * r[offset.abs()]]
+        assert_close(mapped[:, :, row], want, rtol=1e-12, atol=1e-12)
+    plain = _bias(transformer_xl_attention, q, k, (weight, u, v), None, causal=causal)
+    assert_close(_bias(transformer_xl_attention, q, k, (weight, u, v), torch.arange(length)), plain)
+
+
+def test_fire_reads_the_sampled_positions():
+    """FIRE reads the query's own position besides the distance, so it takes sampled
+    positions: its bias at (i, j) is its ordinary bias at (p_i, p_j)."""
+    from fairseq_distattn.functional import fire_attention
+
+    q, k, _ = _inputs()
+    generator = torch.Generator().manual_seed(8)
+    arguments = (
+        torch.tensor(0.7, dtype=torch.float64),
+        torch.tensor(3.0, dtype=torch.float64),
+        torch.randn(16, generator=generator, dtype=torch.float64),
+        torch.randn(16, generator=generator, dtype=torch.float64),
+        torch.randn(4, 16, generator=generator, dtype=torch.float64),
+        torch.randn(4, generator=generator, dtype=torch.float64),
+    )
+    p = sample_positions(q.size(2), 30, generator=torch.Generator().manual_seed(9))
+    mapped = _bias(fire_attention, q, k, arguments, p)
+    long = torch.zeros(*q.shape[:2], int(p[-1]) + 1, q.size(-1), dtype=q.dtype)
+    ordinary = _bias(fire_attention, long, long, arguments, None)
+    assert_close(mapped, ordinary[:, :, p][:, :, :, p].expand_as(mapped), rtol=1e-12, atol=1e-12)
+    assert_close(
+        _bias(fire_attention, q, k, arguments, torch.arange(q.size(2))), _bias(fire_attention, q, k, arguments, None)
+    )
+
+
 def test_an_op_that_reads_no_positions_refuses_a_map():
     q, k, v = _inputs()
     with pytest.raises(ValueError, match="softmax_attention reads no positions"):
@@ -178,6 +276,10 @@ def test_sinusoidal_embeddings_embed_the_sampled_positions_in_training_only():
 LM_CASES = {
     "rope": ["--decoder-self-attention", "rope", "--no-token-positional-embeddings"],
     "alibi": ["--decoder-self-attention", "alibi", "--no-token-positional-embeddings"],
+    "kerple": ["--decoder-self-attention", "kerple", "--no-token-positional-embeddings"],
+    "t5-bias": ["--decoder-self-attention", "t5-bias", "--no-token-positional-embeddings"],
+    "fire": ["--decoder-self-attention", "fire", "--no-token-positional-embeddings"],
+    "transformer-xl": ["--decoder-self-attention", "transformer-xl", "--no-token-positional-embeddings"],
     "sinusoidal": [],
 }
 
@@ -271,7 +373,7 @@ REFUSALS = [
     ("lm", ["--randomized-positions", "-1"], "must be a non-negative integer"),
     ("lm", ["--randomized-positions", "100"], "smaller than the longest sequence the model accepts"),
     ("lm", ["--no-token-positional-embeddings", "--randomized-positions", str(N)], "no layer's mechanism reads"),
-    ("lm", ["--decoder-self-attention", "kerple", "--randomized-positions", str(N)], r"kerple .*\(not yet\)"),
+    ("lm", ["--decoder-self-attention", "rpr", "--randomized-positions", str(N)], r"rpr .*\(not yet\)"),
     ("lm", ["--decoder-learned-pos", "--randomized-positions", str(N)], "--decoder-learned-pos"),
     ("lm", ["--decoder-self-attention", "xpos", "--randomized-positions", str(N)], r"xpos .*\(not yet\)"),
     ("mt", ["--max-source-positions", "4096", "--randomized-positions", str(N)], "--max-source-positions"),

@@ -37,6 +37,7 @@ from torch import Tensor
 from .attention import attention_op, full_precision, logit_dtype
 from .masking import check_tensor_argument, sequence_positions
 from .position_tables import check_position_arguments
+from .randomized_positions import map_positions
 from .terms import Terms
 
 FIRE_EPS = 1e-6
@@ -138,21 +139,27 @@ def _fire_bias(
     query_offset,
     key_padding_mask,
     dtype,
+    position_map=None,
 ) -> Tensor:
-    """:func:`fire_bias` unchecked."""
+    """:func:`fire_bias` unchecked; with a ``position_map`` (randomized positions ``p``,
+    :mod:`.randomized_positions`), the bias of the query and key at ``p_i`` and ``p_j``."""
     dtype = dtype or c.dtype
     device = c.device
     mlp = (c, threshold, hidden_weight, hidden_bias, output_weight, output_bias, dtype)
+
+    def placed(positions: Tensor) -> Tensor:
+        return positions if position_map is None else map_positions(positions, position_map)
+
     key_positions = sequence_positions(key_padding_mask, src_len, 0, device)
     query_positions = key_positions[:, query_offset : query_offset + tgt_len]
     rows = query_offset + tgt_len  # every position a padded row's query can have: 0 .. rows - 1
     if key_padding_mask is None or rows >= key_positions.size(0) * tgt_len:
-        return _fire_mlp(*mlp, query_positions, key_positions)
+        return _fire_mlp(*mlp, placed(query_positions), placed(key_positions))
     # A padded row's (query, key) positions are a pair of the unpadded rows: the MLP runs
     # once over those [rows, Tk] pairs and each row gathers its own, instead of running
     # over [B, Tq, Tk] (W times the attention's elements per layer)
     unpadded = torch.arange(src_len, device=device)[None]
-    table = _fire_mlp(*mlp, unpadded[:, :rows], unpadded)[0].flatten(1)  # [H, rows * Tk]
+    table = _fire_mlp(*mlp, placed(unpadded[:, :rows]), placed(unpadded))[0].flatten(1)  # [H, rows * Tk]
     pairs = query_positions[:, :, None] * src_len + key_positions[:, None, :]  # [B, Tq, Tk]
     return table[:, pairs].transpose(0, 1)
 
@@ -179,9 +186,14 @@ def fire_terms(
     *,
     key_padding_mask: Optional[Tensor],
     query_offset: int,
+    position_map: Optional[Tensor],
 ) -> Terms:
     """FIRE's bias ``f_theta(psi(i - j) / psi(max(L, i)))``, ``[B, H, Tq, Tk]``: L is
-    each sentence's length, so the bias has a batch dimension."""
+    each sentence's length, so the bias has a batch dimension. With a ``position_map``
+    (randomized positions ``p``), ``psi(p_i - p_j) / psi(max(L, p_i))``: FIRE reads the
+    query's own position as well as the distance, so it takes sampled positions, as RoPE
+    does, not the sampled distances of the tables read by ``j - i`` (Ruoss et al. have
+    no FIRE)."""
     check_fire_arguments(c, threshold, hidden_weight, hidden_bias, output_weight, output_bias, q.size(1))
     check_self_attention_lengths(q.size(2), k.size(2), query_offset)
     for name, value in (("c", c), ("output_weight", output_weight)):
@@ -200,6 +212,7 @@ def fire_terms(
             query_offset,
             key_padding_mask,
             logit_dtype(q.dtype),
+            position_map,
         )
     return Terms(bias=bias)
 

@@ -64,11 +64,19 @@ def check_kernel_arguments(kernel: str, r1, r2, num_heads: Optional[int] = None)
 
 
 def kerple_table(
-    r1: Tensor, r2: Tensor, kernel: str, tgt_len: int, src_len: int, query_offset: int, dtype: torch.dtype
+    r1: Tensor,
+    r2: Tensor,
+    kernel: str,
+    tgt_len: int,
+    src_len: int,
+    query_offset: int,
+    dtype: torch.dtype,
+    position_map: Optional[Tensor] = None,
 ) -> OffsetTable:
-    """The kernel's bias per head and key offset (:class:`OffsetTable`), in ``dtype`` (unchecked)."""
+    """The kernel's bias per head and key offset (:class:`OffsetTable`), in ``dtype`` (unchecked);
+    with a ``position_map`` (randomized distances ``r``), at the distance ``r_|i - j|``."""
     r1, r2 = constrained(r1.to(dtype), r2.to(dtype), kernel)
-    distance = offsets(tgt_len, src_len, query_offset, r1.device, dtype).abs_()
+    distance = offsets(tgt_len, src_len, query_offset, r1.device, dtype, position_map).abs_()
     if kernel == "log":
         values = torch.log1p(r2[:, None] * distance)
     else:
@@ -87,12 +95,23 @@ def kerple_bias(r1: Tensor, r2: Tensor, kernel: str, tgt_len: int, src_len: int,
     return kerple_table(r1, r2, kernel, tgt_len, src_len, query_offset, r1.dtype).dense()
 
 
-def kerple_terms(q: Tensor, k: Tensor, r1: Tensor, r2: Tensor, *, kernel: str = "log", query_offset: int) -> Terms:
-    """KERPLE's table ``b_h(i, j)`` of ``kernel`` (:func:`kerple_table`)."""
+def kerple_terms(
+    q: Tensor,
+    k: Tensor,
+    r1: Tensor,
+    r2: Tensor,
+    *,
+    kernel: str = "log",
+    query_offset: int,
+    position_map: Optional[Tensor],
+) -> Terms:
+    """KERPLE's table ``b_h(i, j)`` of ``kernel`` (:func:`kerple_table`); with a
+    ``position_map``, of the randomized distances (:mod:`.randomized_positions`)."""
     check_kernel_arguments(kernel, r1, r2, q.size(1))
     check_tensor_argument("r1", r1, "q", q, dtypes=None)  # any floating dtype: converted
     check_tensor_argument("r2", r2, "q", q, dtypes=None)
-    return Terms(offset_table=kerple_table(r1, r2, kernel, q.size(2), k.size(2), query_offset, logit_dtype(q.dtype)))
+    table = kerple_table(r1, r2, kernel, q.size(2), k.size(2), query_offset, logit_dtype(q.dtype), position_map)
+    return Terms(offset_table=table)
 
 
 kerple_attention = attention_op(

@@ -38,19 +38,34 @@ def check_sandwich_dim(dim) -> None:
         raise ValueError(f"dim must be an even integer >= 2 (the sinusoids come in sin/cos pairs), got {dim!r}")
 
 
-@position_tensor
-def _sandwich_values(tgt_len: int, src_len: int, num_heads: int, dim: int, query_offset: int, device, dtype) -> Tensor:
-    distance = offsets(tgt_len, src_len, query_offset, device, torch.float64).abs_()
+def _sandwich_of(distance: Tensor, num_heads: int, dim: int, device, dtype) -> Tensor:
     frequencies = SANDWICH_BASE ** (-2.0 * torch.arange(1, dim // 2 + 1, device=device, dtype=torch.float64) / dim)
     inner_product = torch.cos(distance[:, None] * frequencies).sum(-1) - dim / 2
     compression = torch.arange(1, num_heads + 1, device=device, dtype=torch.float64) * (8.0 / num_heads)
     return (inner_product / compression[:, None]).to(dtype)
 
 
+@position_tensor
+def _sandwich_values(tgt_len: int, src_len: int, num_heads: int, dim: int, query_offset: int, device, dtype) -> Tensor:
+    distance = offsets(tgt_len, src_len, query_offset, device, torch.float64).abs_()
+    return _sandwich_of(distance, num_heads, dim, device, dtype)
+
+
 def sandwich_table(
-    tgt_len: int, src_len: int, num_heads: int, dim: int, query_offset: int, device, dtype
+    tgt_len: int,
+    src_len: int,
+    num_heads: int,
+    dim: int,
+    query_offset: int,
+    device,
+    dtype,
+    position_map: Optional[Tensor] = None,
 ) -> OffsetTable:
-    """The bias per head and key offset (:class:`OffsetTable`), formed in float64 (unchecked)."""
+    """The bias per head and key offset (:class:`OffsetTable`), formed in float64 (unchecked);
+    with a ``position_map`` (randomized distances ``r``), at the distance ``r_|i - j|``."""
+    if position_map is not None:
+        distance = offsets(tgt_len, src_len, query_offset, device, torch.float64, position_map).abs_()
+        return OffsetTable(_sandwich_of(distance, num_heads, dim, device, dtype), tgt_len)
     return OffsetTable(_sandwich_values(tgt_len, src_len, num_heads, dim, query_offset, device, dtype), tgt_len)
 
 
@@ -64,11 +79,16 @@ def sandwich_bias(tgt_len: int, src_len: int, num_heads: int, dim: int, query_of
     return sandwich_table(tgt_len, src_len, num_heads, dim, query_offset, device, dtype).dense()
 
 
-def sandwich_terms(q: Tensor, k: Tensor, dim: Optional[int] = None, *, query_offset: int) -> Terms:
-    """Sandwich's table ``b_h(|i - j|)`` of ``dim``-dimensional sinusoids (None: the head size)."""
+def sandwich_terms(
+    q: Tensor, k: Tensor, dim: Optional[int] = None, *, query_offset: int, position_map: Optional[Tensor]
+) -> Terms:
+    """Sandwich's table ``b_h(|i - j|)`` of ``dim``-dimensional sinusoids (None: the head size);
+    with a ``position_map``, of the randomized distances (:mod:`.randomized_positions`)."""
     dim = q.size(-1) if dim is None else dim
     check_sandwich_dim(dim)
-    table = sandwich_table(q.size(2), k.size(2), q.size(1), dim, query_offset, q.device, logit_dtype(q.dtype))
+    table = sandwich_table(
+        q.size(2), k.size(2), q.size(1), dim, query_offset, q.device, logit_dtype(q.dtype), position_map
+    )
     return Terms(offset_table=table)
 
 

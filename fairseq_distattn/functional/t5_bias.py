@@ -119,11 +119,13 @@ def t5_relative_table(
     bidirectional: bool,
     query_offset: int = 0,
     dtype: Optional[torch.dtype] = None,
+    position_map: Optional[Tensor] = None,
 ) -> OffsetTable:
     """``b_h(bucket(j - i))`` per head and key offset (:class:`OffsetTable`) from
-    the ``[buckets, H]`` ``table`` (unchecked)."""
+    the ``[buckets, H]`` ``table`` (unchecked); with a ``position_map`` (randomized
+    distances ``r``), the bucket of ``sign(j - i) r_|j - i|``."""
     lookup = _bucket_lookup(table.size(0), max_distance, bidirectional, table.device)
-    relative = offsets(tgt_len, src_len, query_offset, table.device)
+    relative = offsets(tgt_len, src_len, query_offset, table.device, position_map=position_map)
     buckets = lookup[relative.clamp(-max_distance, max_distance) + max_distance]
     return OffsetTable(table.to(dtype or table.dtype).t()[:, buckets], tgt_len)
 
@@ -163,8 +165,10 @@ def t5_bias_terms(
     bidirectional: Optional[bool] = None,
     causal: bool,
     query_offset: int,
+    position_map: Optional[Tensor],
 ) -> Terms:
-    """T5's bucketed table ``b_h(bucket(j - i))`` of the learned ``[buckets, H]`` ``table``."""
+    """T5's bucketed table ``b_h(bucket(j - i))`` of the learned ``[buckets, H]`` ``table``;
+    with a ``position_map``, of the randomized distances (:mod:`.randomized_positions`)."""
     bidirectional = not causal if bidirectional is None else bidirectional
     if not isinstance(bidirectional, bool):
         raise ValueError(f"bidirectional must be a bool or None, got {bidirectional!r}")
@@ -177,7 +181,7 @@ def t5_bias_terms(
     check_bucket_arguments(table.size(0), max_distance, bidirectional)
     check_bidirectional_rows(table.size(0), bidirectional)
     relative_bias = t5_relative_table(
-        table, q.size(2), k.size(2), max_distance, bidirectional, query_offset, logit_dtype(q.dtype)
+        table, q.size(2), k.size(2), max_distance, bidirectional, query_offset, logit_dtype(q.dtype), position_map
     )
     return Terms(offset_table=relative_bias)
 

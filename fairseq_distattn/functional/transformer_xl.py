@@ -26,6 +26,8 @@ The position terms are formed once per distance the call spans (``Tq + Tk -
 (the authors' ``_rel_shift``, here a gather).
 """
 
+from typing import Optional
+
 import torch
 from torch import Tensor
 
@@ -60,20 +62,28 @@ def check_transformer_xl_arguments(relative_weight, content_bias, position_bias,
 
 
 def relative_position_scores(
-    q: Tensor, relative_weight: Tensor, position_bias: Tensor, src_len: int, query_offset: int, scale: float = 1.0
+    q: Tensor,
+    relative_weight: Tensor,
+    position_bias: Tensor,
+    src_len: int,
+    query_offset: int,
+    scale: float = 1.0,
+    position_map: Optional[Tensor] = None,
 ) -> Tensor:
     """``scale * (q_i + v) W_R R_{i-j}`` ``[B, H, Tq, Tk]`` in the logit dtype (float32
-    for half ``q``, autocast or not: :func:`attention.full_precision`)."""
+    for half ``q``, autocast or not: :func:`attention.full_precision`); with a
+    ``position_map`` (randomized distances ``r``, Ruoss et al. 2023's ``NOISY_RELATIVE``),
+    ``R`` at ``sign(i - j) r_|i - j|``."""
     with full_precision(q):
-        return _relative_position_scores(q, relative_weight, position_bias, src_len, query_offset, scale)
+        return _relative_position_scores(q, relative_weight, position_bias, src_len, query_offset, scale, position_map)
 
 
-def _relative_position_scores(q, relative_weight, position_bias, src_len, query_offset, scale) -> Tensor:
+def _relative_position_scores(q, relative_weight, position_bias, src_len, query_offset, scale, position_map) -> Tensor:
     """:func:`relative_position_scores`, in the region it opens."""
     batch, heads, tgt_len, head_dim = q.shape
     dtype = logit_dtype(q.dtype)
     # distance i - j per diagonal: entry j - i + Tq - 1 holds -(j - (query_offset + i))
-    distances = -offsets(tgt_len, src_len, query_offset, q.device, dtype)
+    distances = -offsets(tgt_len, src_len, query_offset, q.device, dtype, position_map)
     sinusoids = relative_sinusoids(distances, relative_weight.size(1))
     # scaled here, [N, H * D], rather than the [B, H, Tq, Tk] scores
     relative_keys = torch.nn.functional.linear(sinusoids, relative_weight.to(dtype) * scale)
@@ -92,14 +102,22 @@ def _relative_position_scores(q, relative_weight, position_bias, src_len, query_
 
 
 def transformer_xl_terms(
-    q: Tensor, k: Tensor, relative_weight: Tensor, content_bias: Tensor, position_bias: Tensor, *, query_offset: int
+    q: Tensor,
+    k: Tensor,
+    relative_weight: Tensor,
+    content_bias: Tensor,
+    position_bias: Tensor,
+    *,
+    query_offset: int,
+    position_map: Optional[Tensor],
 ) -> Terms:
     """Transformer-XL's terms (b) + (d), ``(q + v) W_R R_{i-j} / sqrt(D)``, as a bias, and
     (a) + (c) as the authors form them, ``(q + u) k``: the queries ``q + u`` (the fused
-    call's own product)."""
+    call's own product). With a ``position_map``, ``R`` of the randomized distances
+    (:mod:`.randomized_positions`)."""
     check_transformer_xl_arguments(relative_weight, content_bias, position_bias, q)
     scale = q.size(-1) ** -0.5
-    position = relative_position_scores(q, relative_weight, position_bias, k.size(2), query_offset, scale)
+    position = relative_position_scores(q, relative_weight, position_bias, k.size(2), query_offset, scale, position_map)
     return Terms(bias=position, query=q + content_bias.to(q.dtype)[:, None, :])
 
 

@@ -93,6 +93,8 @@ class Fire(Mechanism):
     from their first real token. The LM preset ``distattn_lm_fire_gbw`` drops
     the position embeddings, as the paper does."""
 
+    random_positions = "positions"  # --randomized-positions: the bias at the sampled p_i, p_j
+
     def __init__(self, config: MechanismConfig):
         super().__init__(config)
         options = config.options

@@ -88,6 +88,8 @@ class Kerple(Mechanism):
     preset ``distattn_lm_kerple_gbw`` drops the position embeddings, as the
     paper does."""
 
+    random_positions = "distances"  # --randomized-positions: its table read at sign(d) r_|d|
+
     def __init__(self, config: MechanismConfig):
         super().__init__(config)
         self.kernel = config.options.kerple_kernel

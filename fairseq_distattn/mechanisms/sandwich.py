@@ -64,6 +64,8 @@ class Sandwich(Mechanism):
     ``distattn_lm_sandwich_gbw`` drops the position embeddings, as the paper
     does (the bias is what is left of them)."""
 
+    random_positions = "distances"  # --randomized-positions: its table read at sign(d) r_|d|
+
     def __init__(self, config: MechanismConfig):
         super().__init__(config)
         self.dim = config.options.sandwich_dim

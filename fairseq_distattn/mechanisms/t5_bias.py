@@ -81,6 +81,8 @@ class T5Bias(Mechanism):
     gives each layer its own. Initialised N(0, d_model^-1/2), as T5's
     implementations do."""
 
+    random_positions = "distances"  # --randomized-positions: its table read at sign(d) r_|d|
+
     @classmethod
     def check_options(cls, options, kind=None, layers=()):
         if options.t5_bias_max_distance <= options.t5_bias_buckets // 2:

@@ -51,6 +51,8 @@ class TransformerXL(Mechanism):
     ``distattn_lm_transformer_xl_gbw`` drops the absolute position embeddings,
     as the paper does."""
 
+    random_positions = "distances"  # --randomized-positions: R at sign(i - j) r_|i - j|
+
     def __init__(self, config: MechanismConfig):
         super().__init__(config)
         heads, head_dim = config.num_heads, config.head_dim

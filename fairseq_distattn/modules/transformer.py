@@ -25,7 +25,7 @@ from .transformer_layer import DistAttnDecoderLayer, DistAttnEncoderLayer, Layer
 SOURCE_POSITIONS, TARGET_POSITIONS = "--max-source-positions", "--max-target-positions"
 RANDOMIZED_POSITIONS = "--randomized-positions"
 # mechanisms whose terms read positions but that do not take --randomized-positions yet
-RANDOMIZED_NOT_YET = frozenset({"xpos", "kerple", "sandwich", "fire", "t5-bias", "rpr", "transformer-xl"})
+RANDOMIZED_NOT_YET = frozenset({"xpos", "rpr"})
 
 
 class RandomizedSinusoidalPositionalEmbedding(SinusoidalPositionalEmbedding):
@@ -69,6 +69,11 @@ def randomize_embedded_positions(stack, randomized_positions: int) -> None:
         ).to(embed.weights.device)
 
 
+def randomized_mechanisms():
+    """The mechanisms that take ``--randomized-positions`` (:attr:`Mechanism.random_positions`)."""
+    return [name for name, info in REGISTRY.items() if info.module.random_positions and name not in RANDOMIZED_NOT_YET]
+
+
 def check_randomized_positions(cfg, plans: "ModelAttentionPlans", decoder_only: bool = False) -> None:
     """Raise SpecError where ``--randomized-positions`` is on and nothing would take it:
     no layer whose mechanism reads positions (:attr:`Mechanism.random_positions`) and no
@@ -85,7 +90,7 @@ def check_randomized_positions(cfg, plans: "ModelAttentionPlans", decoder_only: 
                 RANDOMIZED_POSITIONS,
                 value,
                 f"{name} reads positions but does not take randomized ones (not yet)",
-                "0 (off) with " + name + ", or a mechanism that takes them: rope, alibi "
+                f"0 (off) with {name}, or a mechanism that takes them: {', '.join(randomized_mechanisms())} "
                 "(or fairseq's sinusoidal position embeddings)",
             )
     embedded = not cfg.no_token_positional_embeddings
@@ -107,7 +112,8 @@ def check_randomized_positions(cfg, plans: "ModelAttentionPlans", decoder_only: 
             value,
             "no layer's mechanism reads positions and the model has no sinusoidal position embeddings "
             "(--no-token-positional-embeddings), so nothing would be randomized",
-            "0 (off), or a mechanism that reads positions (rope, alibi) or the sinusoidal embeddings",
+            f"0 (off), or a mechanism that reads positions ({', '.join(randomized_mechanisms())}) or the "
+            "sinusoidal embeddings",
         )
 
 
