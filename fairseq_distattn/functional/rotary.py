@@ -458,10 +458,8 @@ def check_rotary_arguments(
     """The call's :class:`RotaryConfiguration`; raise a ValueError naming the argument for
     what the command line refuses (the same predicates), and for an xPos scale base or
     centre whose factors leave float32 on ``positions`` positions (:func:`xpos_range_problem`)."""
-    arguments = (
-        head_dim,
+    fields = (
         base,
-        fraction,
         scaling,
         scaling_factor,
         original_length,
@@ -475,9 +473,9 @@ def check_rotary_arguments(
         xpos_centre,
     )
     try:  # every decoding step of every layer asks again: kept
-        configuration = _configuration(*arguments)
+        configuration = _configuration(head_dim, fraction, fields)
     except TypeError:  # an unhashable value: checked uncached
-        configuration = _configuration.__wrapped__(*arguments)
+        configuration = _configuration.__wrapped__(head_dim, fraction, fields)
     if configuration.xpos_scale_base is not None:
         problem = xpos_range_problem(configuration.xpos_scale_base, positions, configuration.xpos_centre)
         if problem is not None:
@@ -486,55 +484,29 @@ def check_rotary_arguments(
 
 
 @functools.lru_cache(maxsize=256)
-def _configuration(
-    head_dim,
-    base,
-    fraction,
-    scaling,
-    scaling_factor,
-    original_length,
-    low,
-    high,
-    kept,
-    short,
-    long,
-    attention,
-    xpos,
-    centre,
-) -> RotaryConfiguration:
+def _configuration(head_dim, fraction, fields: tuple) -> RotaryConfiguration:
+    """The checked configuration of ``fields`` (:class:`RotaryConfiguration`'s after ``dims``),
+    its numbers as Python floats and ints."""
     problem = fraction_problem(fraction, head_dim)
     if problem is not None:
         raise problem.error()
-    configuration = RotaryConfiguration(
-        rotary_dims(head_dim, fraction),
-        base,
-        scaling,
-        scaling_factor,
-        original_length,
-        low,
-        high,
-        kept,
-        short,
-        long,
-        attention,
-        xpos,
-        centre,
-    )
+    configuration = RotaryConfiguration(rotary_dims(head_dim, fraction), *fields)
     problem = configuration.problem(head_dim)
     if problem is not None:
         raise problem.error()
-    return configuration._replace(
-        base=float(base),
-        scaling_factor=float(scaling_factor),
-        original_length=int(original_length),
-        low_frequency_factor=float(low),
-        high_frequency_factor=float(high),
-        kept_frequencies=float(kept),
-        short_factor=tuple(float(f) for f in short),
-        long_factor=tuple(float(f) for f in long),
-        attention_factor=float(attention),
-        xpos_scale_base=None if xpos is None else float(xpos),
-        xpos_centre=0.0 if xpos is None else float(centre),
+    c = configuration
+    return c._replace(
+        base=float(c.base),
+        scaling_factor=float(c.scaling_factor),
+        original_length=int(c.original_length),
+        low_frequency_factor=float(c.low_frequency_factor),
+        high_frequency_factor=float(c.high_frequency_factor),
+        kept_frequencies=float(c.kept_frequencies),
+        short_factor=tuple(float(f) for f in c.short_factor),
+        long_factor=tuple(float(f) for f in c.long_factor),
+        attention_factor=float(c.attention_factor),
+        xpos_scale_base=None if c.xpos_scale_base is None else float(c.xpos_scale_base),
+        xpos_centre=0.0 if c.xpos_scale_base is None else float(c.xpos_centre),
     )
 
 
