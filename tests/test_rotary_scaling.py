@@ -673,3 +673,32 @@ def test_longrope_flags_are_refused_in_one_line_naming_the_flag(flags, flag, cap
     assert exit_status.value.code == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if "error: argument" in line]
     assert len(errors) == 1 and f"error: argument {flag}: invalid value" in errors[0], errors
+
+
+def longrope_search_start(dim, base, scale, original):
+    """microsoft/LongRoPE c9e56aa's initial factors, restated: ``evolution/search.py`` (YaRN's
+    mask with its llama betas 32 and 1) and ``rope/yarn.py`` (``find_correction_range``,
+    ``linear_ramp_mask`` in float32)."""
+
+    def correction_dim(rotations):
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(32)), 0)
+    high = min(math.ceil(correction_dim(1)), dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    mask = 1 - ramp
+    return scale * (1 - mask) + 1.0 * mask
+
+
+@pytest.mark.parametrize(
+    "dim, base, scale, original", [(64, 10000.0, 8.0, 64), (128, 10000.0, 32.0, 4096), (96, 5e5, 2.5, 2048)]
+)
+def test_longrope_initial_factors_are_its_searchs_starting_point(dim, base, scale, original):
+    from fairseq_distattn.functional.rotary import longrope_initial_factors
+
+    ours = torch.tensor(longrope_initial_factors(dim, base, scale, original), dtype=torch.float64)
+    torch.testing.assert_close(ours, longrope_search_start(dim, base, scale, original).double(), rtol=1e-6, atol=1e-6)
+    # the high frequencies kept (1), the low ones interpolated (s), a non-decreasing ramp between
+    assert ours.min() >= 1.0 and ours.max() <= scale and bool((ours.diff() >= 0).all())

@@ -40,6 +40,7 @@ from .relative_position import relative_position_attention
 from .rotary import (
     apply_turns,
     check_rotary_arguments,
+    longrope_initial_factors,
     rotary_attention,
     rotary_dims,
     rotary_frequencies,
@@ -114,6 +115,7 @@ __all__ = [
     "longrope_attention_factor",
     "longrope_default_attention_factor",
     "longrope_frequencies",
+    "longrope_initial_factors",
     "longrope_theta",
     "longrope_uses_long_factors",
     "map_offsets",

@@ -543,6 +543,21 @@ def _yarn_interpolated_share(theta: Tensor, dims: int, base: float, scaling: str
     return ((index - low) / (high - low if high != low else 0.001)).clamp(0.0, 1.0)
 
 
+def longrope_initial_factors(dims: int, base: float, scale: float, original_length: int) -> Tuple[float, ...]:
+    """The per-pair factors LongRoPE's search starts from, for a context-length scale
+    ``scale`` over ``original_length``: ``f_i = s ramp_i + (1 - ramp_i)``, ``ramp`` YaRN's
+    interpolated share over the correction range of 32 and 1 rotations (its llama settings).
+    microsoft/LongRoPE at c9e56aa, ``evolution/search.py`` ``main`` (the factors "generated
+    by YaRN" when no ``--init-factors`` is given: ``length_scale * (1 - mask) + mask``, the
+    mask ``rope/yarn.py``'s ``inv_freq_mask``). LongRoPE's published factors are what its
+    evolutionary search finds from these (``evolution/algorithms``: populations of 64 rated
+    by perplexity): these are its generation 0, the search not run."""
+    if not _is_number(scale) or not math.isfinite(scale) or scale < 1:
+        raise ValueError(f"scale must be a finite number >= 1, got {scale!r}")
+    interpolated = _yarn_interpolated_share(torch.zeros(dims // 2), dims, float(base), "yarn", original_length)
+    return tuple(float(f) for f in scale * interpolated + (1 - interpolated))
+
+
 def rotary_frequencies(
     dims: int,
     base: float = ROPE_BASE,
@@ -829,6 +844,7 @@ rotary_attention = attention_op(
 
 __all__ = [
     "apply_turns",
+    "longrope_initial_factors",
     "check_rotary_arguments",
     "rotary_attention",
     "rotary_dims",
