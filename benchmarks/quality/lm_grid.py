@@ -49,6 +49,9 @@ class LMConfig:
 
 
 # variants of a preset that the grid trains beside it: (name, preset, flags, what it is)
+# --randomized-positions of the randomized rows (Ruoss et al. 2023): the smallest N the models take, their
+# positions (MAX_POSITIONS), so that training draws cover every position evaluation reads and no more
+RANDOMIZED_N = "2048"
 VARIANTS = (
     (
         "distattn_lm_kerple_gbw+per-layer",
@@ -56,6 +59,36 @@ VARIANTS = (
         ("--kerple-per-layer",),
         "the preset with r1, r2 per layer (the plugin's kerple up to revision f2ecd07) instead of the authors' "
         "one pair per head shared by the layers",
+    ),
+    *(
+        (
+            f"distattn_lm_rope_gbw+p-rope-{kept}",
+            "distattn_lm_rope_gbw",
+            ("--rope-kept-frequencies", kept),
+            f"p-RoPE (Barbero et al. 2025): rope with only the highest {kept} of its frequencies, trained so",
+        )
+        for kept in ("0.25", "0.75")
+    ),
+    (
+        "distattn_lm_llama4_gbw+interval-3",
+        "distattn_lm_llama4_gbw",
+        ("--llama4-nope-interval", "3", "--llama4-floor-scale", "64"),
+        "Llama 4's interleaving with a NoPE layer in the 3 layers (every 3rd: layer 2), its temperature's floor "
+        "scale at the training length (64 tokens: Llama 4's 8192 leaves the factor 1 at every length evaluated)",
+    ),
+    *(
+        (
+            f"{preset}+randomized",
+            preset,
+            ("--randomized-positions", RANDOMIZED_N),
+            f"{what} trained on randomized positions (Ruoss et al. 2023, --randomized-positions {RANDOMIZED_N}); "
+            "evaluated on 0..T-1",
+        )
+        for preset, what in (
+            ("distattn_lm_gbw", "sinusoidal positions"),
+            ("distattn_lm_rope_gbw", "rope"),
+            ("distattn_lm_alibi_gbw", "alibi"),
+        )
     ),
 )
 
