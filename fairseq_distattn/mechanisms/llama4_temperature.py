@@ -93,7 +93,7 @@ class Llama4Temperature(Mechanism):
         return f"floor_scale={own.llama4_floor_scale:g}, attn_scale={own.llama4_attn_scale:g}"
 
     @classmethod
-    def example_options(cls, options, src_len):
+    def example_options(cls, options, src_len, head_dim):
         # the example calls are short: a floor scale that makes the factor differ along them
         if options.llama4_floor_scale != FLOOR_SCALE:
             return options

@@ -20,6 +20,7 @@ from ..functional.rotary import (
     fraction_problem,
     frequency_factors_problem,
     kept_frequencies_problem,
+    longrope_initial_factors,
     longrope_problem,
     original_length_problem,
     rotary_attention,
@@ -382,16 +383,23 @@ class Rotary(Mechanism):
             )
 
     @classmethod
-    def example_options(cls, options, src_len):
+    def example_options(cls, options, src_len, head_dim):
         if options.rope_scaling == "none":
             return options
         # a scaling that scales: by 2 where the options leave it at 1; yarn's training length from half the
-        # keys where unset (the other scalings refuse one, as their flags do)
+        # keys where unset (the other scalings refuse one, as their flags do); longrope's factors where none
+        # are given: 1 (short) and its search's starting point (long), one per rotated pair
         reads_length = options.rope_scaling in LENGTH_MODES
+        scale = max(options.rope_scaling_factor, 2.0)
+        original = (options.rope_original_length or max(1, src_len // 2)) if reads_length else 0
+        options = dataclasses.replace(options, rope_scaling_factor=scale, rope_original_length=original)
+        if options.rope_scaling != "longrope" or options.rope_long_factor:
+            return options
+        dims = rotary_dims(head_dim, options.rope_fraction)
         return dataclasses.replace(
             options,
-            rope_scaling_factor=max(options.rope_scaling_factor, 2.0),
-            rope_original_length=(options.rope_original_length or max(1, src_len // 2)) if reads_length else 0,
+            rope_short_factor=(1.0,) * (dims // 2),
+            rope_long_factor=longrope_initial_factors(dims, options.rope_base, scale, original),
         )
 
     def extra_repr(self) -> str:

@@ -121,7 +121,8 @@ def example_call(info: MechanismInfo, draw: ExampleDraw, options=None) -> Exampl
     ``draw.heads`` heads of ``draw.head_dim``, and q, k, v, its extra projections, its
     parameters and (for a mechanism with ``layer_inputs``) a layer input ``[Tk, B, H * D]``
     drawn by ``draw``, in that order."""
-    options = example_options(info.module, info.default_options() if options is None else options, draw.src_len)
+    options = info.default_options() if options is None else options
+    options = example_options(info.module, options, draw.src_len, draw.head_dim)
     # building initialises parameters from the global generator, which the draws never touch
     with torch.random.fork_rng(devices=[]):
         mechanism = info.module(MechanismConfig(info.name, draw.heads, draw.head_dim, options))

@@ -50,8 +50,8 @@ class HasExampleDistribution(Protocol):
 @runtime_checkable
 class HasExampleOptions(Protocol):
     @classmethod
-    def example_options(cls, options: Any, src_len: int) -> Any:
-        """The options an example call over ``src_len`` keys runs with, given ``options`` (its
+    def example_options(cls, options: Any, src_len: int, head_dim: int) -> Any:
+        """The options an example call over ``src_len`` keys of ``head_dim`` runs with, given ``options`` (its
         options dataclass, which the tests vary one field at a time): where a choice works only
         with others that the flags' checks would ask for, those."""
 
@@ -74,6 +74,6 @@ def example_distribution(mechanism: Mechanism, name: str) -> Dict[str, Any]:
     return mechanism.example_distribution(name) if isinstance(mechanism, HasExampleDistribution) else {}
 
 
-def example_options(module: type, options: Any, src_len: int) -> Any:
+def example_options(module: type, options: Any, src_len: int, head_dim: int) -> Any:
     """``module``'s (a mechanism class's) example options; ``options`` as they are without the hook."""
-    return module.example_options(options, src_len) if hasattr(module, "example_options") else options
+    return module.example_options(options, src_len, head_dim) if hasattr(module, "example_options") else options
