@@ -76,13 +76,14 @@ ROTARY_MECHANISMS = ("rope",)
 
 
 def rotary_configs() -> List[str]:
-    """The LM presets whose decoder self-attention is rope in some layer."""
+    """The presets whose decoder self-attention is rope in every layer (Llama 4's interleaving, rope in some
+    layers, has its own rows: a scaling of its rope layers is not the rope rows' protocol)."""
     from fairseq_distattn.models.arguments import ARCHITECTURES
 
     return [
         name
         for name, (_, specs) in ARCHITECTURES.items()
-        if set(re.split(r"[^a-z0-9-]+", specs.get("decoder_self_attention", ""))) & set(ROTARY_MECHANISMS)
+        if specs.get("decoder_self_attention", "") in ROTARY_MECHANISMS
     ]
 
 
