@@ -106,7 +106,8 @@ def candidate_paths(terms: Terms) -> FrozenSet[Path]:
     return frozenset(paths)
 
 
-_PLAIN_PATHS = frozenset((Path.EAGER, Path.FUSED, Path.SDPA_CAUSAL))
+# what the kinds of terms give an empty Terms, formed once by the rule above (not typed beside it)
+_PLAIN_PATHS = candidate_paths(Terms())
 
 
 def _per_batch(tensor: Tensor) -> bool:
