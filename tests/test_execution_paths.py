@@ -133,6 +133,23 @@ def test_the_chooser_takes_flex_first_then_sdpa_without_weights_else_eager():
         path(flex="sometimes")
 
 
+def test_a_cpu_decoding_step_with_a_mask_takes_the_eager_path_and_everything_else_keeps_sdpa():
+    """SDPA's CPU kernel with a mask loses to the eager path on a decoding step's few
+    queries (benchmarks.run's beam rows): a step after cached keys, without gradients, on
+    the CPU, whose SDPA would take a mask (a bias, a restriction or key padding), runs eager;
+    a step with none, a full sequence, a step under gradients and CUDA keep SDPA."""
+    biased = {P.Path.EAGER, P.Path.FUSED}  # an additive bias: no causal kernel
+    plain = {P.Path.EAGER, P.Path.FUSED, P.Path.SDPA_CAUSAL}
+    step = P.Call(False, 16, 1, 5, need_weights=False, query_offset=4, causal=True)
+    assert P.choose_path(step, biased) is P.Path.EAGER
+    assert P.choose_path(step._replace(key_padding=True), plain) is P.Path.EAGER
+    assert P.choose_path(step, plain) is P.Path.FUSED  # no mask at all: SDPA as it is
+    assert P.choose_path(step._replace(query_offset=0, tgt_len=5), biased) is P.Path.FUSED
+    assert P.choose_path(step._replace(grad_enabled=True), biased) is P.Path.FUSED
+    assert P.choose_path(step._replace(on_cuda=True), biased) is P.Path.FUSED
+    assert P.choose_path(step._replace(need_weights=True), biased) is P.Path.EAGER
+
+
 def test_the_mechanism_tables_words_for_a_path_are_read_from_the_terms():
     rpr, da = REGISTRY["rpr"], REGISTRY["da"]
     assert path_condition(rpr, P.Path.FUSED) == "`--no-relative-values`, without weights"

@@ -117,3 +117,34 @@ def test_distance_aware_coefficient_matches_eq5_at_moderate_distances():
         logit = 2.0 * coefficient / math.sqrt(dim)
         expected = math.exp(logit) / (math.exp(logit) + 1.0)
         assert_close(probs[0, 0, 0, 0].item(), expected, **TIGHT)
+
+
+def test_distance_coefficients_are_read_from_a_memo_without_gradients_until_a_parameter_changes():
+    """Without gradients (decoding) the coefficients come from a table over distances kept
+    per parameter (position_tables.values_by_distance), sliced per call; it gives what the
+    call's own evaluation gives, grows as the offsets reach further, and is rebuilt once
+    a parameter changes in place (an optimizer step, a checkpoint loaded into it)."""
+    from fairseq_distattn.functional.distance_aware import distance_coefficient_table
+
+    weight = torch.tensor([0.3, -0.2], requires_grad=True)
+    sharpness = torch.tensor([1.0, 0.5], requires_grad=True)
+
+    def table(tgt_len, src_len, query_offset):
+        return distance_coefficient_table(weight, sharpness, tgt_len, src_len, query_offset).values
+
+    evaluated = table(1, 9, 8)  # with gradients: evaluated for the call
+    assert evaluated.requires_grad
+    with torch.no_grad():
+        step = table(1, 9, 8)
+        assert_close(step, evaluated.detach())
+        assert step.data_ptr() == table(1, 9, 8).data_ptr()  # the same memo, sliced again
+        assert table(1, 10, 9).untyped_storage().data_ptr() == step.untyped_storage().data_ptr()
+        far = table(1, 200, 199)  # beyond the memo's reach: grown
+        with torch.enable_grad():
+            assert_close(far, table(1, 200, 199).detach())
+        assert_close(table(3, 6, 0), distance_coefficient_table(weight.detach(), sharpness.detach(), 3, 6, 0).values)
+        weight.mul_(2.0)
+        with torch.enable_grad():
+            changed = table(1, 9, 8).detach()
+        assert not torch.allclose(changed, evaluated.detach())
+        assert_close(table(1, 9, 8), changed)

@@ -175,18 +175,29 @@ def _sdpa_causal_serves(call: Call) -> bool:
     return call.causal and not call.key_padding and call.query_offset == 0 and call.tgt_len == call.src_len
 
 
+def _eager_beats_masked_sdpa(call: Call, paths: AbstractSet[Path]) -> bool:
+    """Whether a call that SDPA would run with an ``attn_mask`` (a bias, a restriction or
+    key padding) runs faster eager: a decoding step on the CPU (queries after cached
+    keys, no gradient), where SDPA's CPU kernel with a mask costs more than the eager
+    path's few small products (the beam-search rows of ``python -m benchmarks.run``).
+    Full sequences keep SDPA: it holds no ``[B, H, Tq, Tk]`` weights for backward."""
+    masked = Path.SDPA_CAUSAL not in paths or call.key_padding
+    return masked and not call.on_cuda and call.query_offset > 0 and not call.grad_enabled
+
+
 def choose_path(call: Call, paths: AbstractSet[Path]) -> Path:
     """The path ``call`` takes among ``paths``, those its terms allow (the eager
     path always being one): flex_attention where it serves the call (it takes
     precedence: no attention matrix is kept); else, without the weights, SDPA (its
-    causal kernel where the call's only mask is exactly the causal one); else eager."""
+    causal kernel where the call's only mask is exactly the causal one), unless the
+    eager path is the faster one (:func:`_eager_beats_masked_sdpa`); else eager."""
     check_flex(call.flex)
     if Path.FLEX in paths and _flex_serves(call):
         return Path.FLEX
     if not call.need_weights:
         if Path.SDPA_CAUSAL in paths and _sdpa_causal_serves(call):
             return Path.SDPA_CAUSAL
-        if Path.FUSED in paths:
+        if Path.FUSED in paths and not _eager_beats_masked_sdpa(call, paths):
             return Path.FUSED
     return Path.EAGER
 

@@ -17,8 +17,9 @@ the ValueError that names a bad length, offset or dtype.
 """
 
 import functools
+import weakref
 from dataclasses import dataclass
-from typing import Callable, Optional, Protocol
+from typing import Callable, Dict, Optional, Protocol, Sequence
 
 import torch
 from torch import Tensor
@@ -70,6 +71,50 @@ def offsets(
         return torch.arange(first, src_len - query_offset, device=device, dtype=dtype)
     relative = torch.arange(first, src_len - query_offset, device=device)
     return map_offsets(relative, position_map).to(dtype)
+
+
+# id of the owning parameter -> (a weak reference to it, its key, reach N, values at the offsets
+# -(N-1)..N-1); an entry goes with its owner (values_by_distance). Not a WeakKeyDictionary: that
+# compares keys with ==, which a tensor answers elementwise
+_BY_DISTANCE: Dict[int, tuple] = {}
+_FIRST_REACH = 64
+
+
+def values_by_distance(
+    values_of: Callable[[Tensor], Tensor],
+    parameters: Sequence[Optional[Tensor]],
+    settings: tuple,
+    first: int,
+    last: int,
+    dtype: torch.dtype,
+) -> Tensor:
+    """``values_of(|d|)`` for the offsets ``d = first..last`` (``[H or 1, last - first + 1]``),
+    for a table that is a function of the size of the offset and of ``parameters``
+    (the first one, a tensor, owns the memo) and ``settings`` alone: ``values_of`` takes the
+    distances as a ``dtype`` tensor ``[W]`` on the first parameter's device and returns
+    ``[H or 1, W]``. While no gradient is recorded (decoding, scoring) the values are read
+    from a table over ``-(N-1)..N-1`` kept per owner while none of ``parameters`` changes
+    (its identity, storage and version counter, which every in-place update bumps), grown
+    as the offsets reach further: a decoding step then slices a view instead of evaluating
+    the table again in every layer and step. With gradients it is evaluated for the call."""
+    owner = parameters[0]
+    if torch.is_grad_enabled() or owner.is_inference():
+        return values_of(torch.arange(first, last + 1, device=owner.device, dtype=dtype).abs_())
+    key = (tuple(None if p is None else (id(p), p.data_ptr(), p._version) for p in parameters), settings, dtype)
+    reach = max(-first, last) + 1
+    entry = _BY_DISTANCE.get(id(owner))
+    same = entry is not None and entry[0]() is owner and entry[1] == key
+    if not same or entry[2] < reach:
+        grown = max(reach, _FIRST_REACH, 2 * entry[2] if same else 0)
+        with torch.inference_mode(False):  # read later outside inference mode too
+            distance = torch.arange(1 - grown, grown, device=owner.device, dtype=dtype).abs_()
+            values = values_of(distance)
+        if entry is None or entry[0]() is not owner:
+            weakref.finalize(owner, _BY_DISTANCE.pop, id(owner), None)
+        entry = (weakref.ref(owner), key, grown, values)
+        _BY_DISTANCE[id(owner)] = entry
+    centre = entry[2] - 1
+    return entry[3][:, centre + first : centre + last + 1]
 
 
 @functools.lru_cache(maxsize=256)
@@ -132,6 +177,8 @@ class OffsetTable:
         Reversed, the table's Tk-wide windows are the matrix's rows with their
         keys reversed (a Hankel matrix): unfold and flip, whose backward is about
         twice as fast as an index gather's scatter-add on CPU."""
+        if self.tgt_len == 1:  # a decoding step: the table is its one row
+            return self.values[:, None]
         rows = self.values.flip(-1).unfold(-1, self.src_len, 1).flip(-1)
         # without queries the table is laid out for one: its one row is not the matrix's
         return rows if self.tgt_len else rows[:, :0]

@@ -638,6 +638,10 @@ def xpos_zeta(dims: int, *, device=None, dtype: torch.dtype = torch.float64) -> 
     return ((exponents + XPOS_GAMMA) / (1 + XPOS_GAMMA)).to(dtype)
 
 
+# up to this many rows a self-attention call turns its queries and keys in one product
+ONE_ROTATION_ROWS = 4
+
+
 def turns(positions: Tensor, theta: Tensor, log_scale: Optional[Tensor] = None, centre: float = 0.0) -> Tensor:
     """``e^(i positions theta_j)`` per pair ``[B|1, 1, T, len(theta)]`` (complex, in the dtype of
     ``theta``), times ``exp((positions - centre) * log_scale_j)`` where given (xPos:
@@ -654,11 +658,19 @@ def apply_turns(x: Tensor, turn: Tensor) -> Tensor:
     dimensions multiplied, as a complex number, by ``turn[..., j]`` (the rest pass through);
     computed in the turns' precision, returned in x's dtype."""
     half = turn.size(-1)
-    head = x[..., : 2 * half].to(torch.float64 if turn.dtype == torch.complex128 else torch.float32)
-    if any(stride % 2 for stride in head.stride()[:-1]) or head.storage_offset() % 2 or head.stride(-1) != 1:
+    whole = x.size(-1) == 2 * half
+    # a decoding step rotates a few rows in every layer: no conversion, slice or copy it does not need
+    head = x if whole else x[..., : 2 * half]
+    precision = torch.float64 if turn.dtype == torch.complex128 else torch.float32
+    if head.dtype != precision:
+        head = head.to(precision)
+    if head.stride(-1) != 1 or head.storage_offset() % 2 or any(stride % 2 for stride in head.stride()[:-1]):
         head = head.contiguous()  # view_as_complex needs whole (real, imaginary) pairs
-    rotated = torch.view_as_real(torch.view_as_complex(head.unflatten(-1, (half, 2))) * turn).flatten(-2).to(x.dtype)
-    if x.size(-1) == 2 * half:
+    pairs = torch.view_as_complex(head.view(*head.shape[:-1], half, 2))
+    rotated = torch.view_as_real(pairs * turn).flatten(-2)
+    if rotated.dtype != x.dtype:
+        rotated = rotated.to(x.dtype)
+    if whole:
         return rotated
     return torch.cat((rotated, x[..., 2 * half :]), dim=-1)
 
@@ -770,8 +782,13 @@ def rotary_query_key(
     # RoPE turns a key as it turns a query at the same position (xPos scales them apart):
     # a self-attention forward pass rotates both by one tensor
     same = xpos_scale_base is None and key_offset == query_offset and k.size(2) == q.size(2)
-    key_turn = query_turn if same else turn("key", k, key_offset)
-    q, k = apply_turns(q, query_turn), apply_turns(k, key_turn)
+    if same and q.size(2) <= ONE_ROTATION_ROWS and q.shape == k.shape and q.dtype == k.dtype:
+        # a decoding step: a few rows in every layer, where launching an op costs more than its work:
+        # the queries and keys turned in one product (the heads side by side)
+        q, k = apply_turns(torch.cat((q, k), dim=1), query_turn).split(q.size(1), dim=1)
+    else:
+        key_turn = query_turn if same else turn("key", k, key_offset)
+        q, k = apply_turns(q, query_turn), apply_turns(k, key_turn)
     logit_factor = configuration.logit_factor()
     rotated = configuration.dims
     if logit_factor != 1.0 and (scaling == "yarn-paper" or rotated == q.size(-1)):

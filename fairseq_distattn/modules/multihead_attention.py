@@ -97,7 +97,8 @@ class MechanismMultiheadAttention(MultiheadAttention):
 
     def _project_keys(self, key: Tensor, value: Tensor) -> Dict[str, Tensor]:
         keys = {"key": self._heads(self.k_proj(key)), "value": self._heads(self.v_proj(value))}
-        keys.update((name, self._heads(proj(key))) for name, proj in self.extra_key_proj.items())
+        if self.extra_key_proj:
+            keys.update((name, self._heads(proj(key))) for name, proj in self.extra_key_proj.items())
         keys.update(self.mechanism.inputs_from_layer(key))
         return keys
 
@@ -125,7 +126,8 @@ class MechanismMultiheadAttention(MultiheadAttention):
 
         saved_state = self._get_input_buffer(incremental_state) if incremental_state is not None else None
         queries = {"query": self._heads(self.q_proj(query))}
-        queries.update((name, self._heads(proj(query))) for name, proj in self.extra_query_proj.items())
+        if self.extra_query_proj:
+            queries.update((name, self._heads(proj(query))) for name, proj in self.extra_query_proj.items())
 
         query_offset = 0
         position_map: Optional[Tensor] = None
@@ -154,10 +156,10 @@ class MechanismMultiheadAttention(MultiheadAttention):
                     queries, keys, key_padding_mask, query_offset, position_map=position_map
                 )
             if saved_state is not None:
-                if cached:
-                    for name in keys:
+                for name in keys:
+                    if cached:
                         keys[name] = torch.cat([saved_state[f"prev_{name}"], keys[name]], dim=2)
-                saved_state.update((f"prev_{name}", tensor) for name, tensor in keys.items())
+                    saved_state[f"prev_{name}"] = keys[name]
                 saved_state["prev_key_padding_mask"] = key_padding_mask
                 if key_padding_mask is not None and not bool(key_padding_mask.any()):
                     # fairseq keeps extending a key padding mask once one was passed,
