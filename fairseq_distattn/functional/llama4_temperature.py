@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from .attention import attention_op, logit_dtype
+from .masking import position_tensor
 from .rotary_scaling import llama4_attention_scales
 from .terms import Terms
 
@@ -37,7 +38,14 @@ def llama4_query_scales(
     tgt_len: int, query_offset: int, floor_scale: float, attn_scale: float, device, dtype
 ) -> Tensor:
     """The factor of each of ``tgt_len`` queries at ``query_offset + i`` as ``[Tq, 1]``
-    in ``dtype`` (formed in float64)."""
+    in ``dtype`` (formed in float64 on the CPU, exactly as the peer test restates HF's
+    arithmetic). Shared: a decoding step asks for the same factors in every NoPE layer,
+    so they are formed and copied to the device once (:func:`masking.position_tensor`)."""
+    return _query_scales(tgt_len, 1, query_offset, float(floor_scale), float(attn_scale), torch.device(device), dtype)
+
+
+@position_tensor
+def _query_scales(tgt_len: int, _, query_offset: int, floor_scale: float, attn_scale: float, device, dtype) -> Tensor:
     positions = torch.arange(query_offset, query_offset + tgt_len, dtype=torch.int64)
     return llama4_attention_scales(positions, floor_scale, attn_scale).to(device=device, dtype=dtype)[:, None]
 
