@@ -179,6 +179,12 @@ def test_the_paths_and_what_they_keep_follow_from_the_kinds_of_terms():
     assert TM.candidate_paths(TM.Terms(value=per_batch)) == every
     assert TM.kept_for_backward(TM.Terms(bias=per_batch), P.Path.FUSED) is P.Keeps.PER_BATCH
     assert TM.kept_for_backward(TM.Terms(bias=per_head), P.Path.FUSED) is P.Keeps.BIAS
+    # a call of one sentence: its [1, H, Tq, Tk] bias is as large as its weights (AW's at batch 1);
+    # a call of three: a [1, H, Tq, Tk] bias is shared by its sentences (FIRE's without padding)
+    single = per_batch[:1]
+    assert TM.kept_for_backward(TM.Terms(bias=single), P.Path.FUSED, batch=1) is P.Keeps.PER_BATCH
+    assert TM.kept_for_backward(TM.Terms(bias=single), P.Path.FUSED, batch=3) is P.Keeps.BIAS
+    assert TM.kept_for_backward(TM.Terms(bias=per_batch), P.Path.FUSED, batch=3) is P.Keeps.PER_BATCH
     assert TM.kept_for_backward(TM.Terms(offset_table=table), P.Path.FUSED) is P.Keeps.BIAS
     assert TM.kept_for_backward(TM.Terms(offset_table=table), P.Path.FLEX) is P.Keeps.NOTHING
     assert TM.kept_for_backward(TM.Terms(window=window), P.Path.FLEX) is P.Keeps.PER_BATCH

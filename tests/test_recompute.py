@@ -108,9 +108,10 @@ def saved_tensor_sizes(module, query, key):
     return sizes
 
 
-@pytest.mark.parametrize("mechanism", ["rpr", "da", "window-aw-seg", "window-mw"])
-def test_no_score_sized_tensor_is_kept_for_backward(mechanism):
-    length, rows, embed_dim, heads = 12, 2, 16, 2
+@pytest.mark.parametrize("rows", [2, 1])  # one sentence: AW's bias [1, H, Tq, Tk] is as large as the weights
+@pytest.mark.parametrize("mechanism", ["rpr", "da", "window-aw", "window-aw-seg", "window-mw"])
+def test_no_score_sized_tensor_is_kept_for_backward(mechanism, rows):
+    length, embed_dim, heads = 12, 16, 2
     generator = torch.Generator().manual_seed(0)
     inputs = torch.randn(length, rows, embed_dim, generator=generator, dtype=torch.float64, requires_grad=True)
     scores = rows * heads * length * length  # one [B, H, Tq, Tk] tensor; the largest other tensor is T*B*E

@@ -102,6 +102,7 @@ class Call(NamedTuple):
     # the attention module's calls: the queries require grad, and its --attention-recompute-length (0: never)
     query_requires_grad: bool = False
     recompute_length: int = 0
+    batch: int = 0  # sentences in the call (0: not known)
 
     @classmethod
     def of(cls, q: Tensor, k: Tensor, options: CallOptions, recompute_length: int = 0) -> "Call":
@@ -121,6 +122,7 @@ class Call(NamedTuple):
             key_padding=options.key_padding_mask is not None,
             query_requires_grad=q.requires_grad,
             recompute_length=recompute_length,
+            batch=q.size(0),
         )
 
     @property

@@ -638,10 +638,6 @@ def xpos_zeta(dims: int, *, device=None, dtype: torch.dtype = torch.float64) -> 
     return ((exponents + XPOS_GAMMA) / (1 + XPOS_GAMMA)).to(dtype)
 
 
-# up to this many rows a self-attention call turns its queries and keys in one product
-ONE_ROTATION_ROWS = 4
-
-
 def turns(positions: Tensor, theta: Tensor, log_scale: Optional[Tensor] = None, centre: float = 0.0) -> Tensor:
     """``e^(i positions theta_j)`` per pair ``[B|1, 1, T, len(theta)]`` (complex, in the dtype of
     ``theta``), times ``exp((positions - centre) * log_scale_j)`` where given (xPos:
@@ -782,13 +778,8 @@ def rotary_query_key(
     # RoPE turns a key as it turns a query at the same position (xPos scales them apart):
     # a self-attention forward pass rotates both by one tensor
     same = xpos_scale_base is None and key_offset == query_offset and k.size(2) == q.size(2)
-    if same and q.size(2) <= ONE_ROTATION_ROWS and q.shape == k.shape and q.dtype == k.dtype:
-        # a decoding step: a few rows in every layer, where launching an op costs more than its work:
-        # the queries and keys turned in one product (the heads side by side)
-        q, k = apply_turns(torch.cat((q, k), dim=1), query_turn).split(q.size(1), dim=1)
-    else:
-        key_turn = query_turn if same else turn("key", k, key_offset)
-        q, k = apply_turns(q, query_turn), apply_turns(k, key_turn)
+    key_turn = query_turn if same else turn("key", k, key_offset)
+    q, k = apply_turns(q, query_turn), apply_turns(k, key_turn)
     logit_factor = configuration.logit_factor()
     rotated = configuration.dims
     if logit_factor != 1.0 and (scaling == "yarn-paper" or rotated == q.size(-1)):

@@ -110,21 +110,26 @@ def candidate_paths(terms: Terms) -> FrozenSet[Path]:
 _PLAIN_PATHS = candidate_paths(Terms())
 
 
-def _per_batch(tensor: Tensor) -> bool:
-    return tensor.dim() == 4 and tensor.size(0) > 1
+def _per_batch(tensor: Tensor, batch: int) -> bool:
+    """Whether a bias is as large as the call's weights: one ``[H, Tq, Tk]`` matrix per
+    sentence of the call's ``batch`` (at batch 1, any ``[1, H, Tq, Tk]`` bias; 0: the batch
+    is not known, and only a batch dimension of more than one sentence counts)."""
+    return tensor.dim() == 4 and (tensor.size(0) == batch if batch else tensor.size(0) > 1)
 
 
-def kept_for_backward(terms: Terms, path: Path) -> Keeps:
+def kept_for_backward(terms: Terms, path: Path, batch: int = 0) -> Keeps:
     """What ``path`` keeps for backward of the ``[Tq, Tk]`` size on ``terms``: the eager
     path its weights; SDPA its bias (per batch, or not: T5's table is ``[H, Tq, Tk]``;
-    FIRE's, which depends on each sentence's length, ``[B, H, Tq, Tk]``), nothing
-    without one; flex nothing, but a soft window (which has a batch dimension)."""
+    FIRE's, which depends on each sentence's length, ``[B, H, Tq, Tk]``, or ``[1, H, Tq,
+    Tk]`` without padding; AW's, which depends on the queries, ``[B, H, Tq, Tk]`` at every
+    batch size: for a call of ``batch`` sentences, :func:`_per_batch`), nothing without
+    one; flex nothing, but a soft window (which has a batch dimension)."""
     if path is Path.EAGER:
         return Keeps.PER_BATCH
     if path is Path.FLEX:
         return Keeps.NOTHING if terms.window is None else Keeps.PER_BATCH
     if terms.bias is not None:
-        return Keeps.PER_BATCH if _per_batch(terms.bias) else Keeps.BIAS
+        return Keeps.PER_BATCH if _per_batch(terms.bias, batch) else Keeps.BIAS
     if terms.offset_table is None:
         return Keeps.NOTHING
     return Keeps.PER_BATCH if terms.offset_table.per_batch else Keeps.BIAS
@@ -142,7 +147,7 @@ def recomputes_in_row_blocks(call: Call, terms: Callable[[], Terms], row_wise: b
     if not (call.keys_reach_recompute_length and call.grad_enabled and call.query_requires_grad and row_wise):
         return False
     made = terms()
-    return kept_for_backward(made, choose_path(call, candidate_paths(made))) is Keeps.PER_BATCH
+    return kept_for_backward(made, choose_path(call, candidate_paths(made)), call.batch) is Keeps.PER_BATCH
 
 
 __all__ = ["PLAIN", "Terms", "candidate_paths", "kept_for_backward"]
