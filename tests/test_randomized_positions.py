@@ -275,6 +275,7 @@ def test_sinusoidal_embeddings_embed_the_sampled_positions_in_training_only():
 
 LM_CASES = {
     "rope": ["--decoder-self-attention", "rope", "--no-token-positional-embeddings"],
+    "xpos": ["--decoder-self-attention", "xpos", "--no-token-positional-embeddings"],
     "alibi": ["--decoder-self-attention", "alibi", "--no-token-positional-embeddings"],
     "kerple": ["--decoder-self-attention", "kerple", "--no-token-positional-embeddings"],
     "t5-bias": ["--decoder-self-attention", "t5-bias", "--no-token-positional-embeddings"],
@@ -307,7 +308,10 @@ def test_language_model_trains_on_draws_and_evaluates_as_the_ordinary_model(case
     tokens = _tokens(d)
     with torch.no_grad():
         evaluated = flagged(tokens)[0]
-        assert torch.equal(evaluated, plain(tokens)[0])
+        if case == "xpos":  # its scales are centred on the middle of [0, N): the same logits up to rounding
+            assert_close(evaluated, plain(tokens)[0], rtol=1e-10, atol=1e-10)
+        else:
+            assert torch.equal(evaluated, plain(tokens)[0])
         flagged.train()
         outputs = []
         for seed in (1, 2, 1):
@@ -375,7 +379,6 @@ REFUSALS = [
     ("lm", ["--no-token-positional-embeddings", "--randomized-positions", str(N)], "no layer's mechanism reads"),
     ("lm", ["--decoder-self-attention", "rpr", "--randomized-positions", str(N)], r"rpr .*\(not yet\)"),
     ("lm", ["--decoder-learned-pos", "--randomized-positions", str(N)], "--decoder-learned-pos"),
-    ("lm", ["--decoder-self-attention", "xpos", "--randomized-positions", str(N)], r"xpos .*\(not yet\)"),
     ("mt", ["--max-source-positions", "4096", "--randomized-positions", str(N)], "--max-source-positions"),
 ]
 
@@ -392,3 +395,36 @@ def test_refusals_are_one_line_spec_errors(model, arguments, message, capsys):
     lines = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert len(lines) == 1 and "argument --randomized-positions: invalid value" in lines[0]
     assert re.search(message, lines[0]), lines[0]
+
+
+def test_xpos_takes_randomized_positions_centred_on_their_range_and_checked_over_it(capsys):
+    """xPos turns its training calls by the draw, its scales centred on the middle of [0, N)
+    (the positions its layers turn by, not only the model's); a scale base whose factors leave
+    float32 over N positions is refused in one line naming N's flag, though it would do over the
+    model's own positions; and the op checks a map's positions, not the call's length."""
+    from fairseq_distattn.functional import rotary_query_key
+    from fairseq_distattn.modules.multihead_attention import MechanismMultiheadAttention
+
+    model, _ = _lm([*LM_CASES["xpos"], "--randomized-positions", str(N)])
+    layers = [m for m in model.modules() if isinstance(m, MechanismMultiheadAttention)]
+    assert layers and all(layer.mechanism.arguments["xpos_centre"] == (N - 1) / 2 for layer in layers)
+    plain, _ = _lm(LM_CASES["xpos"])
+    centre = next(m for m in plain.modules() if isinstance(m, MechanismMultiheadAttention)).mechanism.arguments
+    assert centre["xpos_centre"] == (1024 - 1) / 2  # the tiny model's positions
+
+    parse("language_modeling", "distattn_lm", [*TINY_LM, "--decoder-self-attention", "xpos", "--xpos-scale-base", "20"])
+    with pytest.raises(SystemExit):
+        parse(
+            "language_modeling",
+            "distattn_lm",
+            [*TINY_LM, "--decoder-self-attention", "xpos", "--xpos-scale-base", "20", "--randomized-positions", str(N)],
+        )
+    lines = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "--xpos-scale-base" in lines[0] and f"--randomized-positions {N}" in lines[0], lines
+
+    q = torch.randn(1, 2, 4, 8, dtype=torch.float64)
+    far = torch.tensor([0, 1, 2, N - 1])
+    rotary_query_key(q, q, xpos_scale_base=512.0, xpos_centre=(N - 1) / 2, position_map=far)
+    with pytest.raises(ValueError, match="xpos_scale_base"):
+        rotary_query_key(q, q, xpos_scale_base=20.0, xpos_centre=0.0, position_map=far)
+    rotary_query_key(q, q, xpos_scale_base=20.0, xpos_centre=0.0)  # 4 positions: within range

@@ -742,9 +742,12 @@ def rotary_query_key(
     and keys by the same map, so a logit depends on ``phi[n] - phi[m]``
     (:mod:`.randomized_positions`)."""
     longest = max(query_offset + q.size(2), key_offset + k.size(2))
+    # xPos's factors are checked over the positions the call turns by: a randomized map's, read
+    # from the map (one host sync per call, in the training calls of a randomized xPos model only)
+    reached = longest if position_map is None or xpos_scale_base is None else int(position_map[longest - 1]) + 1
     configuration = check_rotary_arguments(
         q.size(-1),
-        longest,
+        reached,
         base=base,
         fraction=fraction,
         scaling=scaling,

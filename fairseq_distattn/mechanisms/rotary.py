@@ -325,8 +325,10 @@ class Rotary(Mechanism):
     projections (:meth:`encode_positions`), so each key is cached already
     rotated at its own position and a decoding step rotates only its own
     query and key; the attention itself is the plain one. ``--randomized-positions``
-    rotates RoPE's training calls by sampled positions (Ruoss et al. 2023's
-    ``NOISY_ROTARY``; xPos does not take them yet)."""
+    rotates the training calls by sampled positions (Ruoss et al. 2023's
+    ``NOISY_ROTARY``), xPos's scales at the same positions: its centre is then the
+    middle of ``[0, N)``, the positions its layers turn by (:func:`xpos_module_centre`
+    of the stack's reach)."""
 
     random_positions = "positions"
 
@@ -334,8 +336,6 @@ class Rotary(Mechanism):
         super().__init__(config)
         options = config.options
         self.xpos = config.name == "xpos"
-        # --randomized-positions: RoPE rotates by sampled positions (NOISY_ROTARY); xPos is refused (not yet)
-        self.random_positions = None if self.xpos else "positions"
         check_rotated_pairs(options.rope_fraction, config.head_dim)
         self.arguments = _op_arguments(options, self.xpos)
         if self.xpos:

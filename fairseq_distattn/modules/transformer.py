@@ -25,7 +25,7 @@ from .transformer_layer import DistAttnDecoderLayer, DistAttnEncoderLayer, Layer
 SOURCE_POSITIONS, TARGET_POSITIONS = "--max-source-positions", "--max-target-positions"
 RANDOMIZED_POSITIONS = "--randomized-positions"
 # mechanisms whose terms read positions but that do not take --randomized-positions yet
-RANDOMIZED_NOT_YET = frozenset({"xpos", "rpr"})
+RANDOMIZED_NOT_YET = frozenset({"rpr"})
 
 
 class RandomizedSinusoidalPositionalEmbedding(SinusoidalPositionalEmbedding):
@@ -67,6 +67,16 @@ def randomize_embedded_positions(stack, randomized_positions: int) -> None:
         stack.embed_positions = RandomizedSinusoidalPositionalEmbedding(
             embed.embedding_dim, embed.padding_idx, randomized_positions, init_size=embed.weights.size(0)
         ).to(embed.weights.device)
+
+
+def positions_reached(max_positions: Optional[int], flag: str, options: AttentionOptions) -> Tuple[Optional[int], str]:
+    """How many positions a self-attention stack's layers turn or read by, and the flag that
+    sets it: the model's ``max_positions``, or ``--randomized-positions N`` where training
+    draws positions from ``[0, N)`` (N is at least the model's positions: the flag's check)."""
+    randomized = options.module.randomized_positions
+    if randomized and randomized > (max_positions or 0):
+        return randomized, RANDOMIZED_POSITIONS
+    return max_positions or None, flag
 
 
 def randomized_mechanisms():
@@ -142,8 +152,9 @@ def encoder_plans(
         check_no_pruning_in_training(ENCODER_SELF, cfg.encoder.layers_to_keep)
     layers = pruned_spec(ENCODER_SELF, spec, trained_layers or cfg.encoder.layers, cfg.encoder.layers_to_keep)
     head_dim = cfg.encoder.embed_dim // cfg.encoder.attention_heads
-    options.check_kind(ENCODER_SELF, layers, cfg.max_source_positions or None, SOURCE_POSITIONS, new_model, head_dim)
-    stack = Stack(ENCODER_SELF.description, cfg.max_source_positions or None)
+    reach, flag = positions_reached(cfg.max_source_positions, SOURCE_POSITIONS, options)
+    options.check_kind(ENCODER_SELF, layers, reach, flag, new_model, head_dim)
+    stack = Stack(ENCODER_SELF.description, reach)
     return tuple(LayerAttentionPlan(mechanism, "vanilla", options, self_stack=stack) for mechanism in layers)
 
 
@@ -174,7 +185,8 @@ def decoder_plans(
             "--encoder-self-attention), or leave out --cross-self-attention",
         )
     head_dim = cfg.decoder.embed_dim // cfg.decoder.attention_heads
-    options.check_kind(DECODER_SELF, self_layers, cfg.max_target_positions or None, target_flag, new_model, head_dim)
+    self_reach, self_flag = positions_reached(cfg.max_target_positions, target_flag, options)
+    options.check_kind(DECODER_SELF, self_layers, self_reach, self_flag, new_model, head_dim)
     cross_spec = getattr(cfg, CROSS.attr, None)
     if no_encoder_attn:
         if cross_spec not in (None, "vanilla"):
@@ -187,7 +199,7 @@ def decoder_plans(
         cross_spec = None
     cross_layers = pruned_spec(CROSS, cross_spec, num_layers, kept)
     options.check_kind(CROSS, cross_layers, head_dim=head_dim)
-    self_stack = Stack(DECODER_SELF.description, cfg.max_target_positions or None)
+    self_stack = Stack(DECODER_SELF.description, self_reach)
     cross_stack = Stack(CROSS.description, cfg.max_source_positions or None)
     return tuple(
         LayerAttentionPlan(mine, cross, options, self_stack=self_stack, cross_stack=cross_stack)
