@@ -428,3 +428,5 @@ def test_xpos_takes_randomized_positions_centred_on_their_range_and_checked_over
     with pytest.raises(ValueError, match="xpos_scale_base"):
         rotary_query_key(q, q, xpos_scale_base=20.0, xpos_centre=0.0, position_map=far)
     rotary_query_key(q, q, xpos_scale_base=20.0, xpos_centre=0.0)  # 4 positions: within range
+    empty = q[:, :, :0]
+    assert rotary_query_key(empty, empty, xpos_scale_base=20.0, position_map=far[:0])[0].shape == empty.shape

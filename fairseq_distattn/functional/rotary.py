@@ -744,7 +744,8 @@ def rotary_query_key(
     longest = max(query_offset + q.size(2), key_offset + k.size(2))
     # xPos's factors are checked over the positions the call turns by: a randomized map's, read
     # from the map (one host sync per call, in the training calls of a randomized xPos model only)
-    reached = longest if position_map is None or xpos_scale_base is None else int(position_map[longest - 1]) + 1
+    mapped = position_map is not None and xpos_scale_base is not None and longest > 0
+    reached = int(position_map[longest - 1]) + 1 if mapped else longest
     configuration = check_rotary_arguments(
         q.size(-1),
         reached,
