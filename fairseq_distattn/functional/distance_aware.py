@@ -39,7 +39,7 @@ from torch import Tensor
 
 from .attention import attention_op, logit_dtype
 from .masking import check_tensor_argument
-from .position_tables import OffsetTable, check_position_arguments, values_by_distance
+from .position_tables import OffsetTable, values_by_distance
 from .terms import Terms
 
 DA_MAPPINGS = ("learnable-sigmoid", "sigmoid", "exponent", "linear", "clip")
@@ -124,16 +124,14 @@ def distance_coefficient_table(
     """The coefficients of :func:`distance_coefficients` once per head and key
     offset (:class:`OffsetTable`), applied by ``combine``."""
     check_mapping_arguments(mapping, distance_weight.size(0), sharpness, linear_slope, linear_intercept, clip_threshold)
-    check_position_arguments(tgt_len, src_len, query_offset)
 
     def mapped(distance: Tensor) -> Tensor:
         weighted = distance_weight[:, None, None] * distance  # [H, 1, W]
         return map_weighted_distance(weighted, mapping, sharpness, linear_slope, linear_intercept, clip_threshold)[:, 0]
 
-    first = -(max(tgt_len, 1) - 1) - query_offset  # the offsets' layout (position_tables.offsets)
     parameters = (distance_weight, sharpness, linear_slope, linear_intercept)
     values = values_by_distance(
-        mapped, parameters, (mapping, clip_threshold), first, src_len - query_offset - 1, distance_weight.dtype
+        mapped, parameters, (mapping, clip_threshold), tgt_len, src_len, query_offset, distance_weight.dtype
     )
     return OffsetTable(values, tgt_len, combine)
 

@@ -19,7 +19,7 @@ the ValueError that names a bad length, offset or dtype.
 import functools
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Protocol, Sequence
+from typing import Callable, Dict, Optional, Protocol, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -65,12 +65,17 @@ def offsets(
     table) the ``Tk`` offsets of the keys from ``query_offset``, as for one
     query, so that the width gives ``Tk`` whatever the lengths, 0 included
     (:attr:`OffsetTable.src_len`)."""
-    check_position_arguments(tgt_len, src_len, query_offset)
-    first = -(max(tgt_len, 1) - 1) - query_offset
+    first, last = offset_range(tgt_len, src_len, query_offset)
     if position_map is None:
-        return torch.arange(first, src_len - query_offset, device=device, dtype=dtype)
-    relative = torch.arange(first, src_len - query_offset, device=device)
+        return torch.arange(first, last + 1, device=device, dtype=dtype)
+    relative = torch.arange(first, last + 1, device=device)
     return map_offsets(relative, position_map).to(dtype)
+
+
+def offset_range(tgt_len: int, src_len: int, query_offset: int) -> Tuple[int, int]:
+    """The first and last of the :func:`offsets` of a call (checked: a ValueError names a bad length)."""
+    check_position_arguments(tgt_len, src_len, query_offset)
+    return -(max(tgt_len, 1) - 1) - query_offset, src_len - query_offset - 1
 
 
 # id of the owning parameter -> (a weak reference to it, its key, reach N, values at the offsets
@@ -84,11 +89,12 @@ def values_by_distance(
     values_of: Callable[[Tensor], Tensor],
     parameters: Sequence[Optional[Tensor]],
     settings: tuple,
-    first: int,
-    last: int,
+    tgt_len: int,
+    src_len: int,
+    query_offset: int,
     dtype: torch.dtype,
 ) -> Tensor:
-    """``values_of(|d|)`` for the offsets ``d = first..last`` (``[H or 1, last - first + 1]``),
+    """``values_of(|d|)`` for the :func:`offsets` ``d`` of a call (``[H or 1, Tq + Tk - 1]``),
     for a table that is a function of the size of the offset and of ``parameters``
     (the first one, a tensor, owns the memo) and ``settings`` alone: ``values_of`` takes the
     distances as a ``dtype`` tensor ``[W]`` on the first parameter's device and returns
@@ -99,7 +105,8 @@ def values_by_distance(
     the table again in every layer and step. With gradients it is evaluated for the call."""
     owner = parameters[0]
     if torch.is_grad_enabled() or owner.is_inference():
-        return values_of(torch.arange(first, last + 1, device=owner.device, dtype=dtype).abs_())
+        return values_of(offsets(tgt_len, src_len, query_offset, owner.device, dtype).abs_())
+    first, last = offset_range(tgt_len, src_len, query_offset)
     key = (tuple(None if p is None else (id(p), p.data_ptr(), p._version) for p in parameters), settings, dtype)
     reach = max(-first, last) + 1
     entry = _BY_DISTANCE.get(id(owner))
