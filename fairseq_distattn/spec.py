@@ -308,11 +308,11 @@ class AttentionModuleOptions:
         "randomized positional encodings (Ruoss et al. 2023): in training only, each attention layer whose "
         "mechanism reads positions draws, per batch, a sorted sample without replacement from [0, N) and uses it "
         "for the positions 0..T-1 (rope, xpos (its scales centred on the middle of [0, N)) and fire: the "
-        "positions; alibi, kerple, sandwich, t5-bias and "
-        "transformer-xl: sorted distances r_1 < ... < r_(T-1) of [1, N), an offset j-i read as sign(j-i) "
+        "positions; alibi, kerple, sandwich, t5-bias, transformer-xl and rpr (its bucket of the distance "
+        "clipped at K): sorted distances r_1 < ... < r_(T-1) of [1, N), an offset j-i read as sign(j-i) "
         "r_|j-i|, as the authors' NOISY_RELATIVE), and fairseq's sinusoidal position embeddings embed such a "
         "sample of [0, N); evaluation and decoding use 0..T-1 (the authors randomize at test time too). "
-        "Refused with rpr (not yet) and with learned position embeddings. N must be at least the "
+        "Refused with learned position embeddings. N must be at least the "
         "longest sequence the model accepts; 0 = off (default: {default})",
         convert=_randomized_positions,
         type=int,

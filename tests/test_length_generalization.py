@@ -334,3 +334,25 @@ def test_one_tiny_run_end_to_end_writes_its_run_file_and_is_not_run_twice(tmp_pa
     capsys.readouterr()
     assert harness.main(argv) == 0  # done: skipped, the report rebuilt
     assert "0 runs to do" in capsys.readouterr().err and path.stat().st_mtime_ns == written
+
+
+def test_one_tiny_encoder_decoder_run_translates_its_buckets_through_the_method_s_configuration(tmp_path):
+    """The encoder-decoder form end to end: fairseq-preprocess of source and answer, a translation
+    model with the method's translation configuration (rope: the plugin's encoder and decoder),
+    fairseq-interactive's greedy translations scored per bucket."""
+    tasks, work, out = tmp_path / "tasks", tmp_path / "work", tmp_path / "out"
+    hand_made_task(tasks / "mirror", train=40, test=4, task_json={"forms": ["encoder-decoder"]})
+    argv = ["--task-data", str(tasks), "--forms", "encoder-decoder", "--methods", "rope", "--seeds", "1"]
+    argv += ["--updates", "2", "--work", str(work), "--out", str(out)]
+    assert harness.main(argv) == 0
+    (path,) = (out / "runs").glob("*.json")
+    assert path.name == "mirror-encoder-decoder-rope-seed1.json"
+    record = json.loads(path.read_text(encoding="utf-8"))
+    assert (record["form"], record["method"]) == ("encoder-decoder", "rope")
+    assert record["train_args"] == list(length_grid.length_methods()["rope"].encoder_decoder)
+    assert "--task translation" in record["train_command"] and "--user-dir" in record["train_command"]
+    assert "--criterion answer_cross_entropy" not in record["train_command"]
+    assert set(record["accuracy"]) == {"valid", "x1", "x2"}
+    assert all(count["total"] == 4 for count in record["counts"].values())
+    markdown = (out / "length_generalization.md").read_text(encoding="utf-8")
+    assert "## encoder-decoder" in markdown and "### mirror (encoder-decoder)" in markdown

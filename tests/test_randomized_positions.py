@@ -16,7 +16,7 @@ from fairseq_distattn.functional.randomized_positions import (
     sample_distances,
     sample_positions,
 )
-from fairseq_distattn.modules.transformer import RandomizedSinusoidalPositionalEmbedding
+from fairseq_distattn.modules.transformer import RandomizedSinusoidalPositionalEmbedding, randomized_mechanisms
 
 from .model_helpers import TINY, TINY_LM, language_model, parse, random_tokens, right_pad, translation_model
 
@@ -224,6 +224,61 @@ def test_transformer_xl_reads_r_at_the_sampled_distance(causal):
     assert_close(_bias(transformer_xl_attention, q, k, (weight, u, v), torch.arange(length)), plain)
 
 
+def _rpr_reference(q, k, v, rel_keys, rel_values, k_clip, distance, causal):
+    """Shaw et al. eqs. 3-4 with every (i, j) reading the rows of bucket ``clip(distance_ij, -k, k) + k``,
+    formed as the ``[Tq, Tk, D]`` tensors a^K_ij and a^V_ij the efficient forms avoid."""
+    bucket = distance.clamp(-k_clip, k_clip) + k_clip
+    a_k, a_v = rel_keys[bucket], rel_values[bucket]  # [Tq, Tk, D]
+    logits = (q @ k.transpose(-1, -2) + torch.einsum("bhid,ijd->bhij", q, a_k)) / math.sqrt(q.size(-1))
+    if causal:
+        logits = logits.masked_fill(distance > 0, float("-inf"))
+    probs = logits.softmax(-1)
+    return probs @ v + torch.einsum("bhij,ijd->bhid", probs, a_v), probs
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("values", [True, False])
+def test_rpr_clips_the_sampled_distance_into_its_buckets(causal, values):
+    """rpr (an extension: the authors randomize Transformer-XL's encoding, not Shaw et al.'s) reads
+    offset ``d`` at the bucket of ``clip(sign(d) r_|d|, -k, k)``: against eqs. 3-4 formed per (i, j), in
+    the output, the weights and the gradients of every input and table; the identity map is the
+    ordinary rpr, and a map reaching past k clips into the last buckets."""
+    from fairseq_distattn.functional import relative_position_attention
+
+    q, k, v = _inputs(length=7)
+    k_clip, length = 3, q.size(2)
+    generator = torch.Generator().manual_seed(8)
+    rel_keys, rel_values = torch.randn(2, 2 * k_clip + 1, q.size(-1), generator=generator, dtype=torch.float64)
+    r = torch.tensor([0, 2, 3, 4, 5, 9, 11])  # r_1 = 2 reads d = +-2's rows; from r_2 on, the clipped ones
+    offset = torch.arange(length)[None, :] - torch.arange(length)[:, None]
+    mapped_offset = offset.sign() * r[offset.abs()]
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, rel_keys, rel_values)]
+    q_, k_, v_, keys_, values_ = leaves
+    out, probs = relative_position_attention(
+        q_, k_, v_, keys_, values_ if values else None, k_clip, causal=causal, position_map=r
+    )
+    want_out, want_probs = _rpr_reference(
+        q_, k_, v_, keys_, values_ if values else torch.zeros_like(values_), k_clip, mapped_offset, causal
+    )
+    assert_close(out, want_out, rtol=1e-12, atol=1e-12)
+    assert_close(probs, want_probs, rtol=1e-12, atol=1e-12)
+    grad = torch.randn(out.shape, generator=generator, dtype=torch.float64)
+    got = torch.autograd.grad(out, leaves, grad, allow_unused=True)
+    want = torch.autograd.grad(want_out, leaves, grad, allow_unused=True)
+    for name, g, w in zip(("q", "k", "v", "rel_keys", "rel_values"), got, want):
+        if name == "rel_values" and not values:
+            assert g is None
+            continue
+        assert_close(g, w, rtol=1e-10, atol=1e-12, msg=name)
+    plain = relative_position_attention(q, k, v, rel_keys, rel_values, k_clip, causal=causal)
+    identity = relative_position_attention(
+        q, k, v, rel_keys, rel_values, k_clip, causal=causal, position_map=torch.arange(length)
+    )
+    assert_close(identity[0], plain[0], rtol=1e-12, atol=1e-12)
+    unmapped = relative_position_attention(q, k, v, rel_keys, rel_values if values else None, k_clip, causal=causal)
+    assert not torch.allclose(out.detach(), unmapped[0])
+
+
 def test_fire_reads_the_sampled_positions():
     """FIRE reads the query's own position besides the distance, so it takes sampled
     positions: its bias at (i, j) is its ordinary bias at (p_i, p_j)."""
@@ -273,14 +328,15 @@ def test_sinusoidal_embeddings_embed_the_sampled_positions_in_training_only():
 
 # --------------------------------------------------------------------------- (c) the models
 
+# rpr's default k = 16 clips nearly every distance of [1, N) alike, so two draws would give one model:
+# a k within N lets the draws differ
+CASE_OPTIONS = {"rpr": ["--max-relative-position", "1024"]}
+# every mechanism that takes the flag (the registry's), and fairseq's sinusoidal embeddings
 LM_CASES = {
-    "rope": ["--decoder-self-attention", "rope", "--no-token-positional-embeddings"],
-    "xpos": ["--decoder-self-attention", "xpos", "--no-token-positional-embeddings"],
-    "alibi": ["--decoder-self-attention", "alibi", "--no-token-positional-embeddings"],
-    "kerple": ["--decoder-self-attention", "kerple", "--no-token-positional-embeddings"],
-    "t5-bias": ["--decoder-self-attention", "t5-bias", "--no-token-positional-embeddings"],
-    "fire": ["--decoder-self-attention", "fire", "--no-token-positional-embeddings"],
-    "transformer-xl": ["--decoder-self-attention", "transformer-xl", "--no-token-positional-embeddings"],
+    **{
+        name: ["--decoder-self-attention", name, "--no-token-positional-embeddings", *CASE_OPTIONS.get(name, [])]
+        for name in randomized_mechanisms()
+    },
     "sinusoidal": [],
 }
 
@@ -341,6 +397,7 @@ MT_CASES = {
         "--no-token-positional-embeddings",
     ],
     "alibi": ["--encoder-self-attention", "alibi", "--decoder-self-attention", "alibi"],
+    "rpr": ["--encoder-self-attention", "rpr", "--decoder-self-attention", "rpr", *CASE_OPTIONS["rpr"]],
     "sinusoidal": [],
 }
 
@@ -377,7 +434,6 @@ REFUSALS = [
     ("lm", ["--randomized-positions", "-1"], "must be a non-negative integer"),
     ("lm", ["--randomized-positions", "100"], "smaller than the longest sequence the model accepts"),
     ("lm", ["--no-token-positional-embeddings", "--randomized-positions", str(N)], "no layer's mechanism reads"),
-    ("lm", ["--decoder-self-attention", "rpr", "--randomized-positions", str(N)], r"rpr .*\(not yet\)"),
     ("lm", ["--decoder-learned-pos", "--randomized-positions", str(N)], "--decoder-learned-pos"),
     ("mt", ["--max-source-positions", "4096", "--randomized-positions", str(N)], "--max-source-positions"),
 ]

@@ -29,6 +29,7 @@ from .masking import (
     relative_distance,
 )
 from .position_tables import index_scalar
+from .randomized_positions import map_offsets
 from .terms import Terms
 
 
@@ -351,6 +352,36 @@ def rows_within_reach(
     return rel_keys[rows], None if rel_values is None else rel_values[rows], longest
 
 
+def mapped_relative_position_terms(
+    q: Tensor,
+    rel_keys: Tensor,
+    rel_values: Optional[Tensor],
+    max_distance: int,
+    src_len: int,
+    query_offset: int,
+    position_map: Tensor,
+) -> Terms:
+    """Eqs. 3-4 with randomized distances (``--randomized-positions``, Ruoss et al. 2023's
+    ``NOISY_RELATIVE`` distances ``r``, :mod:`.randomized_positions`): the offset ``d = j - i``
+    reads the bucket ``clip(sign(d) r_|d|, -k, k) + k``. Shaw et al.'s RPR is not among the
+    authors' encodings; this clips their distances as RPR clips its own. A bucket is then no
+    longer one diagonal (many distances clip into one, and the unclipped ones skip rows), so
+    the key term is a gather of the per-bucket scores and the value term a per-bucket sum
+    of the weights (``scatter_add``): training calls only, where the map is drawn."""
+    relative = relative_distance(q.size(2), src_len, query_offset, q.device)
+    mapped = map_offsets(relative, position_map)
+    buckets = (mapped.clamp(-max_distance, max_distance) + max_distance).expand(*q.shape[:2], *relative.shape)
+    bias = logit_product(scaled(q), rel_keys.transpose(0, 1)).gather(-1, buckets)
+    if rel_values is None:
+        return Terms(bias=bias)
+
+    def relative_values(attended: Tensor) -> Tensor:
+        per_bucket = attended.new_zeros(attended.shape[:-1] + (rel_values.size(0),))
+        return torch.matmul(per_bucket.scatter_add(-1, buckets, attended), rel_values)
+
+    return Terms(bias=bias, value_term=relative_values)
+
+
 def relative_position_terms(
     q: Tensor,
     k: Tensor,
@@ -360,9 +391,11 @@ def relative_position_terms(
     *,
     causal: bool,
     query_offset: int,
+    position_map: Optional[Tensor],
 ) -> Terms:
     """Eq. 4's second term, an additive bias on the logits read by clipped ``j - i``,
-    and eq. 3's, a value term of the weights."""
+    and eq. 3's, a value term of the weights; with a ``position_map``, read by the
+    randomized distances (:func:`mapped_relative_position_terms`)."""
     if isinstance(max_distance, bool) or not isinstance(max_distance, int) or max_distance < 1:
         raise ValueError(f"max_distance must be an integer >= 1 (the clipping distance k), got {max_distance!r}")
     # the tables meet q in a matmul: one dtype, unless autocast (--amp) casts them there
@@ -375,6 +408,10 @@ def relative_position_terms(
                 f"{name} must be [2k+1, D] = {(2 * max_distance + 1, q.size(-1))}, got {tuple(table.shape)}"
             )
     tgt_len, src_len = q.size(2), k.size(2)
+    if position_map is not None:
+        return mapped_relative_position_terms(
+            q, rel_keys, rel_values, max_distance, src_len, query_offset, position_map
+        )
     rel_keys, rel_values, max_distance = rows_within_reach(
         rel_keys, rel_values, max_distance, tgt_len, src_len, query_offset
     )

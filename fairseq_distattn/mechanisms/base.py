@@ -134,8 +134,7 @@ class Mechanism(nn.Module):
     # what --randomized-positions randomizes in this mechanism's training calls (Ruoss et al. 2023):
     # "positions" (sorted positions of [0, N), given to encode_positions: RoPE's rotation), "distances"
     # (sorted distances of [1, N) for the offsets j - i its terms read: ALiBi's table), or None: its terms
-    # read no positions, or it does not take randomized ones (the model-wide check refuses those listed in
-    # modules.transformer.RANDOMIZED_NOT_YET); the call's CallOptions.position_map holds the draw
+    # read no positions; the call's CallOptions.position_map holds the draw
     random_positions: Optional[str] = None
 
     def __init__(self, config: MechanismConfig):

@@ -66,6 +66,10 @@ class RelativePositionOptions:
 class RelativePosition(Mechanism):
     """Shaw et al. 2018: [2k+1, D] key (and value) tables shared across heads."""
 
+    # --randomized-positions: the offset d reads the bucket of clip(sign(d) r_|d|, -k, k), an extension
+    # (Ruoss et al. randomize Transformer-XL's relative encoding, not Shaw et al.'s)
+    random_positions = "distances"
+
     @classmethod
     def check_options(cls, options, kind=None, layers=()):
         # Each stack against its own longest sequence: an encoder of --max-source-positions 4 never

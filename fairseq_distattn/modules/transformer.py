@@ -24,8 +24,6 @@ from .transformer_layer import DistAttnDecoderLayer, DistAttnEncoderLayer, Layer
 
 SOURCE_POSITIONS, TARGET_POSITIONS = "--max-source-positions", "--max-target-positions"
 RANDOMIZED_POSITIONS = "--randomized-positions"
-# mechanisms whose terms read positions but that do not take --randomized-positions yet
-RANDOMIZED_NOT_YET = frozenset({"rpr"})
 
 
 class RandomizedSinusoidalPositionalEmbedding(SinusoidalPositionalEmbedding):
@@ -81,28 +79,18 @@ def positions_reached(max_positions: Optional[int], flag: str, options: Attentio
 
 def randomized_mechanisms():
     """The mechanisms that take ``--randomized-positions`` (:attr:`Mechanism.random_positions`)."""
-    return [name for name, info in REGISTRY.items() if info.module.random_positions and name not in RANDOMIZED_NOT_YET]
+    return [name for name, info in REGISTRY.items() if info.module.random_positions]
 
 
 def check_randomized_positions(cfg, plans: "ModelAttentionPlans", decoder_only: bool = False) -> None:
     """Raise SpecError where ``--randomized-positions`` is on and nothing would take it:
     no layer whose mechanism reads positions (:attr:`Mechanism.random_positions`) and no
-    sinusoidal position embeddings; a layer whose mechanism reads positions but does not
-    take randomized ones yet; learned position embeddings, whose table has only the
+    sinusoidal position embeddings; learned position embeddings, whose table has only the
     model's positions (the authors' ``NOISY_LEARNT`` learns a table of ``N`` rows)."""
     value = plans.options.module.randomized_positions
     if not value:
         return
     names = plans.mechanisms()
-    for name in names:
-        if name in RANDOMIZED_NOT_YET:
-            raise SpecError(
-                RANDOMIZED_POSITIONS,
-                value,
-                f"{name} reads positions but does not take randomized ones (not yet)",
-                f"0 (off) with {name}, or a mechanism that takes them: {', '.join(randomized_mechanisms())} "
-                "(or fairseq's sinusoidal position embeddings)",
-            )
     embedded = not cfg.no_token_positional_embeddings
     sides = ("decoder",) if decoder_only else ("encoder", "decoder")
     learned = [side for side in sides if getattr(cfg, side).learned_pos]
