@@ -356,3 +356,69 @@ def test_one_tiny_encoder_decoder_run_translates_its_buckets_through_the_method_
     assert all(count["total"] == 4 for count in record["counts"].values())
     markdown = (out / "length_generalization.md").read_text(encoding="utf-8")
     assert "## encoder-decoder" in markdown and "### mirror (encoder-decoder)" in markdown
+
+
+def test_teacher_forcing_gives_each_prompt_the_exact_match_of_fairseq_s_greedy_completion(tmp_path, monkeypatch):
+    """A trained tiny language model: fairseq-interactive completes every prompt; forcing each
+    completion that stopped must find it exactly (and not with its last token dropped), forcing the
+    references must agree prompt by prompt with greedy exact match, and the harness scoring the
+    same checkpoint again by forcing (as it does passkey's long prompts) records the same counts."""
+    from benchmarks.quality import forced_match
+
+    tasks, work, out = tmp_path / "tasks", tmp_path / "work", tmp_path / "out"
+    task_folder = hand_made_task(tasks / "mirror", train=200, test=8)
+    argv = ["--task-data", str(tasks), "--methods", "baseline", "--seeds", "1", "--updates", "60"]
+    argv += ["--work", str(work), "--out", str(out)]
+    assert harness.main(argv) == 0
+    (path,) = (out / "runs").glob("*.json")
+    generated = json.loads(path.read_text(encoding="utf-8"))
+    assert generated["scoring"].startswith("greedy completion") and "fairseq-interactive" in generated["eval_command"]
+    run_dir = work / "updates-60" / "mirror-decoder-only-baseline-seed1"
+    (data_bin,) = work.glob("data/mirror-*/decoder-only/data-bin")
+    prompts = (run_dir / "prompts.txt").read_text(encoding="utf-8").splitlines()
+    by_id = harness.hypotheses_by_id((run_dir / "generate.txt").read_text(encoding="utf-8"))
+    greedy = [harness.completion(by_id[number], "decoder-only") for number in range(len(prompts))]
+    (task,) = length_grid.read_task_data(task_folder)
+    references = [line for split in task.splits() for line in task.lines(split)[1]]
+
+    def forced(answers):
+        answers_file, scored = tmp_path / "answers.txt", tmp_path / "forced.json"
+        write_lines(answers_file, answers)
+        common = ["--path", str(run_dir / "checkpoint_best.pt"), "--data", str(data_bin)]
+        assert (
+            forced_match.main(
+                [
+                    *common,
+                    "--prompts",
+                    str(run_dir / "prompts.txt"),
+                    "--answers",
+                    str(answers_file),
+                    "--out",
+                    str(scored),
+                ]
+            )
+            == 0
+        )
+        return json.loads(scored.read_text(encoding="utf-8"))
+
+    # a completion shorter than the margin stopped at </s> (the length limit leaves more room)
+    stopped = [number for number, answer in enumerate(greedy) if 0 < len(answer.split()) < harness.MARGIN]
+    assert len(stopped) >= len(prompts) // 2
+    found = forced([greedy[number] if number in stopped else "a" for number in range(len(prompts))])
+    assert all(found["correct"][number] for number in stopped)
+    truncated = [" ".join(answer.split()[:-1]) or "a b c d e f g h" for answer in greedy]
+    assert not any(forced(truncated)["correct"][number] for number in stopped)
+    against_references = forced(references)
+    exact = [answer.split() == reference.split() for answer, reference in zip(greedy, references)]
+    assert against_references["correct"] == exact and 0 < sum(exact) < len(exact)
+    assert against_references["empty"] == [not answer.split() for answer in greedy]
+
+    monkeypatch.setattr(harness, "FORCED_FROM", 0)
+    assert harness.main([*argv, "--retrain"]) == 0
+    rescored = json.loads(path.read_text(encoding="utf-8"))
+    assert rescored["scoring"].startswith("teacher forcing") and "forced_match" in rescored["eval_command"]
+    assert rescored["accuracy"] == generated["accuracy"]
+    for bucket, counts in rescored["counts"].items():
+        assert {key: generated["counts"][bucket][key] for key in ("correct", "total", "empty")} == counts
+    markdown = (out / "length_generalization.md").read_text(encoding="utf-8")
+    assert "mirror: the same exact match by teacher forcing" in markdown

@@ -174,7 +174,9 @@ def header_lines(runs: Sequence[Dict]) -> List[str]:
         "methods table: the decoder-only form (`SOURCE = ANSWER`, loss on the answer only, the method's LM preset) "
         "and the encoder-decoder form (the method's translation configuration). Greedy decoding by "
         "fairseq-interactive with room for the longest answer and a margin; exact match (%) of the whole answer "
-        "(an empty or over-long completion is wrong). *in distribution*: the valid split, drawn like the training "
+        "(an empty or over-long completion is wrong)"
+        + forced_text(runs)
+        + ". *in distribution*: the valid split, drawn like the training "
         "set; *xK*: test lengths in ((K/2)L, KL] for the training length L. Mean +- sample std over seeds, the seed "
         "count in brackets; - : not run yet.",
         "",
@@ -186,6 +188,18 @@ def header_lines(runs: Sequence[Dict]) -> List[str]:
         + ("; ".join(f"{u} updates, {m}, {t} tokens per batch" for u, m, t in budgets) if budgets else "no runs yet"),
         f"Data: {data_text(runs)}. Machine: {'; '.join(machines) or '-'}.",
     ]
+
+
+def forced_text(runs: Sequence[Dict]) -> str:
+    """The tasks whose runs were scored by teacher forcing (long prompts), which gives the same exact match."""
+    tasks = sorted({r["task"] for r in runs if r.get("scoring", "").startswith("teacher forcing")})
+    if not tasks:
+        return ""
+    return (
+        f"; {', '.join(tasks)}: the same exact match by teacher forcing (greedy decoding completes a prompt with its "
+        "answer iff the argmax after each answer prefix is the next token, then </s>; one forward pass a prompt "
+        "instead of one decoding step a prompt token: `benchmarks/quality/forced_match.py`)"
+    )
 
 
 def data_text(runs: Sequence[Dict]) -> str:
