@@ -197,6 +197,21 @@ LM_FLOORS = [
     ),
 ]
 
+# Cost floors of the mechanisms that form their own weights (mechanism_floor.py): fairseq's own
+# `transformer` computing the mechanism's attention in stock ops where its row places it; trained only.
+FLOORED_MECHANISMS = ("stick-breaking", "path", "dape")
+MECHANISM_FLOORS = [
+    Config(
+        f"{mechanism}-floor",
+        MT,
+        "transformer_wmt_en_de",
+        kind="floor",
+        floor_of=mechanism,
+        note=f"cost floor of {mechanism}: fairseq `transformer` computing {mechanism}'s attention in stock ops",
+    )
+    for mechanism in FLOORED_MECHANISMS
+]
+
 
 def mechanism_config(mechanism: str) -> Config:
     """``distattn_transformer_wmt_en_de`` with ``mechanism`` in every layer of
@@ -226,7 +241,8 @@ def mt_mechanism_configs() -> List[Config]:
 
 
 def translation_configs(include_mechanisms: bool = True) -> List[Config]:
-    return [MT_BASELINE, *MT_PRESETS, *MT_FLOORS, *(mt_mechanism_configs() if include_mechanisms else [])]
+    mechanisms = [*mt_mechanism_configs(), *MECHANISM_FLOORS] if include_mechanisms else []
+    return [MT_BASELINE, *MT_PRESETS, *MT_FLOORS, *mechanisms]
 
 
 def translation_generation_configs() -> List[Config]:
@@ -260,10 +276,10 @@ def flex_config_keys() -> List[str]:
 
 
 def select(configs: Sequence[Config], only: Optional[Sequence[str]]) -> List[Config]:
-    """The baseline plus the configs named in ``only`` (all if None)."""
+    """The baseline plus the configs named in ``only`` and their cost floors (all if None)."""
     if not only:
         return list(configs)
-    return [c for c in configs if c.is_baseline or c.key in only]
+    return [c for c in configs if c.is_baseline or c.key in only or c.floor_of in only]
 
 
 # --------------------------------------------------------------------------- building
@@ -340,8 +356,12 @@ def build(config: Config, scale: Scale, dictionary, device, seed: int = 1, max_p
     model = task.build_model(args).to(device)
     if config.kind == "floor":  # after the fairseq model drew its parameters: the same ones as vanilla's
         from .floor import add_floor_work
+        from .mechanism_floor import add_mechanism_floor
 
-        add_floor_work(model, "translation" if config.task == MT else "language_modeling")
+        if config.floor_of in FLOORED_MECHANISMS:
+            add_mechanism_floor(model, config.floor_of)
+        else:
+            add_floor_work(model, "translation" if config.task == MT else "language_modeling")
     criterion = task.build_criterion(args).to(device)
     parameters = sum(p.numel() for p in model.parameters())
     return Built(config, model, criterion, task, args, parameters)
@@ -351,7 +371,10 @@ def attention_layout(built: Built) -> str:
     """Human-readable mechanism per layer (from the plugin's plans), or 'vanilla'."""
     if built.config.kind == "floor":
         from .floor import describe_floor
+        from .mechanism_floor import describe_mechanism_floor
 
+        if built.config.floor_of in FLOORED_MECHANISMS:
+            return describe_mechanism_floor(built.config.floor_of)
         return describe_floor("translation" if built.config.task == MT else "language_modeling")
     parts = []
     encoder = getattr(built.model, "encoder", None)

@@ -18,8 +18,7 @@ from ..common import REPO_ROOT
 from .memory import TIMED_PASSES
 from .plot import write_plot
 from .targets import (
-    FLOOR_TARGET,
-    FLOOR_TARGETED,
+    FLOOR_TARGETS,
     OP_EXPONENT_TARGET,
     PASS,
     FloorComparison,
@@ -331,10 +330,12 @@ def profiles_section(profiles: Dict[str, dict], what: str = "one training step")
 
 
 FLOOR_NOTE = (
-    "\"of `<floor>`\": ratio to that cost floor instead, fairseq's own model doing the window's tensor work in "
-    "stock ops (benchmarks/speed/floor.py), per round the ratio of the two ratios to vanilla; a floor's own row is its "
-    f"ratio to vanilla and has no target. {', '.join(f'`{k}`' for k in FLOOR_TARGETED)}: target >= "
-    f"{FLOOR_TARGET:g} of its floor in training and beam search when the floor ran."
+    '"of `<floor>`": ratio to that cost floor instead, per round the ratio of the two ratios to vanilla: the window '
+    "preset's floor is fairseq's own model doing the window's tensor work in stock ops (benchmarks/speed/floor.py), "
+    "stick-breaking's, PaTH's and DAPE's fairseq's own model computing the mechanism's attention in stock ops "
+    "(benchmarks/speed/mechanism_floor.py); a floor's own row is its ratio to vanilla and has no target. "
+    + "; ".join(f"`{k}`: target >= {t:g} of its floor" for k, t in FLOOR_TARGETS.items())
+    + ", in training and beam search when the floor ran."
 )
 
 
@@ -353,7 +354,7 @@ def floors_section(comparisons: List[FloorComparison]) -> str:
             spread(c.preset_vs_floor),
             spread(c.floor_vs_vanilla),
             spread(c.preset_vs_vanilla),
-            f">= {FLOOR_TARGET:g}" if c.preset in FLOOR_TARGETED else "-",
+            f">= {FLOOR_TARGETS[c.preset]:g}" if c.preset in FLOOR_TARGETS else "-",
         )
         for c in comparisons
     ]
@@ -402,8 +403,9 @@ def _opening_sections(results: dict, targets: List[TargetRow]) -> List[str]:
         out += [
             "## Cost floors",
             "",
-            "Each window preset next to its cost floor (benchmarks/speed/floor.py: fairseq's own model doing the "
-            "window's tensor work in stock ops, not a model), measured in the same interleaved rounds: "
+            "Each candidate next to its cost floor (benchmarks/speed/floor.py: fairseq's own model doing the "
+            "window's tensor work in stock ops, not a model; benchmarks/speed/mechanism_floor.py: fairseq's own "
+            "model computing the mechanism's attention in stock ops), measured in the same interleaved rounds: "
             "median [min-max] over rounds of preset / floor (per round, the ratio of their ratios to vanilla), "
             "floor / vanilla and preset / vanilla. Training: tokens/s; generation: beam-5 sentences/s.",
             "",

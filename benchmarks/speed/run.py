@@ -105,7 +105,8 @@ def _add_selection_arguments(p: argparse.ArgumentParser) -> None:
         "--configs",
         default="",
         help="comma-separated candidate keys to run (e.g. rpr-preset,qvi); `flex` stands for every candidate "
-        "some of whose layers may take the flex path; vanilla always runs (default: all)",
+        "some of whose layers may take the flex path; vanilla and the cost floors of the named candidates always run "
+        "(default: all)",
     )
     p.add_argument(
         "--no-mechanisms", action="store_true", help="training: only the presets, not one model per mechanism"
