@@ -25,7 +25,7 @@ import argparse
 import json
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -34,15 +34,16 @@ MAX_TOKENS = 16384
 MAX_SENTENCES = 64
 
 
-def example_tokens(dictionary, prompt: str, answer: str) -> torch.Tensor:
-    """``</s> PROMPT ANSWER </s>`` as ids; an answer token the dictionary lacks is ``<unk>``,
-    which greedy decoding would print as ``<unk>``: never a match (see :func:`scores`)."""
+def example_tokens(dictionary, prompt: str, answer: str) -> Tuple[torch.Tensor, int]:
+    """``</s> PROMPT ANSWER </s>`` as ids, and the answer's token count; an answer token the
+    dictionary lacks is ``<unk>``, which greedy decoding would print as ``<unk>``: never a
+    match (see :func:`scores`)."""
 
     def encode(line):
         return dictionary.encode_line(line, add_if_not_exist=False, append_eos=False).long()
 
-    eos = torch.tensor([dictionary.eos()])
-    return torch.cat([eos, encode(prompt), encode(answer), eos])
+    eos, answer_ids = torch.tensor([dictionary.eos()]), encode(answer)
+    return torch.cat([eos, encode(prompt), answer_ids, eos]), len(answer_ids)
 
 
 def batches(lengths: Sequence[int], max_tokens: int, max_sentences: int) -> List[List[int]]:
@@ -62,8 +63,9 @@ def batches(lengths: Sequence[int], max_tokens: int, max_sentences: int) -> List
 def scores(model, dictionary, prompts: Sequence[str], answers: Sequence[str], max_tokens: int = MAX_TOKENS) -> Dict:
     """``{"correct": [...], "empty": [...]}``: per prompt, whether greedy decoding completes it
     with exactly its answer, and whether it would stop at once."""
-    examples = [example_tokens(dictionary, p, a) for p, a in zip(prompts, answers)]
-    answer_lengths = [len(dictionary.encode_line(a, add_if_not_exist=False, append_eos=False)) for a in answers]
+    if not prompts:
+        return {"correct": [], "empty": []}
+    examples, answer_lengths = zip(*(example_tokens(dictionary, p, a) for p, a in zip(prompts, answers)))
     correct, empty = [False] * len(examples), [False] * len(examples)
     pad, unk = dictionary.pad(), dictionary.unk()
     for group in batches([len(e) for e in examples], max_tokens, MAX_SENTENCES):

@@ -113,8 +113,13 @@ def exact_match(hypotheses: Sequence[str], references: Sequence[str]) -> Dict[st
         "total": total,
         "empty": empty,
         "over_long": over_long,
-        "accuracy": round(100 * correct / total, 2) if total else None,
+        "accuracy": percent(correct, total),
     }
+
+
+def percent(correct: int, total: int) -> Optional[float]:
+    """Exact-match accuracy in percent, None without examples."""
+    return round(100 * correct / total, 2) if total else None
 
 
 HYPOTHESIS = re.compile(r"^H-(\d+)\t[^\t]*\t?(.*)$", re.M)
@@ -341,12 +346,11 @@ def forced_counts(
     counts = {}
     for bucket, (lo, hi) in spans.items():
         correct, total = sum(result["correct"][lo:hi]), hi - lo
-        accuracy = round(100 * correct / total, 2) if total else None
         counts[bucket] = {
             "correct": correct,
             "total": total,
             "empty": sum(result["empty"][lo:hi]),
-            "accuracy": accuracy,
+            "accuracy": percent(correct, total),
         }
     return command, counts
 

@@ -33,7 +33,7 @@ Floors train only: the speed report has no beam-search row for a mechanism.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -161,25 +161,28 @@ def dape_floor(attention, q, k, v, padding, x) -> Tensor:
 
 
 FLOOR_ATTENTION: Dict[str, Callable] = {"stick-breaking": stick_breaking_floor, "path": path_floor, "dape": dape_floor}
-# where each floor's mechanism sits in its speed row (every layer of these attentions)
-FLOOR_PLACES = {
-    "stick-breaking": ("decoder_self",),
-    "path": ("decoder_self",),
-    "dape": ("encoder_self", "decoder_self"),
-}
+
+
+def floor_places(mechanism: str) -> Tuple[str, ...]:
+    """Where the mechanism's speed row places it, as :func:`.configs.mechanism_config` reads the
+    registry: ``"enc"`` and/or ``"dec"`` (self-attention, every layer); the floors have no
+    cross-attention form."""
+    import fairseq_distattn.mechanisms  # noqa: F401 (discovers the registry)
+    from fairseq_distattn.registry import CROSS, DECODER_SELF, ENCODER_SELF
+
+    if mechanism in CROSS.allowed:
+        raise ValueError(f"{mechanism} is allowed in cross-attention, which a mechanism floor does not cover")
+    return tuple(label for kind, label in ((ENCODER_SELF, "enc"), (DECODER_SELF, "dec")) if mechanism in kind.allowed)
 
 
 def describe_mechanism_floor(mechanism: str) -> str:
-    places = {"encoder_self": "enc", "decoder_self": "dec"}
-    where = "+".join(places[place] for place in FLOOR_PLACES[mechanism])
-    return f"fairseq `transformer`, {mechanism} in stock ops in {where}, all layers"
+    return f"fairseq `transformer`, {mechanism} in stock ops in {'+'.join(floor_places(mechanism))}, all layers"
 
 
 def add_mechanism_floor(model, mechanism: str) -> None:
     """Give a freshly built fairseq ``transformer`` ``mechanism``'s floor attention (after its own
     parameters were drawn: the same seed gives vanilla's weights)."""
-    for place in FLOOR_PLACES[mechanism]:
-        layers = model.encoder.layers if place == "encoder_self" else model.decoder.layers
-        for layer in layers:
+    for place in floor_places(mechanism):
+        for layer in model.encoder.layers if place == "enc" else model.decoder.layers:
             layer.self_attn.__class__ = MechanismFloorAttention
-            layer.self_attn.add_mechanism(mechanism, causal=place == "decoder_self")
+            layer.self_attn.add_mechanism(mechanism, causal=place == "dec")

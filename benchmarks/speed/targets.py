@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
+from .configs import FLOORED_MECHANISMS
 from .timing import Summary
 
 # Minimum tokens/s ratio to vanilla of each trained candidate: the presets by key; every
@@ -74,7 +75,7 @@ GENERATION_TARGET = 0.95  # every preset, sentences/s ratio (issue 63)
 # computing the mechanism's attention in stock ops (benchmarks/speed/mechanism_floor.py):
 # the same arithmetic, so what the plugin may add is a bias's share, BIAS_TRAIN_TARGET (issue 63).
 FLOOR_TARGET = 0.97
-FLOOR_TARGETS = {"window-preset": FLOOR_TARGET, **{m: BIAS_TRAIN_TARGET for m in ("stick-breaking", "path", "dape")}}
+FLOOR_TARGETS = {"window-preset": FLOOR_TARGET, **{m: BIAS_TRAIN_TARGET for m in FLOORED_MECHANISMS}}
 FLOOR_TARGETED = tuple(FLOOR_TARGETS)
 MEMORY_TARGET = 1.10  # every preset, peak-memory ratio at memory_target_length()
 # presets whose mechanisms only rotate queries and keys: vanilla's attention, and no more memory than that
