@@ -537,8 +537,9 @@ def _hand_made_results(with_floor: bool = True) -> dict:
 
 def test_report_computes_the_floor_ratios_per_round():
     """preset / floor is, per round, the preset's ratio to vanilla over the floor's (both paired
-    with vanilla in the same round); the window preset's targets become >= 0.97 of its floor,
-    the LM preset's stay relative to vanilla; the summary shows both ratios and the floors' rows."""
+    with vanilla in the same round); the window preset's training target becomes >= 0.97 of its
+    floor, and both window presets' beam-search targets >= 0.95 of theirs (issue 63); the summary
+    shows both ratios and the floors' rows."""
     from benchmarks.speed.report import floors_section, render_summary
     from benchmarks.speed.targets import FLOOR_TARGET, evaluate_targets, floor_comparisons
 
@@ -564,30 +565,32 @@ def test_report_computes_the_floor_ratios_per_round():
     assert (row.reference, row.threshold, row.status) == ("window-floor", FLOOR_TARGET, "PASS")
     assert row.metric == "tokens/s ratio to window-floor" and row.median == pytest.approx(1.0)
     row = targets["generate", "window-preset"]
-    assert (row.reference, row.status, row.median) == ("window-floor", "MISS", pytest.approx(0.70 / 0.75))
-    row = targets["generate", "lm-window-preset"]  # no floor target: the vanilla one stays
-    assert (row.reference, row.threshold, row.median, row.status) == ("vanilla", GENERATION_TARGET, 0.93, "MISS")
+    assert (row.reference, row.threshold, row.status) == ("window-floor", GENERATION_TARGET, "MISS")
+    assert row.median == pytest.approx(0.70 / 0.75)
+    row = targets["generate", "lm-window-preset"]  # per round 0.947, 1.0, 1.033: of its floor, not of vanilla (0.93)
+    assert (row.reference, row.threshold, row.status) == ("lm-window-floor", GENERATION_TARGET, "PASS")
+    assert row.median == pytest.approx(1.0)
     assert ("train", "qvi") in targets and ("generate", "window-floor") not in targets
     assert ("generate", "lm-window-floor") not in targets
 
     summary = render_summary(results, list(targets.values()))
     lines = {line.split(" | ")[0]: line for line in summary.splitlines() if line.startswith("| `")}
     assert "| 1.00 [0.90-1.00] of window-floor (>= 0.97) PASS; 0.75 of vanilla |" in lines["| `window-preset`"]
-    assert "0.93 [0.92-0.95] of window-floor (>= 0.97) MISS; 0.74 of vanilla" in lines["| `window-preset`"]
+    assert "0.93 [0.92-0.95] of window-floor (>= 0.95) MISS; 0.74 of vanilla" in lines["| `window-preset`"]
     assert lines["| `window-floor`"] == (
         "| `window-floor` | 0.80 [0.75-0.80] (floor of window-preset, no target) | "
         "0.80 [0.75-0.80] (floor of window-preset, no target) | - |"
     )
     # per round 0.947, 1.0, 1.033
-    assert "0.93 [0.90-0.94] (>= 0.95) MISS; 1.00 of lm-window-floor" in lines["| `lm-window-preset`"]
+    assert "1.00 [0.95-1.03] of lm-window-floor (>= 0.95) PASS; 0.93 of vanilla" in lines["| `lm-window-preset`"]
     assert lines["| `lm-window-floor`"].startswith(
         "| `lm-window-floor` | - | 0.94 [0.90-0.95] (floor of lm-window-preset"
     )
     floors = sections("## Cost floors\n\n" + floors_section(floor_comparisons(results)))["## Cost floors"]
     assert [(r["section"], r["preset"], r["floor"], r["target (preset / floor)"]) for r in floors] == [
         ("train", "window-preset", "window-floor", ">= 0.97"),
-        ("generate", "window-preset", "window-floor", ">= 0.97"),
-        ("generate", "lm-window-preset", "lm-window-floor", "-"),
+        ("generate", "window-preset", "window-floor", ">= 0.95"),
+        ("generate", "lm-window-preset", "lm-window-floor", ">= 0.95"),
     ]
     assert floors[0]["preset / floor"] == "1.000 [0.900-1.000]"
     assert floors[0]["floor / vanilla"] == "0.800 [0.750-0.800]"
@@ -646,9 +649,14 @@ def test_quick_run_reports_the_floors(quick_run):
         ("generate", "lm", "lm-window-preset", "lm-window-floor"),
     ]
     targets = {(r["section"], r["candidate"]): r for r in sections(markdown)["## Targets"]}
-    for section in ("train", "generate"):
-        assert targets[section, "window-preset"]["target"] == ">= 0.97"
-        assert targets[section, "window-preset"]["metric"].endswith("ratio to window-floor")
+    # issue 63: the window presets train at 0.97 of their floors and decode at 0.95 of them
+    for section, preset, target in (
+        ("train", "window-preset", ">= 0.97"),
+        ("generate", "window-preset", ">= 0.95"),
+        ("generate", "lm-window-preset", ">= 0.95"),
+    ):
+        assert targets[section, preset]["target"] == target
+        assert targets[section, preset]["metric"].endswith(f"ratio to {preset.replace('preset', 'floor')}")
     for mechanism in C.FLOORED_MECHANISMS:  # issue 63: of their floors, a bias's share of overhead
         assert targets["train", mechanism]["target"] == ">= 0.95"
         assert targets["train", mechanism]["metric"] == f"tokens/s ratio to {mechanism}-floor"

@@ -334,8 +334,11 @@ FLOOR_NOTE = (
     "preset's floor is fairseq's own model doing the window's tensor work in stock ops (benchmarks/speed/floor.py), "
     "stick-breaking's, PaTH's and DAPE's fairseq's own model computing the mechanism's attention in stock ops "
     "(benchmarks/speed/mechanism_floor.py); a floor's own row is its ratio to vanilla and has no target. "
-    + "; ".join(f"`{k}`: target >= {t:g} of its floor" for k, t in FLOOR_TARGETS.items())
-    + ", in training and beam search when the floor ran."
+    + "; ".join(
+        f"{section}: " + ", ".join(f"`{k}` >= {t:g} of its floor" for k, t in targets.items())
+        for section, targets in FLOOR_TARGETS.items()
+    )
+    + ", where the floor ran."
 )
 
 
@@ -354,7 +357,7 @@ def floors_section(comparisons: List[FloorComparison]) -> str:
             spread(c.preset_vs_floor),
             spread(c.floor_vs_vanilla),
             spread(c.preset_vs_vanilla),
-            f">= {FLOOR_TARGETS[c.preset]:g}" if c.preset in FLOOR_TARGETS else "-",
+            f">= {FLOOR_TARGETS[c.section][c.preset]:g}" if c.preset in FLOOR_TARGETS[c.section] else "-",
         )
         for c in comparisons
     ]
