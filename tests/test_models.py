@@ -224,8 +224,10 @@ def test_mechanisms_land_on_the_named_layers_only():
 def test_a_carried_all_false_padding_mask_reaches_the_mechanism_as_none(mechanism, monkeypatch):
     """Once a decoding step passed a key padding mask, fairseq extends it at
     every later step, also when no row has padding (left). The module hands
-    the mechanism None then, which must not change a single value; a mask
-    with padding still arrives and still masks."""
+    the mechanism None then (its position encoding too), and caches none, so
+    that later steps carry no mask to extend, reorder and read positions through;
+    none of it may change a single value. A mask with padding still arrives, is
+    still cached and still masks."""
     module = MechanismMultiheadAttention(8, 2, mechanism, AttentionOptions(), causal=True, self_attention=True)
     module = module.double().eval()
     received = []
@@ -235,30 +237,35 @@ def test_a_carried_all_false_padding_mask_reaches_the_mechanism_as_none(mechanis
         "forward",
         lambda q, k, options, cache: received.append(options.key_padding_mask) or real_forward(q, k, options, cache),
     )
+    encoded, cached = [], []
+    real_encode = module.mechanism.encode_positions
+
+    def encode_positions(queries, keys, key_padding_mask, *args, **kwargs):
+        encoded.append(key_padding_mask)
+        return real_encode(queries, keys, key_padding_mask, *args, **kwargs)
+
+    monkeypatch.setattr(module.mechanism, "encode_positions", encode_positions)
     steps = torch.randn(4, 3, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
 
     def decode(first_step_padding):
-        received.clear()
-        state = {}
+        received.clear(), encoded.clear(), cached.clear()
+        state, outputs = {}, []
         with torch.no_grad():
-            outputs = [
-                module(
-                    steps[t : t + 1],
-                    None,
-                    None,
-                    incremental_state=state,
-                    key_padding_mask=first_step_padding if t == 0 else None,
-                )[0]
-                for t in range(len(steps))
-            ]
+            for t in range(len(steps)):
+                padding = first_step_padding if t == 0 else None
+                step = module(steps[t : t + 1], None, None, incremental_state=state, key_padding_mask=padding)
+                outputs.append(step[0])
+                cached.append(module._get_input_buffer(state)["prev_key_padding_mask"])
         return torch.cat(outputs), list(received)
 
     unmasked, _ = decode(None)
     masked_nothing, received_nothing = decode(torch.zeros(3, 1, dtype=torch.bool))
     assert received_nothing == [None] * len(steps)
+    assert encoded == [None] * len(steps) and cached == [None] * len(steps)
     torch.testing.assert_close(masked_nothing, unmasked, rtol=0, atol=0)
     masked, received_masks = decode(torch.tensor([[False], [True], [False]]))
-    assert all(pad is not None and pad[1, 0] and pad.sum() == 1 for pad in received_masks)
+    for masks in (received_masks, encoded, cached):
+        assert all(pad is not None and pad[1, 0] and pad.sum() == 1 for pad in masks)
     assert not torch.allclose(masked, unmasked), "the padded key was not masked"
 
 

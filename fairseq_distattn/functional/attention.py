@@ -73,9 +73,19 @@ def logit_product(a: Tensor, b: Tensor) -> Tensor:
     compute = logit_dtype(a.dtype)
     if compute == a.dtype:
         # autocast may run it in half: widened back, a no-op without autocast
-        return torch.matmul(a, b.to(compute)).to(compute)
+        return _product(a, b.to(compute)).to(compute)
     with full_precision(a):
-        return torch.matmul(a.to(compute), b.to(compute))
+        return _product(a.to(compute), b.to(compute))
+
+
+def _product(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b``; a 2-D ``b`` (a table) meets the rows of ``a`` in one ``mm``: torch.matmul
+    multiplies a decoding step's permuted ``[B, H, 1, D]`` queries by a transposed table
+    as a batch of one-row products, 2-3 times slower on the CPU (its decoding steps' shapes
+    in ``python -m benchmarks.run``), and the same elsewhere."""
+    if b.dim() != 2:
+        return torch.matmul(a, b)
+    return torch.mm(a.reshape(-1, a.size(-1)), b).view(*a.shape[:-1], b.size(-1))
 
 
 def scores(q: Tensor, k: Tensor) -> Tensor:

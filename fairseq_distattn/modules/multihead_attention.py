@@ -148,6 +148,12 @@ class MechanismMultiheadAttention(MultiheadAttention):
                     src_len=query_offset + keys["key"].size(2),
                     static_kv=static_kv,
                 )
+                if key_padding_mask is not None and not bool(key_padding_mask.any()):
+                    # fairseq keeps extending a key padding mask once one was passed, also after beam
+                    # reordering has dropped every padded row. An all-False mask masks nothing, so it is
+                    # neither used nor cached: the later steps then carry none, and skip its extension,
+                    # its reordering and the positions read through it (as fairseq's encoder drops it)
+                    key_padding_mask = None
             position_map = self._draw_position_map(saved_state, query.size(0), keys["key"].size(2))
             if position_map is None:
                 queries, keys = self.mechanism.encode_positions(queries, keys, key_padding_mask, query_offset)
@@ -161,12 +167,6 @@ class MechanismMultiheadAttention(MultiheadAttention):
                         keys[name] = torch.cat([saved_state[f"prev_{name}"], keys[name]], dim=2)
                     saved_state[f"prev_{name}"] = keys[name]
                 saved_state["prev_key_padding_mask"] = key_padding_mask
-                if key_padding_mask is not None and not bool(key_padding_mask.any()):
-                    # fairseq keeps extending a key padding mask once one was passed,
-                    # also after beam reordering has dropped every padded row; masking
-                    # with it changes no logit but costs several passes per step
-                    # (fairseq's encoder drops an all-False mask the same way)
-                    key_padding_mask = None
         if key_padding_mask is not None:
             key_padding_mask = key_padding_mask.to(torch.bool)
 
