@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from .flex import flex_attend, flex_windowed_attend
-from .masking import autocast_enabled, check_attention_arguments, logit_mask, masked_softmax
+from .masking import autocast_enabled, check_attention_arguments, in_dtype, logit_mask, masked_softmax
 from .paths import OP_OPTIONS, Call, CallOptions, Path, choose_path
 from .terms import PLAIN, Normaliser, ScoreMod, Terms, candidate_paths
 
@@ -73,7 +73,7 @@ def logit_product(a: Tensor, b: Tensor) -> Tensor:
     compute = logit_dtype(a.dtype)
     if compute == a.dtype:
         # autocast may run it in half: widened back, a no-op without autocast
-        return _product(a, b.to(compute)).to(compute)
+        return in_dtype(_product(a, in_dtype(b, compute)), compute)
     with full_precision(a):
         return _product(a.to(compute), b.to(compute))
 
@@ -97,7 +97,7 @@ def scores(q: Tensor, k: Tensor) -> Tensor:
     compute = logit_dtype(q.dtype)
     if compute == q.dtype:
         # autocast may run it in half: widened back, a no-op without autocast
-        return torch.matmul(scaled(q), k.transpose(-2, -1)).to(compute)
+        return in_dtype(torch.matmul(scaled(q), k.transpose(-2, -1)), compute)
     with full_precision(q):
         return torch.matmul(scaled(q.to(compute)), k.to(compute).transpose(-2, -1))
 
@@ -238,7 +238,7 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, terms: Terms, options: CallOptions)
         probs = probs * terms.window
     if terms.weight_mod is not None:
         probs = terms.weight_mod(probs, mask, hidden)
-    probs = probs.to(q.dtype)
+    probs = in_dtype(probs, q.dtype)
     attended = dropout_probs(probs, dropout_p)
     out = torch.matmul(attended, v)
     if terms.value_term is not None:

@@ -52,6 +52,13 @@ def position_tensor(builder):
     return lookup
 
 
+def in_dtype(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """``x.to(dtype)``, without the dispatch when ``x`` already has it: a decoding step's
+    tensors are small enough that the no-op conversions of its path cost as much as
+    an op of its arithmetic."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
 def sequence_positions(key_padding_mask: Optional[Tensor], length: int, offset: int, device) -> Tensor:
     """Positions of the ``length`` tokens from index ``offset`` on, counted from
     each sequence's first real key: ``[B, length]`` (``[1, length]`` without
@@ -155,7 +162,7 @@ def masked_softmax(masked_logits: Tensor, hidden: Optional[Tensor]) -> Tensor:
     """
     # half-precision logits are normalised in float32, as fairseq does
     softmax_dtype = torch.float32 if masked_logits.dtype in (torch.float16, torch.bfloat16) else masked_logits.dtype
-    probs = torch.softmax(masked_logits, dim=-1, dtype=softmax_dtype).to(masked_logits.dtype)
+    probs = in_dtype(torch.softmax(masked_logits, dim=-1, dtype=softmax_dtype), masked_logits.dtype)
     return probs if hidden is None else probs.masked_fill(hidden, 0.0)
 
 
