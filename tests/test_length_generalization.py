@@ -123,7 +123,8 @@ def test_the_methods_are_the_methods_table_s_rows():
     assert baseline.decoder_only == ("--arch", "transformer_lm_gbw")
     assert baseline.encoder_decoder == ("--arch", "transformer_iwslt_de_en")
     for name, _, mt, lm in rows:
-        assert methods[name].decoder_only == (("--arch", lm) if lm else None), name
+        flags = length_grid.DECODER_ONLY_FLAGS.get(name, ((), ""))[0]
+        assert methods[name].decoder_only == (("--arch", lm, *flags) if lm else None), name
         assert methods[name].encoder_decoder == (tuple(default_configs()[mt].arch_args()) if mt else None), name
     assert methods["nope"].encoder_decoder is None and methods["nope"].decoder_only == (
         "--arch",
@@ -422,3 +423,17 @@ def test_teacher_forcing_gives_each_prompt_the_exact_match_of_fairseq_s_greedy_c
         assert {key: generated["counts"][bucket][key] for key in ("correct", "total", "empty")} == counts
     markdown = (out / "length_generalization.md").read_text(encoding="utf-8")
     assert "mirror: the same exact match by teacher forcing" in markdown
+
+
+def test_every_committed_run_trained_its_method_as_the_grid_trains_it_now():
+    """A run file counts in the report for its method: one trained with other flags (a method whose
+    flags changed since, as llama4-temperature's did: DECODER_ONLY_FLAGS) must be trained again, not kept."""
+    methods = length_grid.length_methods()
+    stale = [
+        path.name
+        for path in sorted((length_grid.DEFAULT_OUT / "runs").glob("*.json"))
+        for record in [json.loads(path.read_text(encoding="utf-8"))]
+        if record["method"] in methods
+        and record["train_args"] != list(methods[record["method"]].arch_args(record["form"]))
+    ]
+    assert not stale, f"run files trained with other flags than their method's now: {stale}"

@@ -22,6 +22,7 @@ from . import length_papers
 from .length_grid import (
     BASELINE,
     DECODER_ONLY,
+    DECODER_ONLY_FLAGS,
     FITTED_IN_DISTRIBUTION,
     FORMS,
     IN_DISTRIBUTION,
@@ -187,7 +188,16 @@ def header_lines(runs: Sequence[Dict]) -> List[str]:
         "Budget: "
         + ("; ".join(f"{u} updates, {m}, {t} tokens per batch" for u, m, t in budgets) if budgets else "no runs yet"),
         f"Data: {data_text(runs)}. Machine: {'; '.join(machines) or '-'}.",
+        *flags_lines(),
     ]
+
+
+def flags_lines() -> List[str]:
+    """What the decoder-only form adds to a method's LM preset, and why (:data:`DECODER_ONLY_FLAGS`)."""
+    if not DECODER_ONLY_FLAGS:
+        return []
+    added = "; ".join(f"`{method}`: {why}" for method, (_, why) in DECODER_ONLY_FLAGS.items())
+    return ["", f"Decoder-only flags beyond the LM preset: {added}."]
 
 
 def forced_text(runs: Sequence[Dict]) -> str:
