@@ -51,12 +51,12 @@ FITTED_IN_DISTRIBUTION = 50.0
 BUDGET = dict(layers=3, dim=64, ffn=256, heads=4, updates=2000, max_tokens=2048, dropout=0.1)
 
 
-# Flags the decoder-only form adds to a method's LM preset, and why: a preset that does nothing at these
-# tasks' lengths would only repeat another row. Llama 4's floor scale (8192 positions) leaves its
-# temperature 1 at every length here, so the row was NoPE's (8 of its 10 runs gave NoPE's accuracies
-# exactly, the other 2 within 2.5 points); at the
-# shortest training sequence (copy: 16 + 1 + 16 tokens) the temperature grows beyond the training
-# lengths of every task, as Llama 4's does beyond its 8192.
+# Flags the decoder-only form gives a method's LM preset in place of the LM grid's (lm_grid.PRESET_FLAGS),
+# and why: a preset that does nothing at these tasks' lengths would only repeat another row. Llama 4's floor
+# scale (8192 positions) leaves its temperature 1 at every length here: the row was NoPE's (8 of its 10
+# runs gave NoPE's accuracies exactly, the other 2 within 2.5 points). At the shortest training sequence
+# (copy: 16 + 1 + 16 tokens) the temperature grows beyond the training lengths of every task, as Llama 4's
+# does beyond its 8192; the LM grid's 64, its training length, would leave copy's x2 bucket nearly untouched.
 DECODER_ONLY_FLAGS = {
     "llama4-temperature": (
         ("--llama4-floor-scale", "32"),
@@ -115,11 +115,14 @@ def length_methods() -> Dict[str, LengthMethod]:
         )
     }
     for name, paper, mt_name, lm_name in method_rows(list(mt), list(lm)):
+        decoder_only = tuple(lm[lm_name].arch_args()) if lm_name else None
         flags, why = DECODER_ONLY_FLAGS.get(name, ((), ""))
+        if lm_name and flags:  # in place of the LM grid's own flags for the preset
+            decoder_only = ("--arch", lm[lm_name].arch or lm_name, *flags)
         methods[name] = LengthMethod(
             name,
             paper,
-            (*lm[lm_name].arch_args(), *flags) if lm_name else None,
+            decoder_only,
             tuple(mt[mt_name].arch_args()) if mt_name else None,
             f"{lm_name}: {lm[lm_name].note}{'; ' + why if why else ''}" if lm_name else "-",
             f"{mt_name}: {mt[mt_name].note}" if mt_name else "-",

@@ -93,6 +93,18 @@ VARIANTS = (
 )
 
 
+# flags a preset trains with in the grid, and why: as registered, llama4-temperature's floor scale (Llama 4's
+# 8192 positions) leaves its query factor 1 at every length evaluated (up to MAX_POSITIONS), which would make
+# the preset NoPE's; at the training length the factor grows beyond it, as Llama 4's does beyond its 8192
+PRESET_FLAGS = {
+    "distattn_lm_llama4_temperature_gbw": (
+        ("--llama4-floor-scale", "64"),
+        "its temperature's floor scale at the training length (64 tokens: Llama 4's 8192 leaves the factor 1 "
+        "at every length evaluated)",
+    ),
+}
+
+
 @functools.lru_cache(maxsize=None)
 def lm_configs() -> Dict[str, LMConfig]:
     """fairseq's LM architectures that the plugin's presets extend, each followed by the
@@ -123,9 +135,9 @@ def lm_configs() -> Dict[str, LMConfig]:
         configs.setdefault(baseline, LMConfig(baseline, baseline, f"fairseq {baseline}, sinusoidal positions"))
         mechanism = specs.get("decoder_self_attention", "vanilla")
         positions = "no position embeddings" if _drops_positions(preset) else "sinusoidal positions"
-        configs[preset] = LMConfig(
-            preset, baseline, f"{mechanism} self-attention on {baseline}'s defaults, {positions}"
-        )
+        flags, why = PRESET_FLAGS.get(preset, ((), ""))
+        note = f"{mechanism} self-attention on {baseline}'s defaults, {positions}" + (f"; {why}" if why else "")
+        configs[preset] = LMConfig(preset, baseline, note, flags=flags)
     for name, preset, flags, note in VARIANTS:
         if preset in configs:
             configs[name] = LMConfig(name, configs[preset].baseline, note, preset, flags)
