@@ -16,6 +16,7 @@ example a line, tokens separated by spaces), and optionally ``task.json``, whose
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -115,16 +116,16 @@ def length_methods() -> Dict[str, LengthMethod]:
         )
     }
     for name, paper, mt_name, lm_name in method_rows(list(mt), list(lm)):
-        decoder_only = tuple(lm[lm_name].arch_args()) if lm_name else None
-        flags, why = DECODER_ONLY_FLAGS.get(name, ((), ""))
-        if lm_name and flags:  # in place of the LM grid's own flags for the preset
-            decoder_only = ("--arch", lm[lm_name].arch or lm_name, *flags)
+        preset = lm.get(lm_name)
+        if preset is not None and name in DECODER_ONLY_FLAGS:  # in place of the LM grid's flags for the preset
+            flags, why = DECODER_ONLY_FLAGS[name]
+            preset = dataclasses.replace(preset, flags=flags, note=f"{preset.note}; here {why}")
         methods[name] = LengthMethod(
             name,
             paper,
-            decoder_only,
+            tuple(preset.arch_args()) if preset else None,
             tuple(mt[mt_name].arch_args()) if mt_name else None,
-            f"{lm_name}: {lm[lm_name].note}{'; ' + why if why else ''}" if lm_name else "-",
+            f"{lm_name}: {preset.note}" if preset else "-",
             f"{mt_name}: {mt[mt_name].note}" if mt_name else "-",
         )
     return methods

@@ -193,11 +193,11 @@ def header_lines(runs: Sequence[Dict]) -> List[str]:
 
 
 def flags_lines() -> List[str]:
-    """What the decoder-only form adds to a method's LM preset, and why (:data:`DECODER_ONLY_FLAGS`)."""
+    """What the decoder-only form gives a method's LM preset, and why (:data:`DECODER_ONLY_FLAGS`)."""
     if not DECODER_ONLY_FLAGS:
         return []
     added = "; ".join(f"`{method}`: {why}" for method, (_, why) in DECODER_ONLY_FLAGS.items())
-    return ["", f"Decoder-only flags beyond the LM preset: {added}."]
+    return ["", f"Decoder-only flags in place of the LM grid's for a preset: {added}."]
 
 
 def forced_text(runs: Sequence[Dict]) -> str:
