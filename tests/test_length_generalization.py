@@ -118,7 +118,8 @@ def test_the_methods_are_the_methods_table_s_rows():
 
     methods = length_grid.length_methods()
     rows = method_rows(list(default_configs()), list(lm_configs()))
-    assert list(methods) == [length_grid.BASELINE, *(row[0] for row in rows)]
+    variants = [name for name, _ in length_grid.LM_VARIANT_ROWS.values()]
+    assert list(methods) == [length_grid.BASELINE, *(row[0] for row in rows), *variants]
     baseline = methods[length_grid.BASELINE]
     assert baseline.decoder_only == ("--arch", "transformer_lm_gbw")
     assert baseline.encoder_decoder == ("--arch", "transformer_iwslt_de_en")
@@ -133,6 +134,29 @@ def test_the_methods_are_the_methods_table_s_rows():
     # cross-attention gets a mechanism only where the translation configuration puts it
     assert "--cross-attention" not in methods["alibi"].encoder_decoder
     assert "--cross-attention" in methods["window"].encoder_decoder
+
+
+def test_the_lm_grid_s_variants_train_decoder_only_with_the_task_s_positions_when_randomized():
+    """Issue 64's rows: each LM grid variant of LM_VARIANT_ROWS with its grid flags (in place of
+    them where DECODER_ONLY_FLAGS says), decoder-only; a randomized one draws from the task's positions."""
+    from benchmarks.quality.lm_grid import lm_configs
+
+    configs, methods = lm_configs(), length_grid.length_methods()
+    for variant, (name, _) in length_grid.LM_VARIANT_ROWS.items():
+        method, flags = methods[name], configs[variant].flags
+        assert method.encoder_decoder is None, name
+        assert method.randomized == (length_grid.RANDOMIZED_POSITIONS in flags), name
+        if not method.randomized:
+            flags = length_grid.DECODER_ONLY_FLAGS.get(name, (flags, ""))[0]
+            assert method.decoder_only == ("--arch", configs[variant].arch, *flags), name
+    assert methods["rope+randomized"].train_args(length_grid.DECODER_ONLY, 512) == (
+        "--arch",
+        "distattn_lm_rope_gbw",
+        "--randomized-positions",
+        "512",
+    )
+    assert methods["rope"].train_args(length_grid.DECODER_ONLY, 512) == ("--arch", "distattn_lm_rope_gbw")
+    assert methods["llama4+interval-3"].decoder_only[-2:] == ("--llama4-floor-scale", "32")
 
 
 # ------------------------------------------------------------------------------ command line
@@ -296,6 +320,36 @@ def test_the_kazemnejad_claims_have_no_reading_with_one_seed_and_no_section_tabl
     assert "(at least 50%): none yet;" in section and "| their claim |" not in section
 
 
+def test_the_report_reads_ruoss_et_al_s_gain_of_randomized_positions_beyond_the_training_lengths(tmp_path):
+    out = tmp_path / "out"
+    section = length_report.report(out).split("## Against Ruoss et al. 2023\n", 1)[1]
+    assert "No randomized row has runs yet." in section
+    # per seed on copy and reverse: (x2, x4); rope+randomized gains 30 points, alibi+randomized 0
+    beyond = {"rope": ((10, 0), (14, 0)), "rope+randomized": ((50, 30), (50, 34))}
+    beyond |= {"alibi": ((40, 20), (44, 20)), "alibi+randomized": ((40, 20), (44, 20))}
+    for method, per_seed in beyond.items():
+        for seed, (x2, x4) in enumerate(per_seed, start=1):
+            for task in ("copy", "reverse"):
+                fixture_run(out, task, method, seed, {"valid": 100, "x1": 100, "x2": x2, "x4": x4})
+    # parity: no row fits it in distribution; sort: the randomized row has no run of it
+    fixture_run(out, "parity", "rope", 1, {"valid": 10, "x2": 0, "x4": 90})
+    fixture_run(out, "parity", "rope+randomized", 1, {"valid": 10, "x2": 0, "x4": 0})
+    fixture_run(out, "sort", "rope", 1, {"valid": 100, "x2": 90, "x4": 90})
+    section = length_report.report(out).split("## Against Ruoss et al. 2023\n", 1)[1]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    # x1 is in distribution: not counted; rope per seed (10 + 0) / 2 = 5 and (14 + 0) / 2 = 7
+    assert rows == [
+        "| `alibi` | copy, reverse | 31.0 +- 1.4 (2) | 31.0 +- 1.4 (2) | +0.0 | within noise |",
+        "| `rope` | copy, reverse | 6.0 +- 1.4 (2) | 41.0 +- 1.4 (2) | +35.0 | better, beyond noise |",
+    ]
+    gain = "Mean gain of randomized positions over the 2 encoding(s): +17.5 points (Ruoss et al. 2023: +12.0)"
+    assert gain in section
+    assert "readings: 1 better, beyond noise, 1 within noise." in section
+    papers = (out / length_report.PAPERS).read_text(encoding="utf-8")  # the comparisons alone, for the docs
+    assert papers.split("## Against Ruoss et al. 2023\n", 1)[1] == section
+    assert "## Against Kazemnejad et al. 2023" in papers and "### copy" not in papers
+
+
 def test_the_report_without_runs_says_so(tmp_path):
     assert harness.main(["--report", "--out", str(tmp_path / "out")]) == 0
     markdown = (tmp_path / "out" / "length_generalization.md").read_text(encoding="utf-8")
@@ -335,6 +389,20 @@ def test_one_tiny_run_end_to_end_writes_its_run_file_and_is_not_run_twice(tmp_pa
     capsys.readouterr()
     assert harness.main(argv) == 0  # done: skipped, the report rebuilt
     assert "0 runs to do" in capsys.readouterr().err and path.stat().st_mtime_ns == written
+
+
+def test_a_randomized_row_trains_with_the_task_s_positions_as_its_n(tmp_path):
+    """fairseq takes --randomized-positions N only with N at least the model's positions: the row's N
+    is the task's, and the run trains and decodes through it."""
+    tasks, work, out = tmp_path / "tasks", tmp_path / "work", tmp_path / "out"
+    hand_made_task(tasks / "mirror", train=40, test=4)
+    argv = ["--task-data", str(tasks), "--methods", "rope+randomized", "--seeds", "1", "--updates", "2"]
+    assert harness.main([*argv, "--work", str(work), "--out", str(out)]) == 0
+    record = json.loads((out / "runs" / "mirror-decoder-only-rope+randomized-seed1.json").read_text(encoding="utf-8"))
+    positions = str(record["max_positions"])
+    assert record["train_args"] == ["--arch", "distattn_lm_rope_gbw", "--randomized-positions", positions]
+    assert f"--randomized-positions {positions} " in record["train_command"]
+    assert set(record["accuracy"]) == {"valid", "x1", "x2"}
 
 
 def test_one_tiny_encoder_decoder_run_translates_its_buckets_through_the_method_s_configuration(tmp_path):
@@ -434,6 +502,6 @@ def test_every_committed_run_trained_its_method_as_the_grid_trains_it_now():
         for path in sorted((length_grid.DEFAULT_OUT / "runs").glob("*.json"))
         for record in [json.loads(path.read_text(encoding="utf-8"))]
         if record["method"] in methods
-        and record["train_args"] != list(methods[record["method"]].arch_args(record["form"]))
+        and record["train_args"] != list(methods[record["method"]].train_args(record["form"], record["max_positions"]))
     ]
     assert not stale, f"run files trained with other flags than their method's now: {stale}"

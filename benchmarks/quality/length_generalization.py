@@ -241,7 +241,7 @@ def train_args(
         "--user-dir",
         "fairseq_distattn",
         *task_args(config.form, positions),
-        *config.method.arch_args(config.form),
+        *config.method.train_args(config.form, positions),
         *command_line(
             model_size(budget["dim"], budget["ffn"], budget["heads"], budget["layers"], sides),
             form_flags,
@@ -392,7 +392,7 @@ def train_run(
         "form": config.form,
         "method": config.method.name,
         "note": config.method.note(config.form),
-        "train_args": list(config.method.arch_args(config.form)),
+        "train_args": list(config.method.train_args(config.form, positions)),
         "seed": seed,
         "updates": budget["updates"],
         "max_positions": positions,

@@ -63,7 +63,25 @@ DECODER_ONLY_FLAGS = {
         ("--llama4-floor-scale", "32"),
         "--llama4-floor-scale 32 (Llama 4's 8192 leaves the temperature 1 at every length of these tasks)",
     ),
+    "llama4+interval-3": (
+        ("--llama4-nope-interval", "3", "--llama4-floor-scale", "32"),
+        "--llama4-floor-scale 32 in place of the LM grid's 64, as llama4-temperature's",
+    ),
 }
+
+# The LM grid's variants (lm_grid.VARIANTS) that the decoder-only form trains too: issue 64's long-context
+# practice, each a row named for the method it varies, with its paper. Ruoss et al.'s randomized positions
+# are the length-generalization literature's own, on the sinusoidal baseline, rope and alibi. The LM grid's
+# other variant (kerple's per-layer pairs) is an ablation of the plugin's history, not a position method.
+LM_VARIANT_ROWS = {
+    "distattn_lm_rope_gbw+p-rope-0.25": ("rope+p-rope-0.25", "Barbero et al. 2025"),
+    "distattn_lm_rope_gbw+p-rope-0.75": ("rope+p-rope-0.75", "Barbero et al. 2025"),
+    "distattn_lm_llama4_gbw+interval-3": ("llama4+interval-3", "Meta 2025 (Llama 4)"),
+    "distattn_lm_gbw+randomized": (f"{BASELINE}+randomized", "Ruoss et al. 2023"),
+    "distattn_lm_rope_gbw+randomized": ("rope+randomized", "Ruoss et al. 2023"),
+    "distattn_lm_alibi_gbw+randomized": ("alibi+randomized", "Ruoss et al. 2023"),
+}
+RANDOMIZED_POSITIONS = "--randomized-positions"
 
 
 def model_text(budget: Dict = BUDGET) -> str:
@@ -85,9 +103,17 @@ class LengthMethod:
     encoder_decoder: Optional[Tuple[str, ...]]
     decoder_only_note: str = "-"
     encoder_decoder_note: str = "-"
+    # trains with --randomized-positions N, N the task's positions (train_args): every position a test
+    # bucket reads, as the LM grid's N is its models' positions
+    randomized: bool = False
 
     def arch_args(self, form: str) -> Optional[Tuple[str, ...]]:
         return self.decoder_only if form == DECODER_ONLY else self.encoder_decoder
+
+    def train_args(self, form: str, positions: int) -> Tuple[str, ...]:
+        """The flags of this method's model in ``form``, for a task of ``positions`` positions."""
+        randomized = (RANDOMIZED_POSITIONS, str(positions)) if self.randomized else ()
+        return (*self.arch_args(form), *randomized)
 
     def note(self, form: str) -> str:
         return self.decoder_only_note if form == DECODER_ONLY else self.encoder_decoder_note
@@ -99,7 +125,7 @@ def length_methods() -> Dict[str, LengthMethod]:
     order): the LM preset trains the decoder-only form (the mechanism in decoder self-attention,
     the sinusoidal positions dropped where the preset drops them), the translation
     configuration the encoder-decoder one (cross-attention gets the mechanism only where that
-    configuration puts it)."""
+    configuration puts it); last, the LM grid's variants of LM_VARIANT_ROWS, decoder-only."""
     from .lm_grid import lm_configs
     from .methods import LM_BASELINE, MT_BASELINE, method_rows
     from .mt_grid import default_configs
@@ -128,7 +154,30 @@ def length_methods() -> Dict[str, LengthMethod]:
             f"{lm_name}: {preset.note}" if preset else "-",
             f"{mt_name}: {mt[mt_name].note}" if mt_name else "-",
         )
+    for variant, (name, paper) in LM_VARIANT_ROWS.items():
+        methods[name] = variant_method(lm[variant], name, paper)
     return methods
+
+
+def variant_method(variant, name: str, paper: str) -> LengthMethod:
+    """A row of LM_VARIANT_ROWS: the LM grid's variant in the decoder-only form, with the flags
+    DECODER_ONLY_FLAGS gives it in place of the grid's; a randomized one draws from the task's
+    positions instead of the LM models' (--randomized-positions leaves its flags for train_args)."""
+    flags, note = variant.flags, f"{variant.name}: {variant.note}"
+    randomized = RANDOMIZED_POSITIONS in flags
+    if randomized:
+        at = flags.index(RANDOMIZED_POSITIONS)
+        flags = flags[:at] + flags[at + 2 :]
+        note = (
+            f"{variant.name}: {variant.arch} trained on randomized positions ({paper}), "
+            f"{RANDOMIZED_POSITIONS} N with N the task's positions (every position its longest bucket reads, "
+            "as the LM grid's N is its models'); evaluated on 0..T-1"
+        )
+    if name in DECODER_ONLY_FLAGS:
+        flags, why = DECODER_ONLY_FLAGS[name]
+        note = f"{note}; here {why}"
+    model = dataclasses.replace(variant, flags=flags)
+    return LengthMethod(name, paper, tuple(model.arch_args()), None, note, randomized=randomized)
 
 
 # ------------------------------------------------------------------------------ tasks
