@@ -25,7 +25,7 @@ class LayerAttentionPlan:
     cross_stack: Optional[Stack] = field(default=None, compare=False, repr=False)
 
 
-def build_distance_aware_attention(
+def build_mechanism_attention(
     layer,
     mechanism: str,
     options: AttentionOptions,
@@ -66,7 +66,7 @@ class DistAttnEncoderLayer(TransformerEncoderLayerBase):
     def build_self_attention(self, embed_dim, cfg):
         if self.plan.self_attention == "vanilla":
             return super().build_self_attention(embed_dim, cfg)
-        return build_distance_aware_attention(
+        return build_mechanism_attention(
             self,
             self.plan.self_attention,
             self.plan.options,
@@ -86,7 +86,7 @@ class DistAttnDecoderLayer(TransformerDecoderLayerBase):
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         if self.plan.self_attention == "vanilla":
             return super().build_self_attention(embed_dim, cfg, add_bias_kv, add_zero_attn)
-        return build_distance_aware_attention(
+        return build_mechanism_attention(
             self,
             self.plan.self_attention,
             self.plan.options,
@@ -101,7 +101,7 @@ class DistAttnDecoderLayer(TransformerDecoderLayerBase):
     def build_encoder_attention(self, embed_dim, cfg):
         if self.plan.cross_attention == "vanilla":
             return super().build_encoder_attention(embed_dim, cfg)
-        return build_distance_aware_attention(
+        return build_mechanism_attention(
             self,
             self.plan.cross_attention,
             self.plan.options,
