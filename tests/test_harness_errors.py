@@ -109,11 +109,11 @@ def test_a_result_of_the_runs_checkpoint_is_skipped_hashing_it_once(tmp_path, mo
 
     monkeypatch.setattr(lm_finetune, "checkpoint_fingerprint", counted)
     fake_run(tmp_path / "work")
-    results = [result_file(tmp_path / "out", scaling, MODEL) for scaling in ("linear", "yarn")]
+    results = [result_file(tmp_path / "out", scaling, MODEL) for scaling in lm_finetune.SCALINGS]
     before = [path.read_bytes() for path in results]
     finetune(tmp_path)  # no _Trained: both skipped as done
     assert [path.read_bytes() for path in results] == before
-    assert len(hashed) == 1  # compared for both scalings, hashed once
+    assert len(hashed) == 1  # compared for every scaling, hashed once
 
 
 @pytest.mark.parametrize(

@@ -361,20 +361,23 @@ def test_every_lm_config_builds_the_same_model_width_and_the_vanilla_presets_equ
 
 def test_every_rope_scaling_of_the_extrapolation_builds_a_valid_model():
     """The overrides each scaling row evaluates the rope models with are what the plugin
-    accepts (linear and ntk refuse the training length, which only yarn reads)."""
+    accepts (linear and ntk refuse the training length, which yarn and llama3 read)."""
+    from fairseq_distattn.functional.rotary import LENGTH_MODES
+
     from benchmarks.quality.lm_extrapolation import ROPE_SCALINGS, scaling_overrides
 
     from .model_helpers import TINY_LM, language_model
 
     for scaling in ROPE_SCALINGS:
         overrides = scaling_overrides(scaling, 256, 64)
+        assert ("rope_original_length" in overrides) == (scaling in LENGTH_MODES), scaling
         flags = [f"--{name.replace('_', '-')}={value}" for name, value in overrides.items()]
         language_model("distattn_lm", [*TINY_LM, "--decoder-self-attention", "rope", *flags])
 
 
 def test_lm_finetune_fine_tunes_each_rope_run_with_each_scaling_and_the_report_shows_it(tmp_path):
-    """``benchmarks.quality.lm_finetune`` at the tiny size: a rope run fine-tuned with linear
-    and yarn by 2 for 2 updates, one result file each (skipped when present), and rows of
+    """``benchmarks.quality.lm_finetune`` at the tiny size: a rope run fine-tuned with linear,
+    yarn and llama3 by 2 for 2 updates, one result file each (skipped when present), and rows of
     their own in the extrapolation report (no values borrowed from the model as trained)."""
     from benchmarks.quality import lm_finetune
 
@@ -391,16 +394,17 @@ def test_lm_finetune_fine_tunes_each_rope_run_with_each_scaling_and_the_report_s
     files = sorted(path.name for path in (out / "runs").glob("*-ft-*.json"))
     assert files == [
         "distattn_lm_rope_gbw+linear-ft-seed1-L128.json",
+        "distattn_lm_rope_gbw+llama3-ft-seed1-L128.json",
         "distattn_lm_rope_gbw+yarn-ft-seed1-L128.json",
     ]
-    for scaling in ("linear", "yarn"):
+    for scaling in lm_finetune.SCALINGS:
         record = json.loads((out / "runs" / f"distattn_lm_rope_gbw+{scaling}-ft-seed1-L128.json").read_text())
         assert record["finetune"] == {"scaling": scaling, "factor": 2, "updates": 2, "lr": lm_finetune.FINETUNE_LR}
         assert record["checkpoint_sha256"] != record["finetuned_from_sha256"]
         assert record["blocks"]["ppl"] > 1 and record["sliding"]["ppl"] > 1
         log = (work / "tiny" / "distattn_lm_rope_gbw-seed1" / f"finetune-{scaling}-x2" / "train.log").read_text()
         assert f"--rope-scaling {scaling}" in log and "--finetune-from-model" in log
-        assert ("--rope-original-length 64" in log) == (scaling == "yarn")
+        assert ("--rope-original-length 64" in log) == (scaling in ("yarn", "llama3"))
     stamp = (out / "runs" / files[0]).stat().st_mtime
     assert lm_finetune.main(argv) == 0 and (out / "runs" / files[0]).stat().st_mtime == stamp
     # beside the model as trained, at its training length and at the fine-tuned one
@@ -410,7 +414,7 @@ def test_lm_finetune_fine_tunes_each_rope_run_with_each_scaling_and_the_report_s
         == 0
     )
     markdown = (out / "lm_extrapolation.md").read_text()
-    for scaling in ("linear", "yarn"):
+    for scaling in lm_finetune.SCALINGS:
         finetuned, as_trained = (table_cells(markdown, f"distattn_lm_rope_gbw+{scaling}{ft}")[0] for ft in ("-ft", ""))
         # at 64 tokens: nothing (the fine-tuned model was not evaluated there; a scaling row borrows the model's)
         assert finetuned[1] == "-" and as_trained[1] != "-" and finetuned[2] not in ("-", as_trained[2])

@@ -19,8 +19,8 @@ No model has learned ones. lm_quality trains every model with
 evaluation's scored-token count is checked against the run's first evaluation,
 so a sample skipped as too long cannot go unnoticed. The rope models are also
 evaluated beyond their training length, as trained, with each RoPE
-context-length scaling (``--model-overrides``: ``--rope-scaling
-linear|ntk|yarn`` by N / 64).
+context-length scaling of ROPE_SCALINGS (``--model-overrides``: ``--rope-scaling
+linear|ntk|yarn|llama3`` by N / 64).
 
 One JSON per (run, scaling, length) under ``<out>/runs``, skipped when present;
 ``<out>/lm_extrapolation.md`` and ``<out>/ppl_vs_length.png`` are rebuilt from them.
@@ -37,7 +37,7 @@ import statistics
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from fairseq_distattn.functional.rotary import SCALING_MODES
+from fairseq_distattn.functional.rotary import LENGTH_MODES, SCALING_MODES
 from fairseq_distattn.tools.generated_blocks import update_pages
 
 from ..common import (
@@ -65,13 +65,12 @@ DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "lm_extrapolation"
 LENGTHS = (64, 128, 256, 512, 1024, 2048)
 MODES = ("blocks", "sliding")
 # RoPE's context-length scalings: every --rope-scaling choice except none, yarn-paper (the
-# paper's ramp, kept as an option beside yarn, the authors' code that users run), llama3 and longrope
-# (issue 64: their rows come with their runs, with the fine-tune protocol of issue 47; longrope's factors
-# are searched per model). Each is evaluated
-# on the RoPE models as trained beyond their training length (up to it they scale by 1, which
-# changes nothing); xpos takes the same flags, but its published comparisons do not scale it, and
+# paper's ramp, kept as an option beside yarn, the authors' code that users run) and longrope (its
+# per-pair factors come from a search per model, which LongRoPE runs and this harness does not). Each
+# is evaluated on the RoPE models as trained beyond their training length (up to it they scale by 1,
+# which changes nothing); xpos takes the same flags, but its published comparisons do not scale it, and
 # each scaling costs a full sweep
-ROPE_SCALINGS = tuple(mode for mode in SCALING_MODES if mode not in ("none", "yarn-paper", "llama3", "longrope"))
+ROPE_SCALINGS = tuple(mode for mode in SCALING_MODES if mode not in ("none", "yarn-paper", "longrope"))
 ROTARY_MECHANISMS = ("rope",)
 
 
@@ -89,10 +88,10 @@ def rotary_configs() -> List[str]:
 
 def scaling_overrides(scaling: str, length: int, trained: int) -> Dict[str, object]:
     """--model-overrides that evaluate a rotary model trained on ``trained`` tokens at ``length``
-    with RoPE scaling ``scaling``, by the factor ``length / trained`` (1 at or below it); yarn also
-    needs the training length (the other scalings refuse it: they do not read it)."""
+    with RoPE scaling ``scaling``, by the factor ``length / trained`` (1 at or below it); yarn and
+    llama3 also scale by the training length (the other scalings refuse it: they do not read it)."""
     overrides = {"rope_scaling": scaling, "rope_scaling_factor": max(1.0, length / trained)}
-    if scaling.startswith("yarn"):
+    if scaling in LENGTH_MODES:
         overrides["rope_original_length"] = trained
     return overrides
 
@@ -324,6 +323,11 @@ def report(out: Path, quality_runs: Optional[Path] = None) -> str:
     return markdown
 
 
+def scaling_names() -> str:
+    """The scaling rows' suffixes, as the captions name them: `+linear`, `+ntk`, ..."""
+    return ", ".join(f"`+{scaling}`" for scaling in ROPE_SCALINGS)
+
+
 def header_lines(lengths: Sequence[int], trained: Sequence[int]) -> List[str]:
     """The title and what the tables measure: the training lengths, the modes, the RoPE scalings."""
     return [
@@ -335,11 +339,12 @@ def header_lines(lengths: Sequence[int], trained: Sequence[int]) -> List[str]:
         "Test perplexity, mean +- std over seeds (a single number: one seed so far); the ratio is ppl at N over ppl "
         f"at {lengths[0] if lengths else '-'} in the same mode (below 1: the longer context helps). Sinusoidal "
         "positions for fairseq's models and the vanilla and window presets; none for the others (their "
-        "mechanism, or nothing at all for nope). `+linear`, `+ntk`, `+yarn`: the rope models as trained, "
-        "evaluated with that `--rope-scaling` by the factor N / training length (1 up to it; yarn with "
-        "`--rope-original-length` the training length), as `--model-overrides`, no retraining. "
-        "`+linear-ft`, `+yarn-ft`: the same scaling by a fixed factor after a short fine-tune at the longer "
-        "length, as the PI and YaRN papers use them (`benchmarks.quality.lm_finetune`).",
+        f"mechanism, or nothing at all for nope). {scaling_names()}: the rope models as trained, "
+        "evaluated with that `--rope-scaling` by the factor N / training length (1 up to it; "
+        f"{' and '.join(s for s in ROPE_SCALINGS if s in LENGTH_MODES)} with `--rope-original-length` the "
+        "training length), as `--model-overrides`, no retraining. `+<scaling>-ft`: the same scaling by a fixed "
+        "factor after a short fine-tune at the longer length, as the PI and YaRN papers use them "
+        "(`benchmarks.quality.lm_finetune`).",
         "",
     ]
 
@@ -368,8 +373,8 @@ def summary(table: Dict, order: Sequence[str], lengths: Sequence[int], trained: 
     header = ["config", *(f"{mode} N = {n}" for mode in MODES for n in shown)]
     lines = [
         f"Test ppl on WikiText-2 of the LMs trained on {base or '-'}-token samples, evaluated at "
-        f"{', '.join(f'{n // base}x' for n in shown) or '-'} that length (mean +- std over seeds; `+linear`, "
-        "`+ntk`, `+yarn`: the rope models with that RoPE scaling at evaluation, no retraining).",
+        f"{', '.join(f'{n // base}x' for n in shown) or '-'} that length (mean +- std over seeds; "
+        f"{scaling_names()}: the rope models with that RoPE scaling at evaluation, no retraining).",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),

@@ -4,8 +4,9 @@
 Position interpolation (Chen et al. 2023) and YaRN (Peng et al. 2023) report their
 models after fine-tuning at the extended length (PI: 1000 steps; YaRN: 400), where
 ``benchmarks.quality.lm_extrapolation`` applies the scalings to the models as trained.
-Here every trained run of the rope preset (``benchmarks.quality.lm``'s
-``checkpoint_best.pt``) is fine-tuned with ``--rope-scaling linear`` and ``yarn`` by the
+Llama 3.1 was trained with its scaling on (Meta 2024). Here every trained run of the rope preset
+(``benchmarks.quality.lm``'s ``checkpoint_best.pt``) is fine-tuned with ``--rope-scaling
+linear``, ``yarn`` and ``llama3`` by the
 factor ``--factor`` (default 4), on samples of the training length times it, for
 ``--updates`` updates (default 150, a quarter of the 600 it trained for) of the
 training recipe (``--finetune-from-model``, a fresh optimizer, ``--lr 1e-4`` after
@@ -48,7 +49,7 @@ from .lm_extrapolation import (
 from .lm_grid import DEFAULT_WORK, SCALES, lm_configs
 
 PROG = "python -m benchmarks.quality.lm_finetune"
-SCALINGS = ("linear", "yarn")
+SCALINGS = ("linear", "yarn", "llama3")
 FACTOR = 4
 UPDATES = 150
 FINETUNE_LR, FINETUNE_WARMUP = "1e-4", 15
