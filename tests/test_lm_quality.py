@@ -362,9 +362,8 @@ def test_every_lm_config_builds_the_same_model_width_and_the_vanilla_presets_equ
 def test_every_rope_scaling_of_the_extrapolation_builds_a_valid_model():
     """The overrides each scaling row evaluates the rope models with are what the plugin
     accepts (linear and ntk refuse the training length, which yarn and llama3 read)."""
-    from fairseq_distattn.functional.rotary import LENGTH_MODES
-
     from benchmarks.quality.lm_extrapolation import ROPE_SCALINGS, scaling_overrides
+    from fairseq_distattn.functional.rotary import LENGTH_MODES
 
     from .model_helpers import TINY_LM, language_model
 
