@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks.diagnostics import parameter_movement
 from benchmarks.quality import lm as lm_quality
-from benchmarks.quality import lm_extrapolation, lm_finetune, methods, mt_grid
+from benchmarks.quality import lm_extrapolation, lm_finetune, lm_longrope, methods, mt_grid
 from benchmarks.quality import mt as quality
 from benchmarks.quality import mt_extrapolation as extrapolation
 
@@ -45,6 +45,15 @@ CASES = [
         "argument --configs: unknown nosuch; choose from transformer_lm",
     ),
     (lm_finetune.parse_args, ["--quality-work", "{missing}"], "argument --quality-work: no small-scale runs of"),
+    (lm_longrope.parse_args, ["--factors", "4,1"], "argument --factors: invalid value '4,1': each must be"),
+    (lm_longrope.parse_args, ["--evo-scale", "0.03"], "argument --evo-scale: evo_scale 0.03 leaves the search"),
+    (lm_longrope.parse_args, ["--samples", "0"], "argument --samples: invalid value '0': must be an integer >= 1"),
+    (lm_longrope.parse_args, ["--quality-work", "{missing}"], "argument --quality-work: no small-scale runs of"),
+    (
+        lm_longrope.parse_args,
+        ["--quality-work", "{work}", "--configs", "distattn_lm_alibi_gbw"],
+        "argument --configs: unknown distattn_lm_alibi_gbw; choose from distattn_lm_rope_gbw",
+    ),
     (parameter_movement.main, ["{missing}"], "argument checkpoint: no such file: {missing}"),
     (parameter_movement.main, ["{afile}", "--data", "{missing}"], "argument --data: no such directory: {missing}"),
     (methods.main, ["--out", "{afile}"], "argument --out: {afile} names a file, and --out is the folder methods.md"),

@@ -376,9 +376,10 @@ def test_every_rope_scaling_of_the_extrapolation_builds_a_valid_model():
 
 def test_lm_finetune_fine_tunes_each_rope_run_with_each_scaling_and_the_report_shows_it(tmp_path):
     """``benchmarks.quality.lm_finetune`` at the tiny size: a rope run fine-tuned with linear,
-    yarn and llama3 by 2 for 2 updates, one result file each (skipped when present), and rows of
+    yarn, llama3 and (once ``lm_longrope`` searched its factors) longrope by 2 for 2 updates, one
+    result file each (skipped when present), and rows of
     their own in the extrapolation report (no values borrowed from the model as trained)."""
-    from benchmarks.quality import lm_finetune
+    from benchmarks.quality import lm_finetune, lm_longrope
 
     data = tmp_path / "wikitext-2"
     data.mkdir()
@@ -389,13 +390,24 @@ def test_lm_finetune_fine_tunes_each_rope_run_with_each_scaling_and_the_report_s
     trained = ["--scale", "tiny", "--updates", "3", "--configs", "distattn_lm_rope_gbw", "--seeds", "1"]
     assert lm_quality.main([*trained, "--data", str(data), "--work", str(work), "--out", str(quality_out)]) == 0
     argv = ["--quality-work", str(work), "--scale", "tiny", "--factor", "2", "--updates", "2", "--out", str(out)]
+    assert lm_finetune.main(argv) == 0  # longrope skipped: no factors searched yet
+    assert not list((out / "runs").glob("*longrope*"))
+    search = ["--quality-work", str(work), "--scale", "tiny", "--factors", "2", "--samples", "1", "--out", str(out)]
+    assert lm_longrope.main([*search, "--evo-scale", "0.0625"]) == 0
+    searched = json.loads((out / "longrope" / "distattn_lm_rope_gbw-seed1-L128.json").read_text())
+    # evo_scale 1/16 of the authors' counts: a population of 4, then 2 iterations of 1 mutant and 1 child
+    assert searched["evaluations"] == 4 + 2 * 2 and searched["ppl"] <= searched["initial_ppl"]
+    assert len(searched["factors"]) == 4 and searched["factors"] == sorted(searched["factors"])  # head dim 8: 4 pairs
     assert lm_finetune.main(argv) == 0
     files = sorted(path.name for path in (out / "runs").glob("*-ft-*.json"))
     assert files == [
         "distattn_lm_rope_gbw+linear-ft-seed1-L128.json",
         "distattn_lm_rope_gbw+llama3-ft-seed1-L128.json",
+        "distattn_lm_rope_gbw+longrope-ft-seed1-L128.json",
         "distattn_lm_rope_gbw+yarn-ft-seed1-L128.json",
     ]
+    longrope_log = (work / "tiny" / "distattn_lm_rope_gbw-seed1" / "finetune-longrope-x2" / "train.log").read_text()
+    assert "--rope-long-factor " + ",".join(repr(f) for f in searched["factors"]) in longrope_log
     for scaling in lm_finetune.SCALINGS:
         record = json.loads((out / "runs" / f"distattn_lm_rope_gbw+{scaling}-ft-seed1-L128.json").read_text())
         assert record["finetune"] == {"scaling": scaling, "factor": 2, "updates": 2, "lr": lm_finetune.FINETUNE_LR}
@@ -403,7 +415,7 @@ def test_lm_finetune_fine_tunes_each_rope_run_with_each_scaling_and_the_report_s
         assert record["blocks"]["ppl"] > 1 and record["sliding"]["ppl"] > 1
         log = (work / "tiny" / "distattn_lm_rope_gbw-seed1" / f"finetune-{scaling}-x2" / "train.log").read_text()
         assert f"--rope-scaling {scaling}" in log and "--finetune-from-model" in log
-        assert ("--rope-original-length 64" in log) == (scaling in ("yarn", "llama3"))
+        assert ("--rope-original-length 64" in log) == (scaling in ("yarn", "llama3", "longrope"))
     stamp = (out / "runs" / files[0]).stat().st_mtime
     assert lm_finetune.main(argv) == 0 and (out / "runs" / files[0]).stat().st_mtime == stamp
     # beside the model as trained, at its training length and at the fine-tuned one
@@ -413,6 +425,9 @@ def test_lm_finetune_fine_tunes_each_rope_run_with_each_scaling_and_the_report_s
         == 0
     )
     markdown = (out / "lm_extrapolation.md").read_text()
+    # the model as trained with the searched factors at 128 tokens, its ppl the search's on valid.txt's blocks
+    longrope = json.loads((out / "runs" / "distattn_lm_rope_gbw-seed1-longrope-L128.json").read_text())
+    assert longrope["model_overrides"]["rope_long_factor"] == ",".join(repr(f) for f in searched["factors"])
     for scaling in lm_finetune.SCALINGS:
         finetuned, as_trained = (table_cells(markdown, f"distattn_lm_rope_gbw+{scaling}{ft}")[0] for ft in ("-ft", ""))
         # at 64 tokens: nothing (the fine-tuned model was not evaluated there; a scaling row borrows the model's)

@@ -71,6 +71,9 @@ MODES = ("blocks", "sliding")
 # which changes nothing); xpos takes the same flags, but its published comparisons do not scale it, and
 # each scaling costs a full sweep
 ROPE_SCALINGS = tuple(mode for mode in SCALING_MODES if mode not in ("none", "yarn-paper", "longrope"))
+# evaluated, like them, on the rope models as trained, with the factors benchmarks.quality.lm_longrope
+# searched for each model at the longest length evaluated (rows only for the runs it searched)
+SEARCHED_SCALING = "longrope"
 ROTARY_MECHANISMS = ("rope",)
 
 
@@ -96,6 +99,38 @@ def scaling_overrides(scaling: str, length: int, trained: int) -> Dict[str, obje
     return overrides
 
 
+def longrope_file(out: Path, run_name: str, target: int) -> Path:
+    """Where ``benchmarks.quality.lm_longrope`` keeps a run's factors searched at ``target`` tokens."""
+    return out / "longrope" / f"{run_name}-L{target}.json"
+
+
+def searched_longrope(out: Path, run_dir: Path, target: int) -> Optional[List[float]]:
+    """The factors searched for the run at ``target`` tokens on its checkpoint as it is now, else None."""
+    path = longrope_file(out, run_dir.name, target)
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text(encoding="utf-8"))
+    if record["checkpoint_sha256"] != checkpoint_fingerprint(run_dir / "checkpoint_best.pt"):
+        log(f"{path.name} was searched on another checkpoint than {run_dir.name}'s: run lm_longrope again")
+        return None
+    return record["factors"]
+
+
+def longrope_overrides(factors: Sequence[float], trained: int, target: int) -> Dict[str, object]:
+    """--model-overrides of LongRoPE's factors searched at ``target`` tokens for a model trained on
+    ``trained``: the long factors on every sequence beyond the training length, the short ones 1 (the
+    model as trained), and the attention factor of ``target / trained``, as Hugging Face's longrope
+    reads a config of ``original_max_position_embeddings = trained`` and ``max_position_embeddings =
+    target`` (the factors are given as text, as on a command line)."""
+    return {
+        "rope_scaling": "longrope",
+        "rope_scaling_factor": target / trained,
+        "rope_original_length": trained,
+        "rope_short_factor": ",".join("1.0" for _ in factors),
+        "rope_long_factor": ",".join(repr(float(f)) for f in factors),
+    }
+
+
 def is_finetuned(config: str) -> bool:
     """A row of ``benchmarks.quality.lm_finetune``: a model fine-tuned with a scaling."""
     return config.endswith("-ft")
@@ -105,7 +140,7 @@ def model_of(config: str) -> str:
     """The trained model a row's results come from: a scaling's row (``X+yarn``) evaluates X; a
     fine-tuned row (``X+yarn-ft``) and a variant of a preset (``X+per-layer``) are models of their own."""
     base, _, suffix = config.partition("+")
-    return base if suffix in ROPE_SCALINGS else config
+    return base if suffix in (*ROPE_SCALINGS, SEARCHED_SCALING) else config
 
 
 def trained_runs(runs_dir: Path, configs) -> List[Path]:
@@ -161,17 +196,23 @@ def evaluate_run(run_dir: Path, lengths: Sequence[int], out: Path, quality_runs:
     trained = setup["tokens_per_sample"]
     reference: Optional[int] = None  # the tokens every length must score: the first length's
     scalings = (None, *ROPE_SCALINGS) if config in rotary_configs() else (None,)
+    searched_at = max(lengths)
+    factors = searched_longrope(out, run_dir, searched_at) if scalings[1:] and searched_at > trained else None
+    scalings += (SEARCHED_SCALING,) if factors else ()
     runs = [(length, scaling) for scaling in scalings for length in lengths if scaling is None or length > trained]
     for length, scaling in runs:
         name = run_dir.name if scaling is None else f"{run_dir.name}-{scaling}"
         path = out / "runs" / f"{name}-L{length}.json"
+        if scaling == SEARCHED_SCALING:
+            overrides = longrope_overrides(factors, trained, searched_at)
+        else:
+            overrides = None if scaling is None else scaling_overrides(scaling, length, trained)
         if path.is_file():
             existing = json.loads(path.read_text(encoding="utf-8"))
-            if evaluated_from(existing, fingerprint, recorded):
+            if evaluated_from(existing, fingerprint, recorded) and existing.get("model_overrides") == overrides:
                 reference = reference or existing["blocks"]["tokens"]
                 continue
-            log(f"{path.name} was evaluated from another checkpoint than {run_dir.name}'s: again")
-        overrides = None if scaling is None else scaling_overrides(scaling, length, trained)
+            log(f"{path.name} was evaluated from another checkpoint or with other overrides: again")
         log(f"{name} at {length} tokens per sample")
         results = evaluate_length(run_dir, setup["data_bin"], length, overrides, env)
         reference = reference or results["blocks"]["tokens"]
@@ -344,7 +385,8 @@ def header_lines(lengths: Sequence[int], trained: Sequence[int]) -> List[str]:
         f"{' and '.join(s for s in ROPE_SCALINGS if s in LENGTH_MODES)} with `--rope-original-length` the "
         "training length), as `--model-overrides`, no retraining. `+<scaling>-ft`: the same scaling by a fixed "
         "factor after a short fine-tune at the longer length, as the PI and YaRN papers use them "
-        "(`benchmarks.quality.lm_finetune`).",
+        f"(`benchmarks.quality.lm_finetune`). `+{SEARCHED_SCALING}`: the rope models as trained with "
+        "LongRoPE's factors, searched for each model at the longest length (`benchmarks.quality.lm_longrope`).",
         "",
     ]
 

@@ -4,9 +4,11 @@
 Position interpolation (Chen et al. 2023) and YaRN (Peng et al. 2023) report their
 models after fine-tuning at the extended length (PI: 1000 steps; YaRN: 400), where
 ``benchmarks.quality.lm_extrapolation`` applies the scalings to the models as trained.
-Llama 3.1 was trained with its scaling on (Meta 2024). Here every trained run of the rope preset
-(``benchmarks.quality.lm``'s ``checkpoint_best.pt``) is fine-tuned with ``--rope-scaling
-linear``, ``yarn`` and ``llama3`` by the
+Llama 3.1 was trained with its scaling on (Meta 2024), LongRoPE fine-tuned with the factors its
+search found. Here every trained run of the rope preset (``benchmarks.quality.lm``'s
+``checkpoint_best.pt``) is fine-tuned with ``--rope-scaling linear``, ``yarn``, ``llama3`` and
+``longrope`` (with the factors ``benchmarks.quality.lm_longrope`` searched for it at the
+fine-tune's length; a run without them is skipped) by the
 factor ``--factor`` (default 4), on samples of the training length times it, for
 ``--updates`` updates (default 150, a quarter of the 600 it trained for) of the
 training recipe (``--finetune-from-model``, a fresh optimizer, ``--lr 1e-4`` after
@@ -40,16 +42,21 @@ from .lm import eval_lm, train_args
 from .lm_extrapolation import (
     DEFAULT_OUT,
     MODES,
+    SEARCHED_SCALING,
     context_window,
+    longrope_overrides,
     rotary_configs,
     scaling_overrides,
+    searched_longrope,
     trained_runs,
     training_setup,
 )
 from .lm_grid import DEFAULT_WORK, SCALES, lm_configs
 
 PROG = "python -m benchmarks.quality.lm_finetune"
-SCALINGS = ("linear", "yarn", "llama3")
+# longrope with the factors benchmarks.quality.lm_longrope searched for the run at the fine-tune's length
+# (LongRoPE fine-tunes with the factors its search found for the target); a run without them is skipped
+SCALINGS = ("linear", "yarn", "llama3", SEARCHED_SCALING)
 FACTOR = 4
 UPDATES = 150
 FINETUNE_LR, FINETUNE_WARMUP = "1e-4", 15
@@ -77,17 +84,16 @@ def with_value(args: List[object], flag: str, value: object) -> List[object]:
 
 
 def finetune_args(
-    run_dir: Path, setup: Dict[str, object], scaling: str, factor: int, updates: int, save_dir: Path
+    run_dir: Path, setup: Dict[str, object], overrides: Dict[str, object], factor: int, updates: int, save_dir: Path
 ) -> List[object]:
     """The run's own training command (``setup``: its :func:`training_setup`), fine-tuning
-    its best checkpoint with ``scaling`` by ``factor`` on samples ``factor`` times as long."""
+    its best checkpoint with a scaling's ``overrides`` (as flags) on samples ``factor`` times as long."""
     config, seed = run_dir.name.rsplit("-seed", 1)
     trained = setup["tokens_per_sample"]
     scale = dict(SCALES[run_dir.parent.name], updates=updates)
     args = train_args(lm_configs()[config], scale, int(seed), setup["data_bin"], save_dir)
     args = with_value(args, "--tokens-per-sample", trained * factor)
     args = with_value(with_value(args, "--lr", FINETUNE_LR), "--warmup-updates", FINETUNE_WARMUP)
-    overrides = scaling_overrides(scaling, trained * factor, trained)
     flags = [item for name, value in overrides.items() for item in (f"--{name.replace('_', '-')}", value)]
     return [*args, *flags, "--finetune-from-model", run_dir / "checkpoint_best.pt"]
 
@@ -173,9 +179,17 @@ def finetune_run(run_dir: Path, scaling: str, factor: int, updates: int, out: Pa
     if path.is_file():
         check_finetuned_from(path, run_dir / "checkpoint_best.pt", work)
         return
+    if scaling == SEARCHED_SCALING:
+        factors = searched_longrope(out, run_dir, length)
+        if factors is None:
+            log(f"{run_dir.name}: no LongRoPE factors searched at {length} tokens (lm_longrope): no {name}")
+            return
+        overrides = longrope_overrides(factors, trained, length)
+    else:
+        overrides = scaling_overrides(scaling, length, trained)
     best, started = work / "checkpoint_best.pt", time.time()
     if not best.is_file():
-        args = finetune_args(run_dir, setup, scaling, factor, updates, work / "checkpoints")
+        args = finetune_args(run_dir, setup, overrides, factor, updates, work / "checkpoints")
         check_fits_recipe(run_dir, args)
         work.mkdir(exist_ok=True)
         log(f"fine-tune {run_dir.name} with {scaling} x{factor}, {updates} updates at {length} tokens")
