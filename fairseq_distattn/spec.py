@@ -20,6 +20,7 @@ from typing import Any, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
 from . import mechanisms as _mechanisms  # noqa: F401 (discovers and registers every mechanism module)
 from .registry import (
+    EVALUATION,
     KINDS,
     REGISTRY,
     RUNTIME,
@@ -311,7 +312,8 @@ class AttentionModuleOptions:
         "positions; alibi, kerple, sandwich, t5-bias, transformer-xl and rpr (its bucket of the distance "
         "clipped at K): sorted distances r_1 < ... < r_(T-1) of [1, N), an offset j-i read as sign(j-i) "
         "r_|j-i|, as the authors' NOISY_RELATIVE), and fairseq's sinusoidal position embeddings embed such a "
-        "sample of [0, N); evaluation and decoding use 0..T-1 (the authors randomize at test time too). "
+        "sample of [0, N); evaluation and decoding use 0..T-1 (the authors randomize at test time too: "
+        "--randomized-positions-at-evaluation). "
         "Refused with learned position embeddings. N must be at least the "
         "longest sequence the model accepts; 0 = off (default: {default})",
         convert=_randomized_positions,
@@ -319,6 +321,18 @@ class AttentionModuleOptions:
         metavar="N",
         # a training setting, as dropout is: evaluation and decoding compute the same function whatever N
         role=RUNTIME,
+    )
+    randomized_positions_at_evaluation: bool = option(
+        False,
+        "--randomized-positions-at-evaluation",
+        "with --randomized-positions N: evaluation's full-sequence calls (fairseq-eval-lm, fairseq-validate, "
+        "validation in training, scoring a whole sequence by teacher forcing) draw their positions from [0, N) as "
+        "training does, as Ruoss et al.'s code evaluates (google-deepmind/randomized_positional_encodings draws in "
+        "every call); without it they use 0..T-1. Incremental decoding (fairseq-generate, fairseq-interactive) "
+        "cannot draw, a step not knowing the sequence's final length, and is refused with it",
+        action="store_true",
+        # parameter-free: a trained model takes it as --model-overrides
+        role=EVALUATION,
     )
 
 

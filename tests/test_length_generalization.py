@@ -154,6 +154,7 @@ def test_the_lm_grid_s_variants_train_decoder_only_with_the_task_s_positions_whe
         "distattn_lm_rope_gbw",
         "--randomized-positions",
         "512",
+        "--randomized-positions-at-evaluation",
     )
     assert methods["rope"].train_args(length_grid.DECODER_ONLY, 512) == ("--arch", "distattn_lm_rope_gbw")
     assert methods["llama4+interval-3"].decoder_only[-2:] == ("--llama4-floor-scale", "32")
@@ -393,15 +394,25 @@ def test_one_tiny_run_end_to_end_writes_its_run_file_and_is_not_run_twice(tmp_pa
 
 def test_a_randomized_row_trains_with_the_task_s_positions_as_its_n(tmp_path):
     """fairseq takes --randomized-positions N only with N at least the model's positions: the row's N
-    is the task's, and the run trains and decodes through it."""
+    is the task's; it draws in evaluation too, as the authors' code, so its buckets are scored by
+    teacher forcing (decoding cannot draw), seeded by the run's seed."""
     tasks, work, out = tmp_path / "tasks", tmp_path / "work", tmp_path / "out"
     hand_made_task(tasks / "mirror", train=40, test=4)
     argv = ["--task-data", str(tasks), "--methods", "rope+randomized", "--seeds", "1", "--updates", "2"]
     assert harness.main([*argv, "--work", str(work), "--out", str(out)]) == 0
     record = json.loads((out / "runs" / "mirror-decoder-only-rope+randomized-seed1.json").read_text(encoding="utf-8"))
     positions = str(record["max_positions"])
-    assert record["train_args"] == ["--arch", "distattn_lm_rope_gbw", "--randomized-positions", positions]
-    assert f"--randomized-positions {positions} " in record["train_command"]
+    assert record["train_args"] == [
+        "--arch",
+        "distattn_lm_rope_gbw",
+        "--randomized-positions",
+        positions,
+        "--randomized-positions-at-evaluation",
+    ]
+    assert f"--randomized-positions {positions} --randomized-positions-at-evaluation" in record["train_command"]
+    scoring = record["scoring"]
+    assert scoring.startswith("teacher forcing") and "--randomized-positions-at-evaluation" in scoring
+    assert "benchmarks.quality.forced_match" in record["eval_command"] and record["eval_command"].endswith("--seed 1")
     assert set(record["accuracy"]) == {"valid", "x1", "x2"}
 
 

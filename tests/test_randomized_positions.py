@@ -388,6 +388,34 @@ def test_language_model_trains_on_draws_and_evaluates_as_the_ordinary_model(case
     assert_close(torch.stack(steps, dim=1), full, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("case", sorted(LM_CASES))
+def test_at_evaluation_the_authors_draws_score_whole_sequences_and_decoding_is_refused(case):
+    """--randomized-positions-at-evaluation: an evaluation forward draws as a training one does (the
+    tiny models have no dropout: one seed, one output in both modes), as Ruoss et al.'s code draws in
+    every call; a decoding step cannot draw, and says so."""
+    flagged, _ = _lm([*LM_CASES[case], "--randomized-positions", str(N), "--randomized-positions-at-evaluation"])
+    tokens = _tokens(flagged.decoder.dictionary)
+    outputs = {}
+    with torch.no_grad():
+        for mode, seed in (("train", 1), ("eval", 1), ("eval", 2)):
+            flagged.train(mode == "train")
+            torch.manual_seed(seed)
+            outputs[mode, seed] = flagged(tokens)[0]
+        assert torch.equal(outputs["eval", 1], outputs["train", 1])
+        assert not torch.allclose(outputs["eval", 1], outputs["eval", 2])
+        with pytest.raises(ValueError, match="incremental decoding cannot draw randomized positions"):
+            flagged.decoder(tokens[:1, :1], incremental_state={})
+
+
+def test_at_evaluation_without_n_is_refused_in_one_line(capsys):
+    with pytest.raises(SystemExit) as refused:
+        parse("language_modeling", "distattn_lm", [*TINY_LM, "--randomized-positions-at-evaluation"])
+    assert refused.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "argument --randomized-positions-at-evaluation: invalid value" in lines[0]
+    assert "--randomized-positions N, which is 0 (off)" in lines[0]
+
+
 MT_CASES = {
     "rope": [
         "--encoder-self-attention",

@@ -98,6 +98,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--answers", type=Path, required=True, help="the answer of each prompt, one a line")
     p.add_argument("--out", type=Path, required=True, help="the JSON file to write")
     p.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="padded tokens a batch (default: %(default)s)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=1,
+        help="torch's seed: the draws of a model that randomizes its positions in evaluation "
+        "(--randomized-positions-at-evaluation; default: %(default)s)",
+    )
     return p.parse_args(argv)
 
 
@@ -110,6 +117,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     prompts, answers = read_lines(args.prompts), read_lines(args.answers)
     if len(prompts) != len(answers):
         raise SystemExit(f"error: {len(prompts)} prompts for {len(answers)} answers")
+    torch.manual_seed(args.seed)
     result = scores(loaded.model, loaded.source_dictionary, prompts, answers, args.max_tokens)
     args.out.write_text(json.dumps(result) + "\n", encoding="utf-8")
     return 0

@@ -276,11 +276,18 @@ def generation_args(
 
 
 def evaluate(
-    config: LengthRun, checkpoint: Path, data_bin: Path, positions: int, run_dir: Path, env: Dict[str, str]
+    config: LengthRun,
+    checkpoint: Path,
+    data_bin: Path,
+    positions: int,
+    run_dir: Path,
+    env: Dict[str, str],
+    seed: int = 1,
 ) -> Dict[str, object]:
     """Exact match per bucket (``valid``, then the test buckets by name: ``x1``, ``x2``...) of the
     greedy completion of every split of the task, from one fairseq-interactive call, or by
-    teacher forcing where the prompts are long (:func:`scored_by_forcing`)."""
+    teacher forcing where the prompts are long (:func:`scored_by_forcing`) or the method draws
+    randomized positions in evaluation, which decoding cannot (its draws seeded by ``seed``)."""
     prompts, references, spans = [], [], {}
     for split in config.task.splits():
         sources, targets = config.task.lines(split)
@@ -290,9 +297,11 @@ def evaluate(
     prompts_file = run_dir / "prompts.txt"
     prompts_file.write_text("".join(line + "\n" for line in prompts), encoding="utf-8")
     started = time.time()
-    if scored_by_forcing(config.form, prompts):
-        command, counts = forced_counts(checkpoint, data_bin, prompts_file, references, spans, run_dir, env)
+    if config.method.randomized or scored_by_forcing(config.form, prompts):
+        command, counts = forced_counts(checkpoint, data_bin, prompts_file, references, spans, run_dir, env, seed)
         scoring = "teacher forcing (the exact match of greedy completion: benchmarks/quality/forced_match.py)"
+        if config.method.randomized:
+            scoring += "; positions drawn as in training (--randomized-positions-at-evaluation), seeded by the run's"
     else:
         command = generation_args(config, checkpoint, data_bin, positions, prompts_file, len(prompts))
         counts = generated_counts(config.form, command, references, spans, run_dir, env)
@@ -336,11 +345,12 @@ def forced_counts(
     spans: Dict,
     run_dir: Path,
     env: Dict[str, str],
+    seed: int = 1,
 ) -> Tuple[List[object], Dict[str, Dict]]:
     answers_file, scored = run_dir / "answers.txt", run_dir / "forced.json"
     answers_file.write_text("".join(line + "\n" for line in references), encoding="utf-8")
     command = [sys.executable, "-m", "benchmarks.quality.forced_match", "--path", checkpoint, "--data", data_bin]
-    command += ["--prompts", prompts_file, "--answers", answers_file, "--out", scored]
+    command += ["--prompts", prompts_file, "--answers", answers_file, "--out", scored, "--seed", seed]
     run(command, run_dir / "eval.log", env)
     result = json.loads(scored.read_text(encoding="utf-8"))
     counts = {}
@@ -384,7 +394,7 @@ def train_run(
         save_dir.rmdir()
     log_text = train_log.read_text(encoding="utf-8")
     curve = validation_curve(log_text)
-    evaluation = evaluate(config, best, data_bin, positions, run_dir, env)
+    evaluation = evaluate(config, best, data_bin, positions, run_dir, env, seed)
     best_point = min(curve, key=lambda p: p["loss"]) if curve else None
     return {
         "config": config.name,

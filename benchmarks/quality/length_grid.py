@@ -82,6 +82,7 @@ LM_VARIANT_ROWS = {
     "distattn_lm_alibi_gbw+randomized": ("alibi+randomized", "Ruoss et al. 2023"),
 }
 RANDOMIZED_POSITIONS = "--randomized-positions"
+AT_EVALUATION = "--randomized-positions-at-evaluation"
 
 
 def model_text(budget: Dict = BUDGET) -> str:
@@ -104,7 +105,9 @@ class LengthMethod:
     decoder_only_note: str = "-"
     encoder_decoder_note: str = "-"
     # trains with --randomized-positions N, N the task's positions (train_args): every position a test
-    # bucket reads, as the LM grid's N is its models' positions
+    # bucket reads, as the LM grid's N is its models' positions; and evaluates as the authors' code does,
+    # drawing positions in evaluation too (--randomized-positions-at-evaluation: validation, and the
+    # buckets scored by teacher forcing, which decoding could not do)
     randomized: bool = False
 
     def arch_args(self, form: str) -> Optional[Tuple[str, ...]]:
@@ -112,7 +115,7 @@ class LengthMethod:
 
     def train_args(self, form: str, positions: int) -> Tuple[str, ...]:
         """The flags of this method's model in ``form``, for a task of ``positions`` positions."""
-        randomized = (RANDOMIZED_POSITIONS, str(positions)) if self.randomized else ()
+        randomized = (RANDOMIZED_POSITIONS, str(positions), AT_EVALUATION) if self.randomized else ()
         return (*self.arch_args(form), *randomized)
 
     def note(self, form: str) -> str:
@@ -159,6 +162,15 @@ def length_methods() -> Dict[str, LengthMethod]:
     return methods
 
 
+def without_randomized(flags: Tuple[str, ...]) -> Tuple[str, ...]:
+    """``flags`` less ``--randomized-positions N`` and ``--randomized-positions-at-evaluation``."""
+    kept: List[str] = []
+    for index, flag in enumerate(flags):
+        if flag not in (RANDOMIZED_POSITIONS, AT_EVALUATION) and flags[index - 1 : index] != (RANDOMIZED_POSITIONS,):
+            kept.append(flag)
+    return tuple(kept)
+
+
 def variant_method(variant, name: str, paper: str) -> LengthMethod:
     """A row of LM_VARIANT_ROWS: the LM grid's variant in the decoder-only form, with the flags
     DECODER_ONLY_FLAGS gives it in place of the grid's; a randomized one draws from the task's
@@ -166,12 +178,11 @@ def variant_method(variant, name: str, paper: str) -> LengthMethod:
     flags, note = variant.flags, f"{variant.name}: {variant.note}"
     randomized = RANDOMIZED_POSITIONS in flags
     if randomized:
-        at = flags.index(RANDOMIZED_POSITIONS)
-        flags = flags[:at] + flags[at + 2 :]
+        flags = without_randomized(flags)
         note = (
-            f"{variant.name}: {variant.arch} trained on randomized positions ({paper}), "
-            f"{RANDOMIZED_POSITIONS} N with N the task's positions (every position its longest bucket reads, "
-            "as the LM grid's N is its models'); evaluated on 0..T-1"
+            f"{variant.name}: {variant.arch} with randomized positions ({paper}), {RANDOMIZED_POSITIONS} N with N "
+            "the task's positions (every position its longest bucket reads, as the LM grid's N is its models'), "
+            f"drawn in evaluation too ({AT_EVALUATION}, as the authors' code): scored by teacher forcing"
         )
     if name in DECODER_ONLY_FLAGS:
         flags, why = DECODER_ONLY_FLAGS[name]

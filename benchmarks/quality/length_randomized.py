@@ -83,7 +83,8 @@ def intro_text() -> str:
     return (
         f"{PAPER} (Table 1; trained on lengths up to 40, tested on 41 to 500) find that randomizing an "
         f"encoding's positions raises its accuracy by {THEIR_GAIN:.1f} points on average. Here: each encoding "
-        "against its randomized version (`--randomized-positions N`, N the task's positions), decoder-only; per "
+        "against its randomized version (`--randomized-positions N`, N the task's positions, drawn in evaluation "
+        "too as the authors' code does, `--randomized-positions-at-evaluation`), decoder-only; per "
         "seed, the mean over the tasks both have runs of and one of them fits in distribution (at least "
         f"{FITTED_IN_DISTRIBUTION:.0f}%) of the exact match beyond the training lengths (the mean of the buckets "
         "from x2 on); the difference read against the plain encoding's seed noise with the rule above."

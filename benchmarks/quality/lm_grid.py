@@ -80,9 +80,9 @@ VARIANTS = (
         (
             f"{preset}+randomized",
             preset,
-            ("--randomized-positions", RANDOMIZED_N),
-            f"{what} trained on randomized positions (Ruoss et al. 2023, --randomized-positions {RANDOMIZED_N}); "
-            "evaluated on 0..T-1",
+            ("--randomized-positions", RANDOMIZED_N, "--randomized-positions-at-evaluation"),
+            f"{what} with randomized positions (Ruoss et al. 2023, --randomized-positions {RANDOMIZED_N}), drawn in "
+            "evaluation too, as the authors' code does (--randomized-positions-at-evaluation)",
         )
         for preset, what in (
             ("distattn_lm_gbw", "sinusoidal positions"),

@@ -21,6 +21,12 @@ from ..functional.randomized_positions import sample_distances, sample_positions
 from ..mechanisms import Stack, build_mechanism
 from ..spec import AttentionOptions
 
+RANDOMIZED_DECODING = (
+    "--randomized-positions-at-evaluation: incremental decoding cannot draw randomized positions (a step does "
+    "not know the sequence's final length); score whole sequences (fairseq-eval-lm, teacher forcing), or "
+    "decode without it (--model-overrides \"{'randomized_positions_at_evaluation': False}\")"
+)
+
 # Elements of one [B, H, rows, Tk] tensor of a recomputed query chunk (1 MiB in
 # float32): small beside a layer's activations, large enough to keep matmuls efficient.
 RECOMPUTE_CHUNK_ELEMENTS = 2**18
@@ -72,6 +78,8 @@ class MechanismMultiheadAttention(MultiheadAttention):
         self.recompute_length = options.module.attention_recompute_length
         # --randomized-positions N (0: off): the range this module's training calls draw positions from
         self.randomized_positions = options.module.randomized_positions
+        # --randomized-positions-at-evaluation: its evaluation calls draw too, as the authors' code does
+        self.randomized_at_evaluation = options.module.randomized_positions_at_evaluation
         # --attention-flex leaves the CPU alone; tests set this to run flex's eager CPU form where it takes flex
         self.flex_on_cpu = False
 
@@ -208,12 +216,18 @@ class MechanismMultiheadAttention(MultiheadAttention):
         by the batch and by the row blocks of a recomputed call: sorted positions of ``[0, N)``
         for a mechanism that rotates by positions (``"positions"``), sorted distances of
         ``[1, N)`` for one read by ``j - i`` (``"distances"``; :mod:`functional.randomized_positions`).
-        None in evaluation and decoding, which take the ordinary positions: a decoding step
-        cannot draw a sorted sample for a length it does not know yet (the authors randomize
-        at test time too; this is a deviation)."""
+        None in evaluation, which takes the ordinary positions, unless
+        ``--randomized-positions-at-evaluation``: then its full-sequence calls draw too, as
+        the authors' code does in every call. A decoding step cannot draw a sorted sample
+        for a length it does not know yet: decoding with that option is refused."""
         kind = self.mechanism.random_positions
-        if not (self.training and self.randomized_positions and kind and saved_state is None):
+        drawing = self.training or self.randomized_at_evaluation
+        if not (drawing and self.randomized_positions and kind):
             return None
+        if saved_state is not None:
+            if self.training:
+                return None
+            raise ValueError(RANDOMIZED_DECODING)
         length = max(tgt_len, src_len)
         device = self.q_proj.weight.device
         if kind == "positions":

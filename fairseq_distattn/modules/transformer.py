@@ -18,8 +18,8 @@ from fairseq.modules import SinusoidalPositionalEmbedding
 from ..functional.randomized_positions import sample_positions
 from ..mechanisms import Stack
 from ..registry import CROSS, DECODER_SELF, ENCODER_SELF, REGISTRY
-from ..spec import AttentionOptions, SpecError, check_no_pruning_in_training, pruned_spec
-from .multihead_attention import cache_recompute_lengths, filling_a_new_cache
+from ..spec import AttentionModuleOptions, AttentionOptions, SpecError, check_no_pruning_in_training, pruned_spec
+from .multihead_attention import RANDOMIZED_DECODING, cache_recompute_lengths, filling_a_new_cache
 from .transformer_layer import DistAttnDecoderLayer, DistAttnEncoderLayer, LayerAttentionPlan, wrap_layer
 
 SOURCE_POSITIONS, TARGET_POSITIONS = "--max-source-positions", "--max-target-positions"
@@ -39,13 +39,27 @@ class RandomizedSinusoidalPositionalEmbedding(SinusoidalPositionalEmbedding):
     a length it does not know yet). Its table is fairseq's (the [sin | cos] layout
     of tensor2tensor, as the authors'), built for ``N`` positions; nothing is saved."""
 
-    def __init__(self, embedding_dim: int, padding_idx: int, randomized_positions: int, init_size: int = 1024):
+    def __init__(
+        self,
+        embedding_dim: int,
+        padding_idx: int,
+        randomized_positions: int,
+        init_size: int = 1024,
+        at_evaluation: bool = False,
+    ):
         super().__init__(embedding_dim, padding_idx, init_size=max(init_size, padding_idx + 1 + randomized_positions))
         self.randomized_positions = randomized_positions
+        # --randomized-positions-at-evaluation: evaluation's full-sequence calls draw too
+        self.at_evaluation = at_evaluation
 
     def forward(self, input, incremental_state=None, timestep=None, positions=None):
-        if not (self.training and self.randomized_positions and incremental_state is None and positions is None):
+        drawing = self.training or self.at_evaluation
+        if not (drawing and self.randomized_positions and positions is None):
             return super().forward(input, incremental_state, timestep, positions)
+        if incremental_state is not None:
+            if self.training:
+                return super().forward(input, incremental_state, timestep, positions)
+            raise ValueError(RANDOMIZED_DECODING)
         bsz, seq_len = input.shape
         real = input.ne(self.padding_idx)
         rank = (torch.cumsum(real, dim=1) - 1).clamp_min(0)
@@ -54,16 +68,21 @@ class RandomizedSinusoidalPositionalEmbedding(SinusoidalPositionalEmbedding):
         return self.weights.index_select(0, index.view(-1)).view(bsz, seq_len, -1).detach()
 
     def extra_repr(self) -> str:
-        return f"randomized_positions={self.randomized_positions}"
+        at_evaluation = ", at evaluation too" if self.at_evaluation else ""
+        return f"randomized_positions={self.randomized_positions}{at_evaluation}"
 
 
-def randomize_embedded_positions(stack, randomized_positions: int) -> None:
+def randomize_embedded_positions(stack, module: Optional[AttentionModuleOptions]) -> None:
     """Give ``stack`` (an encoder or decoder) randomized sinusoidal position embeddings
-    where it has fairseq's sinusoidal ones and ``randomized_positions`` is on."""
+    where it has fairseq's sinusoidal ones and ``module.randomized_positions`` is on."""
     embed = getattr(stack, "embed_positions", None)
-    if randomized_positions and type(embed) is SinusoidalPositionalEmbedding:
+    if module is not None and module.randomized_positions and type(embed) is SinusoidalPositionalEmbedding:
         stack.embed_positions = RandomizedSinusoidalPositionalEmbedding(
-            embed.embedding_dim, embed.padding_idx, randomized_positions, init_size=embed.weights.size(0)
+            embed.embedding_dim,
+            embed.padding_idx,
+            module.randomized_positions,
+            init_size=embed.weights.size(0),
+            at_evaluation=module.randomized_positions_at_evaluation,
         ).to(embed.weights.device)
 
 
@@ -86,9 +105,18 @@ def check_randomized_positions(cfg, plans: "ModelAttentionPlans", decoder_only: 
     """Raise SpecError where ``--randomized-positions`` is on and nothing would take it:
     no layer whose mechanism reads positions (:attr:`Mechanism.random_positions`) and no
     sinusoidal position embeddings; learned position embeddings, whose table has only the
-    model's positions (the authors' ``NOISY_LEARNT`` learns a table of ``N`` rows)."""
+    model's positions (the authors' ``NOISY_LEARNT`` learns a table of ``N`` rows); and
+    ``--randomized-positions-at-evaluation`` without it, which would draw from nothing."""
     value = plans.options.module.randomized_positions
     if not value:
+        if plans.options.module.randomized_positions_at_evaluation:
+            raise SpecError(
+                "--randomized-positions-at-evaluation",
+                True,
+                "it draws evaluation's positions from [0, N) of --randomized-positions N, which is 0 (off)",
+                "leave it out, or give the model's --randomized-positions N (a trained model: the N it was "
+                "trained with)",
+            )
         return
     names = plans.mechanisms()
     embedded = not cfg.no_token_positional_embeddings
@@ -240,8 +268,8 @@ def language_model_plans(
     return model_plans
 
 
-def _randomized_positions(layer_plans: Sequence[LayerAttentionPlan]) -> int:
-    return layer_plans[0].options.module.randomized_positions if layer_plans else 0
+def _module_options(layer_plans: Sequence[LayerAttentionPlan]) -> Optional[AttentionModuleOptions]:
+    return layer_plans[0].options.module if layer_plans else None
 
 
 class DistAttnTransformerEncoder(TransformerEncoderBase):
@@ -252,7 +280,7 @@ class DistAttnTransformerEncoder(TransformerEncoderBase):
         self.layer_plans = tuple(layer_plans)
         self._plans_to_build = iter(self.layer_plans)
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
-        randomize_embedded_positions(self, _randomized_positions(self.layer_plans))
+        randomize_embedded_positions(self, _module_options(self.layer_plans))
 
     def build_encoder_layer(self, cfg):
         return wrap_layer(DistAttnEncoderLayer(cfg, next(self._plans_to_build), return_fc=self.return_fc), cfg)
@@ -278,7 +306,7 @@ class DistAttnTransformerDecoder(TransformerDecoderBase):
         super().__init__(
             cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn, output_projection=output_projection
         )
-        randomize_embedded_positions(self, _randomized_positions(self.layer_plans))
+        randomize_embedded_positions(self, _module_options(self.layer_plans))
         self.cache_recompute_lengths = cache_recompute_lengths(self)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
