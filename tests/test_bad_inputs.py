@@ -123,6 +123,12 @@ BAD_INPUTS = [
     (MT, ["--randomized-positions", "-3"], "--randomized-positions", ["-3"]),
     (
         MT,
+        ["--randomized-positions-at-evaluation"],
+        "--randomized-positions-at-evaluation",
+        ["--randomized-positions N, which is 0 (off)"],
+    ),
+    (
+        MT,
         ["--no-token-positional-embeddings", "--randomized-positions", "2048"],
         "--randomized-positions",
         ["2048", "no layer's mechanism reads positions"],
