@@ -20,7 +20,6 @@ from typing import Any, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
 from . import mechanisms as _mechanisms  # noqa: F401 (discovers and registers every mechanism module)
 from .registry import (
-    EVALUATION,
     KINDS,
     REGISTRY,
     RUNTIME,
@@ -331,8 +330,8 @@ class AttentionModuleOptions:
         "every call); without it they use 0..T-1. Incremental decoding (fairseq-generate, fairseq-interactive) "
         "cannot draw, a step not knowing the sequence's final length, and is refused with it",
         action="store_true",
-        # parameter-free: a trained model takes it as --model-overrides
-        role=EVALUATION,
+        # how evaluation computes, as --retain-dropout is for dropout: any command may change it
+        role=RUNTIME,
     )
 
 

@@ -561,7 +561,8 @@ def test_check_shows_every_layer_and_every_option_it_runs_with(trained):
         "--distance-mask-alpha 1.0, --distance-mask-direction none"
     )
     assert by_heading[next(h for h in by_heading if h.startswith("runtime options"))] == (
-        "--attention-recompute-length 256, --attention-flex auto, --randomized-positions 0"
+        "--attention-recompute-length 256, --attention-flex auto, --randomized-positions 0, "
+        "--randomized-positions-at-evaluation off"
     )
     assert by_heading["its flags"] == (
         "--arch distattn_transformer --encoder-self-attention rpr@0,alibi@1 --decoder-self-attention distance-mask "
