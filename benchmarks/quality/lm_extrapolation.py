@@ -104,13 +104,14 @@ def longrope_file(out: Path, run_name: str, target: int) -> Path:
     return out / "longrope" / f"{run_name}-L{target}.json"
 
 
-def searched_longrope(out: Path, run_dir: Path, target: int) -> Optional[List[float]]:
-    """The factors searched for the run at ``target`` tokens on its checkpoint as it is now, else None."""
+def searched_longrope(out: Path, run_dir: Path, target: int, fingerprint: str) -> Optional[List[float]]:
+    """The factors searched for the run at ``target`` tokens on its checkpoint as it is now (whose
+    sha256 the caller has: ``fingerprint``), else None."""
     path = longrope_file(out, run_dir.name, target)
     if not path.is_file():
         return None
     record = json.loads(path.read_text(encoding="utf-8"))
-    if record["checkpoint_sha256"] != checkpoint_fingerprint(run_dir / "checkpoint_best.pt"):
+    if record["checkpoint_sha256"] != fingerprint:
         log(f"{path.name} was searched on another checkpoint than {run_dir.name}'s: run lm_longrope again")
         return None
     return record["factors"]
@@ -197,7 +198,8 @@ def evaluate_run(run_dir: Path, lengths: Sequence[int], out: Path, quality_runs:
     reference: Optional[int] = None  # the tokens every length must score: the first length's
     scalings = (None, *ROPE_SCALINGS) if config in rotary_configs() else (None,)
     searched_at = max(lengths)
-    factors = searched_longrope(out, run_dir, searched_at) if scalings[1:] and searched_at > trained else None
+    searches = scalings[1:] and searched_at > trained
+    factors = searched_longrope(out, run_dir, searched_at, fingerprint) if searches else None
     scalings += (SEARCHED_SCALING,) if factors else ()
     runs = [(length, scaling) for scaling in scalings for length in lengths if scaling is None or length > trained]
     for length, scaling in runs:

@@ -180,7 +180,7 @@ def finetune_run(run_dir: Path, scaling: str, factor: int, updates: int, out: Pa
         check_finetuned_from(path, run_dir / "checkpoint_best.pt", work)
         return
     if scaling == SEARCHED_SCALING:
-        factors = searched_longrope(out, run_dir, length)
+        factors = searched_longrope(out, run_dir, length, source_fingerprint(run_dir / "checkpoint_best.pt"))
         if factors is None:
             log(f"{run_dir.name}: no LongRoPE factors searched at {length} tokens (lm_longrope): no {name}")
             return
