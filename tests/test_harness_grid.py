@@ -3,14 +3,16 @@ them is trained (each under its claim; a failure stops the grid)."""
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from benchmarks.common import REPO_ROOT
 from benchmarks.harness.claims import claimed
-from benchmarks.harness.grid import PlannedRun, plan_runs, train_planned
+from benchmarks.harness.grid import PlannedRun, plan_runs, train_planned, write_run_file
 
 
 @dataclass(frozen=True)
@@ -96,4 +98,20 @@ def test_in_parallel_a_failure_lets_the_running_runs_end_and_starts_no_other(tmp
     assert [line for line in logged if line.startswith("skip")] == [
         "skip c seed 1: an earlier run failed",
         "skip d seed 1: an earlier run failed",
+    ]
+
+
+def test_a_run_file_is_written_without_machine_paths_and_logs_what_it_replaces(tmp_path):
+    """The run file names no directory of this machine; its headline is logged, and a
+    retrained run's log line names the value of the file it replaces."""
+    (run,) = planned(tmp_path, ("a",))
+    record = {"test_ppl": 210.5, "wall_s": 61.2, "train_command": f"{REPO_ROOT}/.venv/bin/fairseq-train x"}
+    logged = []
+    write_run_file(run, record, "test_ppl", "test ppl", logged.append)
+    assert json.loads(run.run_file.read_text()) == {**record, "train_command": ".venv/bin/fairseq-train x"}
+    assert logged == ["done a seed 1: test ppl 210.5, 61s"]
+    write_run_file(run, {**record, "test_ppl": 200.0}, "test_ppl", "test ppl", logged.append, ", 3 seeds")
+    assert logged[1:] == [
+        "retrained a seed 1: test ppl 200.0, recorded 210.5",
+        "done a seed 1: test ppl 200.0, 3 seeds, 61s",
     ]

@@ -13,6 +13,7 @@ try:  # tests/ is a package (tests/__init__.py)
 except ImportError:  # rootdir-relative import mode without the package
     from conftest import SHARED_DATA, read_lines, write_lines
 
+from benchmarks.harness import training
 from benchmarks.harness.runs import hypotheses_file, load_lines
 from benchmarks.quality import mt as quality
 from benchmarks.quality import mt_grid, mt_report, paper_tables
@@ -476,7 +477,68 @@ def test_training_wall_time_sums_the_segments_of_a_resumed_run():
             "$ fairseq-generate data-bin --beam 5 | wall 99",
         ]
     )
-    assert quality.training_wall_seconds(log) == 7.5 + 31 * 60 + 13
+    assert training.training_wall_seconds(log) == 7.5 + 31 * 60 + 13
     # a segment whose meter ran, resumed or not, keeps its own value
-    assert quality.training_wall_seconds(log.replace("wall=0", "wall=6").replace("wall 0", "wall 8")) == 15.5
-    assert quality.training_wall_seconds("$ fairseq-train data-bin\ncrashed before any log line") is None
+    assert training.training_wall_seconds(log.replace("wall=0", "wall=6").replace("wall 0", "wall 8")) == 15.5
+    assert training.training_wall_seconds("$ fairseq-train data-bin\ncrashed before any log line") is None
+
+
+# validation lines as fairseq 0.12 logs them: translation's label smoothing logs nll_loss, a
+# language model's cross entropy does not; best_loss must not be read as the loss
+MT_VALIDATION = (
+    "2026-11-26 10:44:22 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 9.362 | nll_loss 8.797 | "
+    "ppl 444.84 | wps 18530 | wpb 1789.5 | bsz 74 | num_updates {updates} | best_loss {best}"
+)
+LM_VALIDATION = (
+    "2026-12-04 23:18:50 | INFO | valid | epoch 005 | valid on 'valid' subset | loss {loss} | ppl 5.89 | "
+    "wps 20230.6 | wpb 1292 | bsz 66.7 | num_updates {updates}"
+)
+
+
+def test_validation_curve_reads_each_criterions_fields_once_per_update():
+    """One point per validation, by update; the fields a criterion logs and no others; a
+    validation logged again by a resumed run counts as last logged; a line whose loss is
+    not a number (an inf or nan loss) is not a point."""
+    mt_log = "\n".join(
+        [
+            MT_VALIDATION.format(updates=400, best=9.0),
+            "2026-11-26 10:44:23 | INFO | train | epoch 001 | loss 9 | train_wall 5 | wall 7.5",
+            MT_VALIDATION.format(updates=200, best=9.362),
+        ]
+    )
+    assert training.validation_curve(mt_log) == [
+        {"updates": 200, "loss": 9.362, "nll_loss": 8.797, "ppl": 444.84},
+        {"updates": 400, "loss": 9.362, "nll_loss": 8.797, "ppl": 444.84},
+    ]
+    lm_log = "\n".join(
+        [
+            LM_VALIDATION.format(loss=2.558, updates=200),
+            LM_VALIDATION.format(loss="inf", updates=400),
+            "$ fairseq-train data-bin --max-update 600",
+            LM_VALIDATION.format(loss=2.5, updates=200),
+            LM_VALIDATION.format(loss=2.1, updates=600),
+        ]
+    )
+    curve = training.validation_curve(lm_log)
+    assert curve == [{"updates": 200, "loss": 2.5, "ppl": 5.89}, {"updates": 600, "loss": 2.1, "ppl": 5.89}]
+    assert training.best_validation(curve) == {"best_valid_updates": 600, "best_valid_loss": 2.1}
+    assert training.best_validation([]) == {"best_valid_updates": None, "best_valid_loss": None}
+    assert training.validation_curve("no validation yet") == []
+
+
+def test_train_keeping_best_keeps_the_best_checkpoint_alone_and_trains_once(tmp_path):
+    """The best checkpoint moves to the run dir and the save dir goes; a run dir that holds it
+    already is not trained again (the command would fail if it ran)."""
+    import sys
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    writes = (
+        "import pathlib, sys; d = pathlib.Path(sys.argv[1]); d.mkdir(); "
+        "[(d / name).write_text(name) for name in ('checkpoint_best.pt', 'checkpoint_last.pt', 'checkpoint_1_200.pt')]"
+    )
+    command = [sys.executable, "-c", writes, run_dir / "checkpoints"]
+    best = training.train_keeping_best(command, run_dir, {})
+    assert best == run_dir / "checkpoint_best.pt" and best.read_text() == "checkpoint_best.pt"
+    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoint_best.pt", "train.log"]
+    assert training.train_keeping_best([sys.executable, "-c", "raise SystemExit(1)"], run_dir, {}) == best

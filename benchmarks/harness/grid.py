@@ -5,12 +5,14 @@ command line and writing their report."""
 from __future__ import annotations
 
 import functools
+import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
+from ..common import without_machine_paths
 from .claims import file_version, train_unless_taken
 
 
@@ -43,6 +45,21 @@ def plan_runs(jobs: Iterable[Tuple[Any, int]], work: Path, out: Path, retrain: b
         if retrain or not path.is_file():
             planned.append(PlannedRun(config, seed, work / name, path, file_version(path)))
     return planned
+
+
+def write_run_file(
+    planned: PlannedRun, record: Dict[str, Any], metric: str, shown_as: str, log: Callable[[str], None], details=""
+) -> None:
+    """Write ``planned``'s run file (without this machine's paths) and log the run's
+    ``record[metric]`` as ``shown_as`` with ``details`` after it (and, where the file held an
+    earlier run, that run's value, which this one replaces)."""
+    path = planned.run_file
+    if path.is_file():
+        recorded = json.loads(path.read_text(encoding="utf-8")).get(metric)
+        log(f"retrained {planned.label}: {shown_as} {record[metric]}, recorded {recorded}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(without_machine_paths(json.dumps(record, indent=1)) + "\n", encoding="utf-8")
+    log(f"done {planned.label}: {shown_as} {record[metric]}{details}, {record['wall_s']:.0f}s")
 
 
 def train_planned(

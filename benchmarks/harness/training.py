@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import re
 import sys
+import time
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Sequence
 
 from ..common import Flags
 from .process import run
@@ -53,6 +55,58 @@ def routine(
         "log-format": "simple",
         "log-interval": log_interval,
     }
+
+
+# a validation line of a fairseq-train log, and the fields of it a run records
+VALIDATION = re.compile(r"valid on 'valid' subset( \|.*)$", re.M)
+VALIDATION_FIELD = re.compile(r" \| (loss|nll_loss|ppl|num_updates) ([\d.]+)(?= \||$)")
+
+
+def validation_curve(train_log: str) -> List[Dict[str, float]]:
+    """``updates``, ``loss``, ``nll_loss`` (where the criterion logs one: translation's label
+    smoothing) and ``ppl`` of every validation of a fairseq-train log, by update; a validation
+    logged twice (a run resumed from an earlier checkpoint) counts once, as last logged."""
+    points = {}
+    for line in VALIDATION.findall(train_log):
+        fields = dict(VALIDATION_FIELD.findall(line))
+        if not {"loss", "ppl", "num_updates"} <= fields.keys():
+            continue
+        updates = int(fields["num_updates"])
+        points[updates] = {
+            "updates": updates,
+            **{name: float(fields[name]) for name in ("loss", "nll_loss", "ppl") if name in fields},
+        }
+    return [points[u] for u in sorted(points)]
+
+
+def best_validation(curve: Sequence[Dict[str, float]]) -> Dict[str, Optional[float]]:
+    """The run record's fields of the validation with the lowest loss (None without one)."""
+    best = min(curve, key=lambda point: point["loss"]) if curve else None
+    return {
+        "best_valid_updates": best and best["updates"],
+        "best_valid_loss": best and best["loss"],
+    }
+
+
+def train_keeping_best(command: Sequence[object], run_dir: Path, env: Dict[str, str]) -> Path:
+    """``run_dir/checkpoint_best.pt`` of fairseq-train ``command`` (whose ``--save-dir`` is
+    ``run_dir/checkpoints``; logged to ``run_dir/train.log``), the other checkpoints deleted:
+    what a run evaluates later is its best-on-valid model alone. A run dir that holds it
+    already (trained, stopped before its run file was written) is not trained again."""
+    best, save_dir = run_dir / "checkpoint_best.pt", run_dir / "checkpoints"
+    if not best.is_file():
+        run(command, run_dir / "train.log", env)
+        os.replace(save_dir / "checkpoint_best.pt", best)
+        for path in save_dir.glob("*.pt"):
+            path.unlink()
+        save_dir.rmdir()
+    return best
+
+
+def train_wall(train_log: str, started: float) -> float:
+    """Training's wall seconds from its log (:func:`training_wall_seconds`), else the time
+    since ``started``, to 0.1 s."""
+    return round(training_wall_seconds(train_log) or time.time() - started, 1)
 
 
 TRAIN_WALL = re.compile(r"\bwall[= ](\d+(?:\.\d+)?)")

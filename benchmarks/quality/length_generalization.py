@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import shlex
 import sys
@@ -52,13 +51,19 @@ from ..common import (
     device_model,
     git_revision,
     model_size,
-    without_machine_paths,
 )
 from ..harness.claims import claimed
 from ..harness.fingerprints import checkpoint_fingerprint
-from ..harness.grid import PlannedRun, plan_runs, train_planned
+from ..harness.grid import PlannedRun, plan_runs, train_planned, write_run_file
 from ..harness.process import log, run, tool, tool_env
-from ..harness.training import optimizer, routine, training_wall_seconds
+from ..harness.training import (
+    best_validation,
+    optimizer,
+    routine,
+    train_keeping_best,
+    train_wall,
+    validation_curve,
+)
 from .length_grid import (
     BUDGET,
     DECODER_ONLY,
@@ -365,37 +370,17 @@ def forced_counts(
     return command, counts
 
 
-VALID_LINE = re.compile(r"valid on 'valid' subset \| loss ([\d.]+) \| ppl ([\d.]+).*?\| num_updates (\d+)")
-
-
-def validation_curve(train_log: str) -> List[Dict[str, float]]:
-    """(updates, loss in bits per scored token, ppl) of every validation of a fairseq-train log, by update."""
-    points = {
-        int(updates): {"updates": int(updates), "loss": float(loss), "ppl": float(ppl)}
-        for loss, ppl, updates in VALID_LINE.findall(train_log)
-    }
-    return [points[u] for u in sorted(points)]
-
-
 def train_run(
     config: LengthRun, seed: int, budget: Dict, data_bin: Path, run_dir: Path, env: Dict[str, str]
 ) -> Dict[str, object]:
     """Train one run (resuming from its last checkpoint), score its best-on-valid checkpoint; its record."""
-    save_dir, train_log = run_dir / "checkpoints", run_dir / "train.log"
     positions = max_positions(config.task)
-    command = train_args(config, seed, budget, positions, data_bin, save_dir)
+    command = train_args(config, seed, budget, positions, data_bin, run_dir / "checkpoints")
     started = time.time()
-    best = run_dir / "checkpoint_best.pt"
-    if not best.is_file():  # else trained already, stopped before its run file was written
-        run(command, train_log, env)
-        os.replace(save_dir / "checkpoint_best.pt", best)
-        for path in save_dir.glob("*.pt"):
-            path.unlink()
-        save_dir.rmdir()
-    log_text = train_log.read_text(encoding="utf-8")
+    best = train_keeping_best(command, run_dir, env)
+    log_text = (run_dir / "train.log").read_text(encoding="utf-8")
     curve = validation_curve(log_text)
     evaluation = evaluate(config, best, data_bin, positions, run_dir, env, seed)
-    best_point = min(curve, key=lambda p: p["loss"]) if curve else None
     return {
         "config": config.name,
         "task": config.task.name,
@@ -406,11 +391,10 @@ def train_run(
         "seed": seed,
         "updates": budget["updates"],
         "max_positions": positions,
-        "train_wall_s": round(training_wall_seconds(log_text) or time.time() - started, 1),
+        "train_wall_s": train_wall(log_text, started),
         "wall_s": round(time.time() - started, 1),
         "valid_curve": curve,
-        "best_valid_updates": best_point and best_point["updates"],
-        "best_valid_loss": best_point and best_point["loss"],
+        **best_validation(curve),
         **evaluation,
         "checkpoint_sha256": checkpoint_fingerprint(best),
         "train_command": shlex.join(str(c) for c in command),
@@ -526,14 +510,7 @@ def data_context(task: LengthTask) -> Dict[str, object]:
 
 
 def save_run(planned: PlannedRun, record: Dict[str, object]) -> None:
-    """Write a run's file (without this machine's paths) and log its accuracies (and the recorded ones)."""
-    path = planned.run_file
-    if path.is_file():
-        recorded = json.loads(path.read_text(encoding="utf-8"))["accuracy"]
-        log(f"retrained {planned.label}: accuracy {record['accuracy']}, recorded {recorded}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(without_machine_paths(json.dumps(record, indent=1)) + "\n", encoding="utf-8")
-    log(f"done {planned.label}: accuracy {record['accuracy']}, {record['wall_s']:.0f}s")
+    write_run_file(planned, record, "accuracy", "accuracy", log)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

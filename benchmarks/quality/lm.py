@@ -37,8 +37,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
-import os
 import re
 import shlex
 import time
@@ -58,17 +56,19 @@ from ..common import (
     model_size,
     scale_results,
     text_lines,
-    without_machine_paths,
 )
 from ..harness.claims import claimed
 from ..harness.fingerprints import checkpoint_fingerprint
-from ..harness.grid import PlannedRun, plan_runs, train_planned
+from ..harness.grid import PlannedRun, plan_runs, train_planned, write_run_file
 from ..harness.process import log, run, tool, tool_env
 from ..harness.training import (
+    best_validation,
     mechanism_parameters,
     optimizer,
     routine,
-    training_wall_seconds,
+    train_keeping_best,
+    train_wall,
+    validation_curve,
 )
 from .lm_grid import (
     DEFAULT_OUT,
@@ -146,18 +146,6 @@ def prepare(data: Path, work: Path, env: Dict[str, str]) -> Tuple[Path, Dict[str
 
 
 # --------------------------------------------------------------- train, eval
-
-
-VALID_LINE = re.compile(r"valid on 'valid' subset \| loss ([\d.]+) \| ppl ([\d.]+).*?\| num_updates (\d+)")
-
-
-def validation_curve(train_log: str) -> List[Dict[str, float]]:
-    """(updates, loss in base 2, ppl) of every validation in a fairseq-train LM log, by update."""
-    points = {
-        int(updates): {"updates": int(updates), "loss": float(loss), "ppl": float(ppl)}
-        for loss, ppl, updates in VALID_LINE.findall(train_log)
-    }
-    return [points[u] for u in sorted(points)]
 
 
 def train_args(config: LMConfig, scale: Dict, seed: int, data_bin: Path, save_dir: Path) -> List[object]:
@@ -257,22 +245,14 @@ def train_run(
     config: LMConfig, seed: int, scale: Dict, data_bin: Path, run_dir: Path, env: Dict[str, str]
 ) -> Dict[str, object]:
     """Train one run, evaluate its best-on-dev checkpoint on the test set; returns its record."""
-    save_dir = run_dir / "checkpoints"
-    train_log = run_dir / "train.log"
+    command = train_args(config, scale, seed, data_bin, run_dir / "checkpoints")
     started = time.time()
-    best = run_dir / "checkpoint_best.pt"
-    if not best.is_file():  # else trained already, stopped before its JSON was written
-        run(train_args(config, scale, seed, data_bin, save_dir), train_log, env)
-        os.replace(save_dir / "checkpoint_best.pt", best)
-        # kept: the best checkpoint (benchmarks.quality.lm_extrapolation evaluates it); the others are not needed
-        for path in save_dir.glob("*.pt"):
-            path.unlink()
-        save_dir.rmdir()
-    log_text = train_log.read_text(encoding="utf-8")
+    # the best checkpoint is kept: benchmarks.quality.lm_extrapolation evaluates it
+    best = train_keeping_best(command, run_dir, env)
+    log_text = (run_dir / "train.log").read_text(encoding="utf-8")
     curve = validation_curve(log_text)
     test = eval_lm(best, data_bin, scale["tokens_per_sample"], 0, run_dir / "eval.log", env)
     moved = mechanism_parameters(best, data_bin, run_dir / "eval.log", env)
-    best_point = min(curve, key=lambda p: p["loss"]) if curve else None
     return {
         "config": config.name,
         "baseline": config.baseline,
@@ -281,18 +261,17 @@ def train_run(
         "seed": seed,
         "updates": scale["updates"],
         "tokens_per_sample": scale["tokens_per_sample"],
-        "train_wall_s": round(training_wall_seconds(log_text) or time.time() - started, 1),
+        "train_wall_s": train_wall(log_text, started),
         "wall_s": round(time.time() - started, 1),
         "valid_curve": curve,
-        "best_valid_updates": best_point and best_point["updates"],
-        "best_valid_loss": best_point and best_point["loss"],
+        **best_validation(curve),
         "test_loss_base2": test["loss_base2"],
         "test_ppl": test["ppl"],
         "test_tokens": test["tokens"],
         # which model every later evaluation of this run must be from (benchmarks.quality.lm_extrapolation)
         "checkpoint_sha256": checkpoint_fingerprint(best),
         "eval_command": test["command"],
-        "train_command": shlex.join(str(c) for c in train_args(config, scale, seed, data_bin, save_dir)),
+        "train_command": shlex.join(str(c) for c in command),
         "mechanism_parameters": moved,
     }
 
@@ -386,15 +365,7 @@ def train_grid(args: argparse.Namespace) -> Path:
 
 
 def save_run(planned: PlannedRun, record: Dict[str, object]) -> None:
-    """Write a run's file (without this machine's paths) and log its test perplexity
-    (and the recorded one it replaces)."""
-    path = planned.run_file
-    if path.is_file():
-        recorded = json.loads(path.read_text(encoding="utf-8"))["test_ppl"]
-        log(f"retrained {planned.label}: test ppl {record['test_ppl']}, recorded {recorded}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(without_machine_paths(json.dumps(record, indent=1)) + "\n", encoding="utf-8")
-    log(f"done {planned.label}: test ppl {record['test_ppl']}, {record['wall_s']:.0f}s")
+    write_run_file(planned, record, "test_ppl", "test ppl", log)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -48,14 +48,15 @@ from ..common import (
 )
 from ..harness.claims import claimed
 from ..harness.fingerprints import checkpoint_fingerprint
-from ..harness.grid import PlannedRun, plan_runs, train_planned
+from ..harness.grid import PlannedRun, plan_runs, train_planned, write_run_file
 from ..harness.process import BIN_DIR, log, run, tool, tool_env
 from ..harness.runs import hypotheses_file, load_runs, runs_by_config, save_lines
 from ..harness.training import (
     mechanism_parameters,
     optimizer,
     routine,
-    training_wall_seconds,
+    train_wall,
+    validation_curve,
 )
 from .mt_grid import (
     CHECKPOINTS_AVERAGED,
@@ -136,26 +137,6 @@ def prepare(data: Path, work: Path, merges: int, env: Dict[str, str]) -> Tuple[P
     work.mkdir(parents=True, exist_ok=True)
     run(["bash", REPO_ROOT / "scripts" / "quickstart.sh"], work / "prepare.log", env)
     return work / "prep", work / "data-bin"
-
-
-VALID_LINE = re.compile(
-    r"valid on 'valid' subset \| loss ([\d.]+) \| nll_loss ([\d.]+) \| ppl ([\d.]+).*?"
-    r"\| num_updates (\d+)"
-)
-
-
-def validation_curve(train_log: str) -> List[Dict[str, float]]:
-    """(updates, loss, nll_loss, ppl) of every validation in a fairseq-train log, by update."""
-    points = {}
-    for match in VALID_LINE.finditer(train_log):
-        loss, nll_loss, ppl, updates = match.groups()
-        points[int(updates)] = {
-            "updates": int(updates),
-            "loss": float(loss),
-            "nll_loss": float(nll_loss),
-            "ppl": float(ppl),
-        }
-    return [points[u] for u in sorted(points)]
 
 
 def train_args(
@@ -288,7 +269,7 @@ def train_run(
     precision_env = PRECISION[precision][1]
     run(train_args(config, scale, seed, data_bin, checkpoints, precision), train_log, {**env, **precision_env})
     log_text = train_log.read_text(encoding="utf-8")
-    train_wall = training_wall_seconds(log_text) or time.time() - started
+    train_wall_s = train_wall(log_text, started)
     averaged = run_dir / "averaged.pt"
     average_last_checkpoints(checkpoints, averaged, run_dir / "eval.log", env)
     evaluation = evaluate_averaged(averaged, scale, prep, data_bin, run_dir, env)
@@ -301,7 +282,7 @@ def train_run(
         "train_args": config.arch_args(),
         "seed": seed,
         "updates": scale["updates"],
-        "train_wall_s": round(train_wall, 1),
+        "train_wall_s": train_wall_s,
         "wall_s": round(time.time() - started, 1),
         "valid_curve": validation_curve(log_text),
         **evaluation,
@@ -466,15 +447,9 @@ def train_grid(args: argparse.Namespace) -> None:
 def save_run(planned: PlannedRun, record: Dict[str, object]) -> None:
     """Write a run's file, its test hypotheses beside it (first: a run file that exists
     has its hypotheses), and log its scores (and the recorded ones it replaces)."""
-    path = planned.run_file
-    bleu = record["tokenized_bleu_compound_split"]
-    if path.is_file():
-        recorded = json.loads(path.read_text(encoding="utf-8"))["tokenized_bleu_compound_split"]
-        log(f"retrained {planned.label}: BLEU {bleu}, recorded {recorded}")
-    keep_hypotheses(planned.run_dir, path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    log(f"done {planned.label}: BLEU {bleu}, sacreBLEU {record['sacrebleu']}, {record['wall_s']:.0f}s")
+    keep_hypotheses(planned.run_dir, planned.run_file)
+    details = f", sacreBLEU {record['sacrebleu']}"
+    write_run_file(planned, record, "tokenized_bleu_compound_split", "BLEU", log, details)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
