@@ -516,3 +516,13 @@ def test_every_committed_run_trained_its_method_as_the_grid_trains_it_now():
         and record["train_args"] != list(methods[record["method"]].train_args(record["form"], record["max_positions"]))
     ]
     assert not stale, f"run files trained with other flags than their method's now: {stale}"
+
+
+def test_every_line_of_the_plot_has_a_style_of_its_own():
+    """The plot's legend names every method of the grid: no two lines may share colour and
+    marker (matplotlib's ten colours alone repeat), nor any the baseline's."""
+    from benchmarks.harness.report import series_style
+
+    styles = [tuple(sorted(series_style(i).items())) for i, _ in enumerate(length_grid.length_methods())]
+    assert len(styles) > 10 and len(set(styles)) == len(styles)
+    assert length_report.BASELINE_STYLE["color"] not in {dict(style)["color"] for style in styles}

@@ -70,6 +70,16 @@ def movement_table(by_config: Dict[str, List[Dict]], order: Sequence[str]) -> Li
     ]
 
 
+# after matplotlib's ten colours, each further ten series take the next marker
+MARKERS = ("o", "s", "^", "D", "v", "P")
+
+
+def series_style(index: int) -> Dict[str, str]:
+    """Colour and marker of a plot's ``index``-th series: distinct for the first 60, so that a
+    legend of every method tells each line apart (the colours alone repeat after ten)."""
+    return {"color": f"C{index % 10}", "marker": MARKERS[index // 10 % len(MARKERS)]}
+
+
 def plot_curves(
     by_config: Dict[str, List[Dict]],
     order: Sequence[str],
@@ -97,7 +107,8 @@ def plot_curves(
             axes.plot(
                 [p["updates"] for p in curve],
                 [p["loss"] for p in curve],
-                color=f"C{index % 10}",
+                **series_style(index),
+                markersize=3,
                 linestyle="--" if dashed(name, record) else "-",
                 label=name if number == 0 else None,
                 alpha=0.8,

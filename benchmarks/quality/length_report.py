@@ -18,7 +18,7 @@ from typing import Dict, List, Sequence, Tuple
 
 from fairseq_distattn.tools.generated_blocks import update_pages
 
-from ..harness.report import mean_std_cell, table_row
+from ..harness.report import mean_std_cell, series_style, table_row
 from ..harness.runs import load_runs
 from ..harness.seeds import NOISE_RULE, compare_means, seed_std
 from . import length_papers, length_randomized
@@ -233,6 +233,10 @@ def data_text(runs: Sequence[Dict]) -> str:
     return "; ".join(f"{task} (files {digest}, {lines} training lines)" for task, digest, lines in found) or "-"
 
 
+BASELINE_STYLE = {"color": "black", "marker": "o", "linestyle": "--"}
+UNLISTED_STYLE = {"color": "grey", "marker": "x"}  # a method of the runs no longer in the grid
+
+
 def plot_accuracy(grid: Grid, path: Path) -> None:
     """Mean exact match against the length bucket, one panel per task and form, one line per method."""
     import logging
@@ -248,17 +252,15 @@ def plot_accuracy(grid: Grid, path: Path) -> None:
     columns = min(3, len(panels))
     rows = -(-len(panels) // columns)
     figure, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.4 * rows), squeeze=False)
-    # one colour per method in every panel: its place in the grid
-    colour = {name: plt.get_cmap("tab20")(index % 20) for index, name in enumerate(length_methods())}
+    # one style per method in every panel: its place in the grid
+    style = {name: series_style(index) for index, name in enumerate(length_methods())}
     for axis, ((task, form), by_method) in zip(axes.flat, panels):
         for method in method_order(form, list(by_method)):
             points = bucket_means(by_method.get(method, []))
             if points:
                 axis.plot(
                     *zip(*points),
-                    marker="o",
-                    color="black" if method == BASELINE else colour.get(method, "grey"),
-                    linestyle="--" if method == BASELINE else "-",
+                    **(BASELINE_STYLE if method == BASELINE else style.get(method, UNLISTED_STYLE)),
                     label=method,
                     linewidth=1,
                 )

@@ -54,6 +54,7 @@ from ..common import (
 )
 from ..harness.fingerprints import checkpoint_fingerprint, evaluated_from, models_per_run, recorded_fingerprint
 from ..harness.process import log, tool_env
+from ..harness.report import series_style
 from ..harness.runs import load_runs
 from ..harness.seeds import mean_std_text
 from .lm import eval_lm
@@ -441,7 +442,7 @@ def plot(table: Dict, order: Sequence[str], trained: Sequence[int], path: Path) 
     for axis, mode in zip(axes, MODES):
         for index, name in enumerate(order):
             points = sorted((n, statistics.fmean(values)) for n, values in table[name][mode].items())
-            axis.plot(*zip(*points), marker="o", color=f"C{index % 10}", label=name)
+            axis.plot(*zip(*points), **series_style(index), label=name)
         for length in trained:
             axis.axvline(length, color="grey", linestyle=":", linewidth=1)
         axis.set_xscale("log", base=2)

@@ -37,6 +37,7 @@ from ..common import (
 )
 from ..harness.fingerprints import checkpoint_fingerprint, evaluated_from, models_per_run, recorded_fingerprint
 from ..harness.process import log, run, tool, tool_env
+from ..harness.report import series_style
 from ..harness.runs import load_runs
 from ..harness.seeds import mean_std, mean_std_text
 from .mt import score_translation, translate_test_set
@@ -241,7 +242,7 @@ def plot_bleu_vs_length(
             )
             for f in table[name]
         )
-        axes.plot(*zip(*points), marker="o", color=f"C{index % 10}", label=name)
+        axes.plot(*zip(*points), **series_style(index), label=name)
     axes.set_xscale("log", base=2)
     axes.set_xlabel("mean source length (BPE tokens)")
     axes.set_ylabel("BLEU (tokenised, compound split)")
