@@ -83,7 +83,8 @@ PAPER_CONFIGS = {
             "distance-mask-noabs", both_self("distance-mask"), False, "distance-mask without position embeddings"
         ),
     ),
-    # decoder-only mechanisms: the encoder takes the mechanism each one extends
+    # decoder-only mechanisms: the encoder takes the position method each one extends (selective attention,
+    # which encodes no position, a vanilla encoder with the sinusoidal positions)
     "xpos": (
         QualityConfig(
             "xpos",
@@ -100,6 +101,36 @@ PAPER_CONFIGS = {
             False,
             "Golovneva et al. 2024: CoPE in decoder self-attention, rpr keys-only in the encoder (the relative PE "
             "CoPE generalises: with every gate at 1 its positions count i - j + 1), no position embeddings",
+        ),
+    ),
+    "stick-breaking": (
+        QualityConfig(
+            "stick-breaking",
+            ("--encoder-self-attention", "alibi", "--decoder-self-attention", "stick-breaking"),
+            False,
+            "Tan et al. 2024: stick-breaking in decoder self-attention (the authors define no bidirectional form), "
+            "alibi in the encoder (the log of a stick-breaking weight sums log(1 - beta) over the keys between key "
+            "and query: a recency bias, which ALiBi fixes and stick-breaking learns per token), no position embeddings",
+        ),
+    ),
+    "path": (
+        QualityConfig(
+            "path",
+            ("--encoder-self-attention", "rope", "--decoder-self-attention", "path"),
+            False,
+            "Yang et al. 2025: PaTH in decoder self-attention (the authors define no bidirectional form), rope in "
+            "the encoder (PaTH accumulates data-dependent Householder transforms where RoPE applies fixed rotations), "
+            "no position embeddings",
+        ),
+    ),
+    "selective": (
+        QualityConfig(
+            "selective",
+            ("--decoder-self-attention", "selective"),
+            True,
+            "Leviathan et al. 2024: selective attention in decoder self-attention (the authors define no "
+            "bidirectional form), a vanilla encoder, sinusoidal positions kept (selective attention masks by "
+            "content and encodes no position)",
         ),
     ),
 }
