@@ -123,8 +123,10 @@ def test_distance_coefficients_are_read_from_a_memo_without_gradients_until_a_pa
     """Without gradients (decoding) the coefficients come from a table over distances kept
     per parameter (position_tables.values_by_distance), sliced per call; it gives what the
     call's own evaluation gives, grows as the offsets reach further, and is rebuilt once
-    a parameter changes in place (an optimizer step, a checkpoint loaded into it)."""
+    a parameter changes in place (an optimizer step, a checkpoint loaded into it) or the
+    tables are forgotten."""
     from fairseq_distattn.functional.distance_aware import distance_coefficient_table
+    from fairseq_distattn.functional.position_tables import forget_tables_by_distance
 
     weight = torch.tensor([0.3, -0.2], requires_grad=True)
     sharpness = torch.tensor([1.0, 0.5], requires_grad=True)
@@ -148,3 +150,12 @@ def test_distance_coefficients_are_read_from_a_memo_without_gradients_until_a_pa
             changed = table(1, 9, 8).detach()
         assert not torch.allclose(changed, evaluated.detach())
         assert_close(table(1, 9, 8), changed)
+        # fairseq's optimizers write through .data, which moves no version counter: the memo
+        # cannot see that, and is rebuilt once forgotten (as every model.train()/eval() does)
+        weight.data.mul_(2.0)
+        assert_close(table(1, 9, 8), changed)
+        forget_tables_by_distance()
+        with torch.enable_grad():
+            stepped = table(1, 9, 8).detach()
+        assert not torch.allclose(stepped, changed)
+        assert_close(table(1, 9, 8), stepped)

@@ -23,6 +23,7 @@ from .model_helpers import (
     TINY,
     TINY_LM,
     dictionary,
+    everywhere,
     language_model,
     left_pad,
     parse,
@@ -125,6 +126,33 @@ def test_language_model_incremental_matches_full(mechanism, device):
         model.decoder(tokens[:, : t + 1], incremental_state=incremental_state)[0][:, -1] for t in range(tokens.size(1))
     ]
     torch.testing.assert_close(torch.stack(steps, dim=1), full, **TOLERANCE)
+
+
+@pytest.mark.parametrize("mechanism", sorted(set(MECHANISMS) - {"vanilla"}))
+def test_a_validation_after_a_fairseq_optimizer_step_computes_with_the_stepped_parameters(mechanism):
+    """fairseq's trainer validates with model.eval() and no gradients, then trains with
+    model.train() and its own Adam, which writes every parameter through ``p.data`` (no
+    version counter moves): the next validation must compute what a fresh copy of the
+    stepped model computes, not read anything kept from the parameters before the step."""
+    from fairseq.optim.adam import Adam
+
+    model, d = translation_model(extra=[*TINY, *everywhere(mechanism)])
+    src_tokens, src_lengths = source_batch(d)
+    targets = [random_tokens(d, 1, n, seed=30 + i)[0] for i, n in enumerate([6, 4, 2, 5])]
+    prev_output_tokens = right_pad(targets, d.pad())
+
+    def validate(trained):
+        trained.eval()
+        with torch.no_grad():
+            return full_decoder_output(trained, src_tokens, src_lengths, prev_output_tokens)
+
+    before = validate(model)
+    model.train()
+    full_decoder_output(model, src_tokens, src_lengths, prev_output_tokens).square().sum().backward()
+    Adam(model.parameters(), lr=0.05).step()
+    after = validate(model)
+    assert not torch.allclose(after, before)
+    torch.testing.assert_close(after, validate(copy.deepcopy(model)), rtol=0, atol=0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")

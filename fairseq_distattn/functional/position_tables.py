@@ -83,6 +83,20 @@ def offset_range(tgt_len: int, src_len: int, query_offset: int) -> Tuple[int, in
 # compares keys with ==, which a tensor answers elementwise
 _BY_DISTANCE: Dict[int, tuple] = {}
 _FIRST_REACH = 64
+# part of every key of _BY_DISTANCE: forget_tables_by_distance() makes every table stale at once
+_TABLES_GENERATION = 0
+
+
+def forget_tables_by_distance() -> None:
+    """Makes every table :func:`values_by_distance` keeps stale: the next call without
+    gradients evaluates its table again. A table is keyed on its parameters' version
+    counters, which an in-place update bumps, but fairseq's optimizers (its Adam, the fp16
+    wrappers' copies) write parameters through ``p.data``, which bumps none: the attention
+    module calls this whenever its model changes mode, as fairseq's trainer does around
+    every validation step, so that a validation never reads a table of the parameters
+    before the last training steps (docs/fairseq-traps.md)."""
+    global _TABLES_GENERATION
+    _TABLES_GENERATION += 1
 
 
 def values_by_distance(
@@ -100,14 +114,16 @@ def values_by_distance(
     distances as a ``dtype`` tensor ``[W]`` on the first parameter's device and returns
     ``[H or 1, W]``. While no gradient is recorded (decoding, scoring) the values are read
     from a table over ``-(N-1)..N-1`` kept per owner while none of ``parameters`` changes
-    (its identity, storage and version counter, which every in-place update bumps), grown
-    as the offsets reach further: a decoding step then slices a view instead of evaluating
+    (its identity, storage and version counter, which every in-place update bumps) and
+    :func:`forget_tables_by_distance` is not called (an update through ``p.data`` bumps no
+    version counter), grown as the offsets reach further: a decoding step then slices a view instead of evaluating
     the table again in every layer and step. With gradients it is evaluated for the call."""
     owner = parameters[0]
     if torch.is_grad_enabled() or owner.is_inference():
         return values_of(offsets(tgt_len, src_len, query_offset, owner.device, dtype).abs_())
     first, last = offset_range(tgt_len, src_len, query_offset)
-    key = (tuple(None if p is None else (id(p), p.data_ptr(), p._version) for p in parameters), settings, dtype)
+    versions = tuple(None if p is None else (id(p), p.data_ptr(), p._version) for p in parameters)
+    key = (_TABLES_GENERATION, versions, settings, dtype)
     reach = max(-first, last) + 1
     entry = _BY_DISTANCE.get(id(owner))
     same = entry is not None and entry[0]() is owner and entry[1] == key

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..functional.paths import Call, CallOptions, module_flex
+from ..functional.position_tables import forget_tables_by_distance
 from ..functional.randomized_positions import sample_distances, sample_positions
 from ..mechanisms import Stack, build_mechanism
 from ..spec import AttentionOptions
@@ -91,6 +92,13 @@ class MechanismMultiheadAttention(MultiheadAttention):
 
         self.extra_query_proj = nn.ModuleDict({name: projection(embed_dim) for name in self.mechanism.extra_queries})
         self.extra_key_proj = nn.ModuleDict({name: projection(self.kdim) for name in self.mechanism.extra_keys})
+
+    def train(self, mode: bool = True):
+        # fairseq's optimizers step through p.data, unseen by the tables memoised for
+        # decoding; its trainer switches mode around every validation step, so that is when
+        # they are dropped (position_tables.forget_tables_by_distance)
+        forget_tables_by_distance()
+        return super().train(mode)
 
     def set_beam_size(self, beam_size):
         # Stock cross-attention keeps one key copy per sentence and skips reordering
