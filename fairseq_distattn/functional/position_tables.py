@@ -83,8 +83,6 @@ def offset_range(tgt_len: int, src_len: int, query_offset: int) -> Tuple[int, in
 # compares keys with ==, which a tensor answers elementwise
 _BY_DISTANCE: Dict[int, tuple] = {}
 _FIRST_REACH = 64
-# part of every key of _BY_DISTANCE: forget_tables_by_distance() makes every table stale at once
-_TABLES_GENERATION = 0
 
 
 def forget_tables_by_distance() -> None:
@@ -95,8 +93,9 @@ def forget_tables_by_distance() -> None:
     module calls this whenever its model changes mode, as fairseq's trainer does around
     every validation step, so that a validation never reads a table of the parameters
     before the last training steps (docs/fairseq-traps.md)."""
-    global _TABLES_GENERATION
-    _TABLES_GENERATION += 1
+    for owner_id, (owner, _, reach, values) in list(_BY_DISTANCE.items()):
+        # the entry stays (its owner's finalizer removes it), with a key no call has
+        _BY_DISTANCE[owner_id] = (owner, None, reach, values)
 
 
 def values_by_distance(
@@ -122,8 +121,7 @@ def values_by_distance(
     if torch.is_grad_enabled() or owner.is_inference():
         return values_of(offsets(tgt_len, src_len, query_offset, owner.device, dtype).abs_())
     first, last = offset_range(tgt_len, src_len, query_offset)
-    versions = tuple(None if p is None else (id(p), p.data_ptr(), p._version) for p in parameters)
-    key = (_TABLES_GENERATION, versions, settings, dtype)
+    key = (tuple(None if p is None else (id(p), p.data_ptr(), p._version) for p in parameters), settings, dtype)
     reach = max(-first, last) + 1
     entry = _BY_DISTANCE.get(id(owner))
     same = entry is not None and entry[0]() is owner and entry[1] == key
