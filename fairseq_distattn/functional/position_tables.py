@@ -115,8 +115,8 @@ def values_by_distance(
     from a table over ``-(N-1)..N-1`` kept per owner while none of ``parameters`` changes
     (its identity, storage and version counter, which every in-place update bumps) and
     :func:`forget_tables_by_distance` is not called (an update through ``p.data`` bumps no
-    version counter), grown as the offsets reach further: a decoding step then slices a view instead of evaluating
-    the table again in every layer and step. With gradients it is evaluated for the call."""
+    version counter), grown as the offsets reach further: a decoding step then slices a
+    view instead of evaluating the table again in every layer and step. With gradients it is evaluated for the call."""
     owner = parameters[0]
     if torch.is_grad_enabled() or owner.is_inference():
         return values_of(offsets(tgt_len, src_len, query_offset, owner.device, dtype).abs_())
