@@ -351,6 +351,28 @@ def test_the_report_reads_ruoss_et_al_s_gain_of_randomized_positions_beyond_the_
     assert "## Against Kazemnejad et al. 2023" in papers and "### copy" not in papers
 
 
+def test_the_report_gives_the_core_hours_the_runs_cost_per_form_and_for_the_variants(tmp_path):
+    out = tmp_path / "out"
+    timed = [
+        ("decoder-only", "baseline", 1, 1800.0),
+        ("decoder-only", "alibi", 1, 5400.0),
+        ("encoder-decoder", "rope", 1, 3600.0),
+        ("decoder-only", "rope+randomized", 1, 360.0),
+        ("decoder-only", "rope", 2, None),
+    ]
+    for form, method, seed, wall_s in timed:
+        fixture_run(out, "copy", method, seed, {"valid": 100, "x2": 0, "x4": 0}, form=form)
+        if wall_s is not None:
+            path = out / "runs" / f"copy-{form}-{method}-seed{seed}.json"
+            path.write_text(json.dumps({**json.loads(path.read_text(encoding="utf-8")), "wall_s": wall_s}))
+    markdown = length_report.report(out, [("copy", "decoder-only")])
+    assert (
+        "Cost: 3.1 core-hours, the runs' wall times on one thread each: decoder-only 2.0 h (2 runs, 60.0 min a "
+        "run); encoder-decoder 1.0 h (1 run, 60.0 min a run); the LM grid's variants 0.1 h (1 run, 6.0 min a run); "
+        "1 run without a recorded time.\n"
+    ) in markdown
+
+
 def test_the_report_without_runs_says_so(tmp_path):
     assert harness.main(["--report", "--out", str(tmp_path / "out")]) == 0
     markdown = (tmp_path / "out" / "length_generalization.md").read_text(encoding="utf-8")

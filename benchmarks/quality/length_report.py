@@ -203,6 +203,7 @@ def header_lines(runs: Sequence[Dict]) -> List[str]:
         "Budget: "
         + ("; ".join(f"{u} updates, {m}, {t} tokens per batch" for u, m, t in budgets) if budgets else "no runs yet"),
         f"Data: {data_text(runs)}. Machine: {'; '.join(machines) or '-'}.",
+        cost_text(runs),
         *flags_lines(),
     ]
 
@@ -225,6 +226,32 @@ def forced_text(runs: Sequence[Dict]) -> str:
         "answer iff the argmax after each answer prefix is the next token, then </s>; one forward pass a prompt "
         "instead of one decoding step a prompt token: `benchmarks/quality/forced_match.py`)"
     )
+
+
+def cost_text(runs: Sequence[Dict]) -> str:
+    """What the runs cost in core-hours: each run's recorded wall time (training and evaluation on one
+    thread; a resumed run's from its resumption), summed for the methods' grid per form and for the LM
+    grid's variants, whose names carry a ``+``. The tasks' data, made once, is not counted."""
+    groups = [(form, [r for r in runs if r["form"] == form and "+" not in r["method"]]) for form in FORMS]
+    groups.append(("the LM grid's variants", [r for r in runs if "+" in r["method"]]))
+    timed = [(name, [r["wall_s"] for r in group if "wall_s" in r]) for name, group in groups]
+    parts = [
+        f"{name} {sum(seconds) / 3600:.1f} h ({runs_text(len(seconds))}, {statistics.fmean(seconds) / 60:.1f} "
+        "min a run)"
+        for name, seconds in timed
+        if seconds
+    ]
+    untimed = sum(1 for r in runs if "wall_s" not in r)
+    total = sum(sum(seconds) for _, seconds in timed) / 3600
+    return (
+        f"Cost: {total:.1f} core-hours, the runs' wall times on one thread each: {'; '.join(parts) or '-'}"
+        + (f"; {runs_text(untimed)} without a recorded time" if untimed else "")
+        + "."
+    )
+
+
+def runs_text(count: int) -> str:
+    return f"{count} run" + ("" if count == 1 else "s")
 
 
 def data_text(runs: Sequence[Dict]) -> str:
