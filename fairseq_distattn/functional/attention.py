@@ -50,8 +50,17 @@ def logit_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def scaled(q: Tensor) -> Tensor:
-    """``q / sqrt(D)``: scaling the queries costs [Tq, D], scaling the scores [Tq, Tk]."""
-    return q * (q.size(-1) ** -0.5)
+    """``q / sqrt(D)``: scaling the queries costs [Tq, D], scaling the scores [Tq, Tk]. The
+    factor is a cached 0-d tensor in ``q``'s dtype, the same number a Python float becomes:
+    torch wraps a Python scalar into a tensor and converts it on every call, which costs
+    more than the product itself at a decoding step's sizes."""
+    return q * _inverse_square_root(q.size(-1), q.dtype, q.device)
+
+
+@functools.lru_cache(maxsize=64)
+def _inverse_square_root(size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    with torch.inference_mode(False):  # built outside inference mode: usable in training later
+        return torch.tensor(size**-0.5, dtype=dtype, device=device)
 
 
 def full_precision(x: Tensor):
@@ -73,19 +82,27 @@ def logit_product(a: Tensor, b: Tensor) -> Tensor:
     compute = logit_dtype(a.dtype)
     if compute == a.dtype:
         # autocast may run it in half: widened back, a no-op without autocast
-        return in_dtype(_product(a, in_dtype(b, compute)), compute)
+        return in_dtype(product(a, in_dtype(b, compute)), compute)
     with full_precision(a):
-        return _product(a.to(compute), b.to(compute))
+        return product(a.to(compute), b.to(compute))
 
 
-def _product(a: Tensor, b: Tensor) -> Tensor:
-    """``a @ b``; a 2-D ``b`` (a table) meets the rows of ``a`` in one ``mm``: torch.matmul
-    multiplies a decoding step's permuted ``[B, H, 1, D]`` queries by a transposed table
-    as a batch of one-row products, 2-3 times slower on the CPU (its decoding steps' shapes
-    in ``python -m benchmarks.run``), and the same elsewhere."""
-    if b.dim() != 2:
-        return torch.matmul(a, b)
-    return torch.mm(a.reshape(-1, a.size(-1)), b).view(*a.shape[:-1], b.size(-1))
+def product(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` in the fewest dispatches. A 2-D ``b`` (a table) meets the rows of ``a`` in one
+    ``mm``: torch.matmul multiplies a decoding step's permuted ``[B, H, 1, D]`` queries by a
+    transposed table as a batch of one-row products, 2-3 times slower on the CPU (its
+    decoding steps' shapes in ``python -m benchmarks.run``), and the same elsewhere. Operands
+    with the same batch dimensions meet in one ``bmm`` over them flattened: what
+    torch.matmul runs too, after dispatches of its own (expand, reshape) that cost about
+    as much as the product itself at a decoding step's sizes. Anything else (broadcast
+    batch dimensions) is torch.matmul's."""
+    if b.dim() == 2:
+        return torch.mm(a.reshape(-1, a.size(-1)), b).view(*a.shape[:-1], b.size(-1))
+    if a.dim() > 3 and a.shape[:-2] == b.shape[:-2]:
+        batch = a.shape[:-2].numel()  # not -1: a reshape cannot infer it when a or b is empty
+        flat = torch.bmm(a.reshape(batch, a.size(-2), a.size(-1)), b.reshape(batch, b.size(-2), b.size(-1)))
+        return flat.view(*a.shape[:-1], b.size(-1))
+    return torch.matmul(a, b)
 
 
 def scores(q: Tensor, k: Tensor) -> Tensor:
@@ -97,9 +114,25 @@ def scores(q: Tensor, k: Tensor) -> Tensor:
     compute = logit_dtype(q.dtype)
     if compute == q.dtype:
         # autocast may run it in half: widened back, a no-op without autocast
-        return in_dtype(torch.matmul(scaled(q), k.transpose(-2, -1)), compute)
+        return in_dtype(product(scaled(q), k.transpose(-2, -1)), compute)
     with full_precision(q):
-        return torch.matmul(scaled(q.to(compute)), k.to(compute).transpose(-2, -1))
+        return product(scaled(q.to(compute)), k.to(compute).transpose(-2, -1))
+
+
+def scores_with_key_rows(q: Tensor, k: Tensor, key_rows: Tensor) -> Tensor:
+    """``q (k_j + r_j)^T / sqrt(D)`` for one ``[Tk, D]`` row ``r_j`` per key, shared by the
+    batch and heads, in :func:`logit_dtype` (a fresh ``[B, H, Tq, Tk]`` tensor): the scores
+    plus ``q r_j^T`` accumulated into them (``addmm_``), with the queries scaled once, and
+    without forming ``k + r``, a copy of every key. RPR's decoding step (eq. 4) takes it:
+    at one query two ops fewer than :func:`scores` plus a bias, and each small op costs
+    about as much as its arithmetic there."""
+    compute = logit_dtype(q.dtype)
+    with full_precision(q):
+        queries = scaled(in_dtype(q, compute))
+        # autocast may run the product in half: widened back, a no-op without autocast
+        logits = in_dtype(product(queries, in_dtype(k, compute).transpose(-2, -1)), compute)
+        logits.view(-1, k.size(2)).addmm_(queries.reshape(-1, q.size(-1)), in_dtype(key_rows, compute).t())
+    return logits
 
 
 def masked_scores(q: Tensor, k: Tensor, mask: Optional[Tensor]) -> Tensor:
@@ -240,7 +273,7 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, terms: Terms, options: CallOptions)
         probs = terms.weight_mod(probs, mask, hidden)
     probs = in_dtype(probs, q.dtype)
     attended = dropout_probs(probs, dropout_p)
-    out = torch.matmul(attended, v)
+    out = product(attended, v)
     if terms.value_term is not None:
         out = out + terms.value_term(attended)
     if own_share is not None:

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .attention import attention_op, logit_dtype
-from .masking import check_tensor_argument
+from .masking import check_tensor_argument, in_dtype
 from .position_tables import OffsetTable, values_by_distance
 from .terms import Terms
 
@@ -203,9 +203,9 @@ def distance_aware_terms(
         raise ValueError(f"adjusting must be one of {', '.join(DA_ADJUSTINGS)}, got {adjusting!r}")
     # ReLU(QK^T) x f reaches (1 + e^v) times the largest logit: formed in float32 for half inputs
     compute = logit_dtype(q.dtype)
-    per_head = [None if p is None else p.to(compute) for p in (sharpness, linear_slope, linear_intercept)]
+    per_head = [None if p is None else in_dtype(p, compute) for p in (sharpness, linear_slope, linear_intercept)]
     table = distance_coefficient_table(
-        distance_weight.to(compute),
+        in_dtype(distance_weight, compute),
         per_head[0],
         q.size(2),
         k.size(2),

@@ -21,7 +21,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .attention import attention_op, logit_dtype, logit_product, scaled
+from .attention import attention_op, logit_dtype, logit_product, product, scaled, scores_with_key_rows
 from .masking import (
     autocast_enabled,
     check_tensor_argument,
@@ -382,6 +382,30 @@ def mapped_relative_position_terms(
     return Terms(bias=bias, value_term=relative_values)
 
 
+@position_tensor
+def _key_buckets(tgt_len: int, src_len: int, max_distance: int, query_offset: int, device) -> Tensor:
+    """``[Tk]``: the buckets of one query's keys (:func:`relative_position_buckets` of ``Tq = 1``)."""
+    return relative_position_buckets(tgt_len, src_len, max_distance, query_offset, device)[0]
+
+
+def _one_query_terms(
+    q: Tensor, k: Tensor, rel_keys: Tensor, rel_values: Optional[Tensor], max_distance: int, query_offset: int
+) -> Terms:
+    """Eqs. 3-4 for one query (an incremental decoding step): eq. 4 is the query against
+    ``k_j + a^K_ij``, a ``[Tk, D]`` row of the key table per key, and eq. 3's second term the
+    weights times the ``[Tk, D]`` value rows. Reading the rows first keeps both gathers on the
+    small tables (the query's scores against all 2k+1 rows, gathered per key, index its
+    ``[B, H, 1, 2k+1]`` scores along their last dimension); the key rows are accumulated into
+    the scores (:func:`attention.scores_with_key_rows`). Forming ``k + a^K`` and ``v + a^V``
+    instead copies the whole cache twice per layer and step."""
+    row = _key_buckets(1, k.size(2), max_distance, query_offset, q.device)
+    logits = scores_with_key_rows(q, k, rel_keys.index_select(0, row))
+    if rel_values is None:
+        return Terms(logits=logits)
+    value_rows = rel_values.index_select(0, row)
+    return Terms(logits=logits, value_term=lambda attended: product(attended, value_rows))
+
+
 def relative_position_terms(
     q: Tensor,
     k: Tensor,
@@ -412,21 +436,12 @@ def relative_position_terms(
         return mapped_relative_position_terms(
             q, rel_keys, rel_values, max_distance, src_len, query_offset, position_map
         )
+    if tgt_len == 1:
+        return _one_query_terms(q, k, rel_keys, rel_values, max_distance, query_offset)
     rel_keys, rel_values, max_distance = rows_within_reach(
         rel_keys, rel_values, max_distance, tgt_len, src_len, query_offset
     )
     buckets = relative_position_buckets(tgt_len, src_len, max_distance, query_offset, q.device)
-    if tgt_len == 1:
-        # One query (an incremental decoding step): eq. 4's second term is the query's
-        # score against the 2k+1 key rows, read per key, and eq. 3's the weights times
-        # the [Tk, D] value rows; forming k + a^K and v + a^V instead copies the whole
-        # cache twice per layer and step (1.5-3x the cost of this at B=40, H=8, D=32).
-        row = buckets[0]
-        bias = logit_product(scaled(q), rel_keys.transpose(0, 1)).index_select(-1, row)
-        if rel_values is None:
-            return Terms(bias=bias)
-        value_rows = rel_values.index_select(0, row)
-        return Terms(bias=bias, value_term=lambda attended: torch.matmul(attended, value_rows))
     scaled_q = scaled(q)
     key_scores = RelativeKeyScores.of(scaled_q, rel_keys, buckets, max_distance, query_offset, causal)
     value_term = None if rel_values is None else RelativeValues(key_scores, scaled_q, k, rel_values)
@@ -439,7 +454,8 @@ relative_position_attention = attention_op(
     """Shaw et al. eqs. (3)-(4). ``rel_keys``/``rel_values`` are ``[2k+1, D]``
     (``rel_values=None``: keys only), in ``q``'s dtype unless autocast is on.
     Returns ``(out [B,H,Tq,D], probs [B,H,Tq,Tk])``; keys-only with
-    ``need_weights=False`` runs fused and returns ``(out, None)``.""",
+    ``need_weights=False`` runs fused (but for one query, which runs eager) and returns
+    ``(out, None)``.""",
 )
 
 
