@@ -30,20 +30,17 @@ def padding():
 
 @pytest.fixture
 def chosen(monkeypatch):
-    """Every path :func:`paths.choose_path` picks for an op, in every module of
-    functional/ that asks it."""
+    """Every path an op takes (:func:`attention.path_taken`, where :func:`attention.attend`
+    picks it)."""
     taken = []
-    real = P.choose_path
+    real = functional.attention.path_taken
 
-    def spy(call, paths):
-        path = real(call, paths)
+    def spy(q, k, terms, options):
+        path = real(q, k, terms, options)
         taken.append(path)
         return path
 
-    askers = [module for module in vars(functional).values() if getattr(module, "choose_path", None) is real]
-    assert functional.attention in askers
-    for module in askers:
-        monkeypatch.setattr(module, "choose_path", spy)
+    monkeypatch.setattr(functional.attention, "path_taken", spy)
     return taken
 
 
@@ -131,6 +128,23 @@ def test_the_chooser_takes_flex_first_then_sdpa_without_weights_else_eager():
     assert P.choose_path(empty, every) is not P.Path.FLEX  # no query rows: nothing for flex to run
     with pytest.raises(ValueError, match="flex must be one of auto, always, never"):
         path(flex="sometimes")
+
+
+def test_terms_that_only_run_eager_take_it_without_a_path_choice_and_the_op_still_checks_flex():
+    """RPR's decoding step, PaTH and stick-breaking give logits or a normaliser of their own:
+    ``attend`` takes the eager path without describing the call, so the ops check ``flex``
+    themselves."""
+    logits = torch.zeros(1, 1, 1, 3)
+    assert TM.candidate_paths(TM.Terms(logits=logits)) is TM.EAGER_ONLY
+    assert TM.candidate_paths(TM.Terms(normaliser=lambda *a: a)) is TM.EAGER_ONLY
+    q, k = torch.randn(2, 2, 1, 8), torch.randn(2, 2, 5, 8)
+    tables = torch.randn(5, 8), torch.randn(5, 8)
+    step = dict(causal=True, query_offset=4, need_weights=False)
+    rpr = functional.relative_position_attention
+    reference = rpr(torch.cat([k[:, :, :4], q], 2), k, k, *tables, 2, causal=True)[0][:, :, -1:]
+    torch.testing.assert_close(rpr(q, k, k, *tables, 2, **step)[0], reference)
+    with pytest.raises(ValueError, match="flex must be one of auto, always, never, got 'sometimes'"):
+        rpr(q, k, k, *tables, 2, flex="sometimes", **step)
 
 
 def test_a_cpu_decoding_step_with_a_mask_takes_the_eager_path_and_everything_else_keeps_sdpa():

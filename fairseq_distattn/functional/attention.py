@@ -33,10 +33,10 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from .flex import flex_attend, flex_windowed_attend
+from .flex import check_flex, flex_attend, flex_windowed_attend
 from .masking import autocast_enabled, check_attention_arguments, in_dtype, logit_mask, masked_softmax
 from .paths import OP_OPTIONS, Call, CallOptions, Path, choose_path
-from .terms import PLAIN, Normaliser, ScoreMod, Terms, candidate_paths
+from .terms import EAGER_ONLY, PLAIN, Normaliser, ScoreMod, Terms, candidate_paths
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -105,33 +105,34 @@ def product(a: Tensor, b: Tensor) -> Tensor:
     return torch.matmul(a, b)
 
 
-def scores(q: Tensor, k: Tensor) -> Tensor:
+def scores(q: Tensor, k: Tensor, key_rows: Optional[Tensor] = None) -> Tensor:
     """``q k^T / sqrt(D)`` (Vaswani et al. 2017 eq. 1's logits) for ``q`` ``[B,H,Tq,D]``
     and ``k`` ``[B,H,Tk,D]`` in :func:`logit_dtype`, a fresh tensor. Half ``q`` and ``k``
     are multiplied as float32 copies (:func:`logit_product`), the scaling done on the
     copy so that ``q / sqrt(D)`` is not rounded to half first; other dtypes as vanilla
-    attention computes them, with no copy."""
+    attention computes them, with no copy.
+
+    ``key_rows``: one ``[Tk, D]`` row ``r_j`` per key, shared by the batch and heads, for
+    ``q (k_j + r_j)^T / sqrt(D)``: ``q r_j^T`` is accumulated into the scores (``addmm_``)
+    with the queries scaled once, and ``k + r``, a copy of every key, is never formed.
+    RPR's decoding step (eq. 4) takes it: at one query two ops fewer than the scores plus
+    a bias, and each small op costs about as much as its arithmetic there."""
     compute = logit_dtype(q.dtype)
     if compute == q.dtype:
+        queries = scaled(q)
         # autocast may run it in half: widened back, a no-op without autocast
-        return in_dtype(product(scaled(q), k.transpose(-2, -1)), compute)
+        logits = in_dtype(product(queries, k.transpose(-2, -1)), compute)
+        return logits if key_rows is None else _add_key_rows(logits, queries, key_rows)
     with full_precision(q):
-        return product(scaled(q.to(compute)), k.to(compute).transpose(-2, -1))
+        queries = scaled(q.to(compute))
+        logits = product(queries, k.to(compute).transpose(-2, -1))
+        return logits if key_rows is None else _add_key_rows(logits, queries, key_rows)
 
 
-def scores_with_key_rows(q: Tensor, k: Tensor, key_rows: Tensor) -> Tensor:
-    """``q (k_j + r_j)^T / sqrt(D)`` for one ``[Tk, D]`` row ``r_j`` per key, shared by the
-    batch and heads, in :func:`logit_dtype` (a fresh ``[B, H, Tq, Tk]`` tensor): the scores
-    plus ``q r_j^T`` accumulated into them (``addmm_``), with the queries scaled once, and
-    without forming ``k + r``, a copy of every key. RPR's decoding step (eq. 4) takes it:
-    at one query two ops fewer than :func:`scores` plus a bias, and each small op costs
-    about as much as its arithmetic there."""
-    compute = logit_dtype(q.dtype)
-    with full_precision(q):
-        queries = scaled(in_dtype(q, compute))
-        # autocast may run the product in half: widened back, a no-op without autocast
-        logits = in_dtype(product(queries, in_dtype(k, compute).transpose(-2, -1)), compute)
-        logits.view(-1, k.size(2)).addmm_(queries.reshape(-1, q.size(-1)), in_dtype(key_rows, compute).t())
+def _add_key_rows(logits: Tensor, queries: Tensor, key_rows: Tensor) -> Tensor:
+    """``logits + queries key_rows^T``, in place on the fresh ``logits``."""
+    flat_queries = queries.reshape(-1, queries.size(-1))
+    logits.view(-1, logits.size(-1)).addmm_(flat_queries, in_dtype(key_rows, logits.dtype).t())
     return logits
 
 
@@ -235,7 +236,7 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, terms: Terms, options: CallOptions)
         options.query_offset,
         options.dropout_p,
     )
-    path = choose_path(Call.of(q, k, options), candidate_paths(terms))
+    path = path_taken(q, k, terms, options)
     if path is Path.FLEX:
         masks = dict(allowed=terms.allowed, key_padding_mask=key_padding_mask, causal=causal)
         if terms.window is not None:
@@ -275,11 +276,22 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, terms: Terms, options: CallOptions)
     attended = dropout_probs(probs, dropout_p)
     out = product(attended, v)
     if terms.value_term is not None:
-        out = out + terms.value_term(attended)
+        out = terms.value_term(attended, out)
     if own_share is not None:
         own_values = v[:, :, query_offset : query_offset + q.size(2)]
         out = out + own_share.to(q.dtype)[..., None] * own_values
     return out, probs if options.need_weights else None
+
+
+def path_taken(q: Tensor, k: Tensor, terms: Terms, options: CallOptions) -> Path:
+    """The path :func:`attend` runs ``terms`` on: :func:`paths.choose_path`'s among
+    :func:`terms.candidate_paths`, or the eager path without describing the call where the
+    terms allow no other (logits or a normaliser of their own: RPR's decoding step, PaTH,
+    stick-breaking), as every decoding step of those layers would otherwise do."""
+    paths = candidate_paths(terms)
+    if paths is EAGER_ONLY:
+        return Path.EAGER
+    return choose_path(Call.of(q, k, options), paths)
 
 
 def _flex_attend(q, k, v, offset_table, value_term, masks) -> Tensor:
@@ -393,6 +405,7 @@ def attention_op(terms_of: Callable[..., Terms], name: str, doc: str) -> Callabl
         **own,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         check_attention_arguments(q, k, v, key_padding_mask, causal, query_offset, dropout_p)
+        check_flex(flex)  # also where the terms leave no path to choose
         if position_map is not None and "position_map" not in read:
             raise ValueError(f"{name} reads no positions: position_map must be None")
         options = CallOptions(key_padding_mask, causal, query_offset, dropout_p, need_weights, flex, position_map)

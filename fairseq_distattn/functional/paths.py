@@ -107,22 +107,23 @@ class Call(NamedTuple):
     @classmethod
     def of(cls, q: Tensor, k: Tensor, options: CallOptions, recompute_length: int = 0) -> "Call":
         """The call of ``options`` on ``q`` ``[B, H, Tq, D]`` and ``k`` ``[B, H, Tk, D]``."""
+        # positional, in the fields' order: every attention call builds one
         return cls(
-            on_cuda=q.is_cuda,
-            head_size=q.size(-1),
-            tgt_len=q.size(2),
-            src_len=k.size(2),
-            need_weights=options.need_weights,
-            dropout_p=options.dropout_p,
-            query_offset=options.query_offset,
-            flex=options.flex,
-            flex_from=options.flex_from,
-            grad_enabled=torch.is_grad_enabled(),
-            causal=options.causal,
-            key_padding=options.key_padding_mask is not None,
-            query_requires_grad=q.requires_grad,
-            recompute_length=recompute_length,
-            batch=q.size(0),
+            q.is_cuda,
+            q.size(-1),
+            q.size(2),
+            k.size(2),
+            options.need_weights,
+            options.dropout_p,
+            options.query_offset,
+            options.flex,
+            options.flex_from,
+            torch.is_grad_enabled(),
+            options.causal,
+            options.key_padding_mask is not None,
+            q.requires_grad,
+            recompute_length,
+            q.size(0),
         )
 
     @property

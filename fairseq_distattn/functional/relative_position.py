@@ -16,15 +16,16 @@ of alpha are rebuilt from its log-sum-exp (:class:`RelativeValues`).
 
 import functools
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from .attention import attention_op, logit_dtype, logit_product, product, scaled, scores_with_key_rows
+from .attention import attention_op, logit_dtype, logit_product, scaled, scores
 from .masking import (
     autocast_enabled,
     check_tensor_argument,
+    in_dtype,
     position_tensor,
     relative_distance,
 )
@@ -274,10 +275,15 @@ class RelativeValues:
     k: Tensor
     rel_values: Tensor
 
-    def __call__(self, attended: Tensor) -> Tensor:
-        scores = self.key_scores
-        return relative_position_values(
-            attended, self.rel_values, scores.buckets, scores.max_distance, scores.query_offset, scores.causal
+    def __call__(self, attended: Tensor, out: Tensor) -> Tensor:
+        key_scores = self.key_scores
+        return out + relative_position_values(
+            attended,
+            self.rel_values,
+            key_scores.buckets,
+            key_scores.max_distance,
+            key_scores.query_offset,
+            key_scores.causal,
         )
 
     def from_log_normaliser(self, lse, lse_beyond, key_padding_mask) -> Tensor:
@@ -293,7 +299,7 @@ class RelativeValues:
         last = 0 if causal else (max_distance if right_is_diagonal else max_distance - 1)
         diagonals = _diagonals(tgt_len, src_len, max_distance, 0, first, last)
         products = _BandDotProducts.apply(self.scaled_q, self.k, diagonals, 2 * max_distance + 1)
-        scores = products + self.key_scores.per_bucket.to(dtype)
+        bucket_scores = products + self.key_scores.per_bucket.to(dtype)
         keys, on_band = _band_keys(tgt_len, src_len, max_distance, first, last, self.k.device)
         if key_padding_mask is not None:
             on_band = on_band & ~key_padding_mask[:, None, keys]
@@ -301,7 +307,7 @@ class RelativeValues:
         visible_row = torch.isfinite(lse)
         # a row with no visible key has lse -inf: normalising by +inf gives it no mass
         normaliser = lse.masked_fill(~visible_row, float("inf"))
-        masses = torch.where(on_band, scores - normaliser[..., None], float("-inf")).exp()
+        masses = torch.where(on_band, bucket_scores - normaliser[..., None], float("-inf")).exp()
         if left_is_diagonal and right_is_diagonal:
             return torch.matmul(masses.to(self.rel_values.dtype), self.rel_values)
         rest = torch.where(visible_row, 1.0 - masses.sum(dim=-1), 0.0)
@@ -375,9 +381,9 @@ def mapped_relative_position_terms(
     if rel_values is None:
         return Terms(bias=bias)
 
-    def relative_values(attended: Tensor) -> Tensor:
+    def relative_values(attended: Tensor, out: Tensor) -> Tensor:
         per_bucket = attended.new_zeros(attended.shape[:-1] + (rel_values.size(0),))
-        return torch.matmul(per_bucket.scatter_add(-1, buckets, attended), rel_values)
+        return out + torch.matmul(per_bucket.scatter_add(-1, buckets, attended), rel_values)
 
     return Terms(bias=bias, value_term=relative_values)
 
@@ -396,14 +402,26 @@ def _one_query_terms(
     weights times the ``[Tk, D]`` value rows. Reading the rows first keeps both gathers on the
     small tables (the query's scores against all 2k+1 rows, gathered per key, index its
     ``[B, H, 1, 2k+1]`` scores along their last dimension); the key rows are accumulated into
-    the scores (:func:`attention.scores_with_key_rows`). Forming ``k + a^K`` and ``v + a^V``
+    the scores (:func:`attention.scores`' ``key_rows``). Forming ``k + a^K`` and ``v + a^V``
     instead copies the whole cache twice per layer and step."""
     row = _key_buckets(1, k.size(2), max_distance, query_offset, q.device)
-    logits = scores_with_key_rows(q, k, rel_keys.index_select(0, row))
+    logits = scores(q, k, key_rows=rel_keys.index_select(0, row))
     if rel_values is None:
         return Terms(logits=logits)
-    value_rows = rel_values.index_select(0, row)
-    return Terms(logits=logits, value_term=lambda attended: product(attended, value_rows))
+    return Terms(logits=logits, value_term=ValueRows(rel_values.index_select(0, row)))
+
+
+class ValueRows(NamedTuple):
+    """Eq. 3's second term at one query, ``sum_j alpha_ij a^V_ij`` with the ``[Tk, D]``
+    value rows of its keys, accumulated into the output (``addmm_``: one op, where a
+    product and a sum are two)."""
+
+    rows: Tensor
+
+    def __call__(self, attended: Tensor, out: Tensor) -> Tensor:
+        flat = out.view(-1, out.size(-1))
+        flat.addmm_(in_dtype(attended, out.dtype).reshape(-1, attended.size(-1)), in_dtype(self.rows, out.dtype))
+        return out
 
 
 def relative_position_terms(

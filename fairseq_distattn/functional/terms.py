@@ -25,8 +25,9 @@ from .position_tables import ScoreTable
 ScoreMod = Callable[[Tensor, Optional[Tensor]], Tensor]
 # weight_mod(softmax weights, additive mask, hidden rows) -> the weights that multiply the values
 WeightMod = Callable[[Tensor, Optional[Tensor], Optional[Tensor]], Tensor]
-# value_term(the (dropped) weights) -> a [B, H, Tq, D] term added to the output
-ValueTerm = Callable[[Tensor], Tensor]
+# value_term(the (dropped) weights, the output so far) -> the output with a [B, H, Tq, D] term added
+# (in place where it can: a decoding step's term is one addmm_ into the fresh output)
+ValueTerm = Callable[[Tensor, Tensor], Tensor]
 # normaliser(masked logits, additive mask, hidden rows) -> (weights, the share of each query's own
 # value [B, H, Tq] or None): what replaces the softmax (stick-breaking's weights and remaining stick)
 Normaliser = Callable[[Tensor, Optional[Tensor], Optional[Tensor]], Tuple[Tensor, Optional[Tensor]]]
@@ -73,6 +74,8 @@ class Terms(NamedTuple):
 
 
 PLAIN = Terms()
+# the paths of terms that only the eager path runs (one object: attend tests it by identity)
+EAGER_ONLY = frozenset({Path.EAGER})
 
 
 def _rebuilt_from_log_normaliser(value_term: Optional[ValueTerm]) -> bool:
@@ -87,9 +90,9 @@ def candidate_paths(terms: Terms) -> FrozenSet[Path]:
     nor ``allowed``. Logits or a normaliser of their own run eager only."""
     if terms is PLAIN:  # rope's, xpos's, every decoding step of every layer: answered once
         return _PLAIN_PATHS
-    paths = {Path.EAGER}
     if terms.logits is not None or terms.normaliser is not None:
-        return frozenset(paths)
+        return EAGER_ONLY
+    paths = {Path.EAGER}
     table = terms.offset_table
     modifies = terms.score_mod is not None or terms.weight_mod is not None
     if table is not None and not modifies and terms.window is None:
