@@ -660,9 +660,10 @@ def apply_turns(x: Tensor, turn: Tensor) -> Tensor:
     precision = torch.float64 if turn.dtype == torch.complex128 else torch.float32
     if head.dtype != precision:
         head = head.to(precision)
-    if head.stride(-1) != 1 or head.storage_offset() % 2 or any(stride % 2 for stride in head.stride()[:-1]):
-        head = head.contiguous()  # view_as_complex needs whole (real, imaginary) pairs
-    pairs = torch.view_as_complex(head.view(*head.shape[:-1], half, 2))
+    try:
+        pairs = torch.view_as_complex(head.view(*head.shape[:-1], half, 2))
+    except RuntimeError:  # view_as_complex needs whole (real, imaginary) pairs: even strides and offset
+        pairs = torch.view_as_complex(head.contiguous().view(*head.shape[:-1], half, 2))
     rotated = torch.view_as_real(pairs * turn).flatten(-2)
     if rotated.dtype != x.dtype:
         rotated = rotated.to(x.dtype)

@@ -92,6 +92,9 @@ class MechanismMultiheadAttention(MultiheadAttention):
 
         self.extra_query_proj = nn.ModuleDict({name: projection(embed_dim) for name in self.mechanism.extra_queries})
         self.extra_key_proj = nn.ModuleDict({name: projection(self.kdim) for name in self.mechanism.extra_keys})
+        # read at every call (a decoding step's Python costs as much as its arithmetic): plain attributes
+        self.has_extra_queries = bool(self.mechanism.extra_queries)
+        self.has_extra_keys = bool(self.mechanism.extra_keys)
 
     def train(self, mode: bool = True):
         # fairseq's optimizers step through p.data, unseen by the tables memoised for
@@ -113,7 +116,7 @@ class MechanismMultiheadAttention(MultiheadAttention):
 
     def _project_keys(self, key: Tensor, value: Tensor) -> Dict[str, Tensor]:
         keys = {"key": self._heads(self.k_proj(key)), "value": self._heads(self.v_proj(value))}
-        if self.extra_key_proj:
+        if self.has_extra_keys:
             keys.update((name, self._heads(proj(key))) for name, proj in self.extra_key_proj.items())
         keys.update(self.mechanism.inputs_from_layer(key))
         return keys
@@ -142,7 +145,7 @@ class MechanismMultiheadAttention(MultiheadAttention):
 
         saved_state = self._get_input_buffer(incremental_state) if incremental_state is not None else None
         queries = {"query": self._heads(self.q_proj(query))}
-        if self.extra_query_proj:
+        if self.has_extra_queries:
             queries.update((name, self._heads(proj(query))) for name, proj in self.extra_query_proj.items())
 
         query_offset = 0
