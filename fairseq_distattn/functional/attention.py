@@ -88,20 +88,13 @@ def logit_product(a: Tensor, b: Tensor) -> Tensor:
 
 
 def product(a: Tensor, b: Tensor) -> Tensor:
-    """``a @ b`` in the fewest dispatches. A 2-D ``b`` (a table) meets the rows of ``a`` in one
-    ``mm``: torch.matmul multiplies a decoding step's permuted ``[B, H, 1, D]`` queries by a
-    transposed table as a batch of one-row products, 2-3 times slower on the CPU (its
-    decoding steps' shapes in ``python -m benchmarks.run``), and the same elsewhere. Operands
-    with the same batch dimensions meet in one ``bmm`` over them flattened: what
-    torch.matmul runs too, after dispatches of its own (expand, reshape) that cost about
-    as much as the product itself at a decoding step's sizes. Anything else (broadcast
-    batch dimensions) is torch.matmul's."""
+    """``a @ b``: torch.matmul, but for a 2-D ``b`` (a table), which meets the rows of ``a`` in
+    one ``mm``: torch.matmul multiplies a decoding step's permuted ``[B, H, 1, D]`` queries by
+    a transposed table as a batch of one-row products, 2-3 times slower on the CPU.
+    Everything else is torch.matmul's, whose dispatch in C++ costs less than reshaping the
+    operands for a ``bmm`` in Python at a decoding step's sizes."""
     if b.dim() == 2:
         return torch.mm(a.reshape(-1, a.size(-1)), b).view(*a.shape[:-1], b.size(-1))
-    if a.dim() > 3 and a.shape[:-2] == b.shape[:-2]:
-        batch = a.shape[:-2].numel()  # not -1: a reshape cannot infer it when a or b is empty
-        flat = torch.bmm(a.reshape(batch, a.size(-2), a.size(-1)), b.reshape(batch, b.size(-2), b.size(-1)))
-        return flat.view(*a.shape[:-1], b.size(-1))
     return torch.matmul(a, b)
 
 
