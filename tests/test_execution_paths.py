@@ -147,6 +147,34 @@ def test_terms_that_only_run_eager_take_it_without_a_path_choice_and_the_op_stil
         rpr(q, k, k, *tables, 2, flex="sometimes", **step)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_plain_unmasked_decoding_step_runs_sdpa_at_once_as_the_chooser_and_the_masks_would(causal, chosen):
+    """attend's shortcut for plain terms (rope's, xpos's and vanilla's decoding steps) takes
+    exactly the calls for which the path choice gives the fused path and the masks none."""
+    from fairseq_distattn.functional.attention import attend, is_unmasked_step
+    from fairseq_distattn.functional.masking import logit_mask
+
+    q, k, v = torch.randn(2, 3, 1, 8), torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8)
+    step = P.CallOptions(causal=causal, query_offset=4, need_weights=False)
+    assert is_unmasked_step(q, k, step)
+    assert P.choose_path(P.Call.of(q, k, step), TM.candidate_paths(TM.PLAIN)) is P.Path.FUSED
+    assert logit_mask(None, causal, 4, 1, 5, q.device, q.dtype) == (None, None)
+    out, probs = attend(q, k, v, TM.PLAIN, step)
+    assert probs is None and chosen == []  # no path was asked for
+    weights = attend(q, k, v, TM.PLAIN, step._replace(need_weights=True))
+    torch.testing.assert_close(out, weights[0])
+    assert len(chosen) == 1
+    padding = torch.zeros(2, 5, dtype=torch.bool)
+    for other in (
+        step._replace(need_weights=True),
+        step._replace(key_padding_mask=padding),
+        step._replace(query_offset=0),  # a first step, or a full sequence: the chooser's
+        step._replace(query_offset=3),  # keys after the query
+    ):
+        assert not is_unmasked_step(q, k, other)
+    assert not is_unmasked_step(torch.randn(2, 3, 2, 8), k, step._replace(query_offset=3))
+
+
 def test_a_cpu_decoding_step_with_a_mask_takes_the_eager_path_and_everything_else_keeps_sdpa():
     """SDPA's CPU kernel with a mask loses to the eager path on a decoding step's few
     queries (benchmarks.run's beam rows): a step after cached keys, without gradients, on

@@ -210,6 +210,10 @@ def attend(
     Tk]`` weights; no keys (``Tk = 0``) leave every query row without a visible
     key, which gives 0 (as a row hidden by the masks does) and ``[B, H, Tq, 0]``
     weights."""
+    if terms is PLAIN and is_unmasked_step(q, k, options):
+        # the path choice and the masks would give exactly this (tests/test_execution_paths.py): a decoding
+        # step of rope's, xpos's and vanilla's layers skips describing the call
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=options.dropout_p), None
     given_dtype = q.dtype
     q = q if terms.query is None else terms.query
     k = k if terms.key is None else terms.key
@@ -274,6 +278,19 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, terms: Terms, options: CallOptions)
         own_values = v[:, :, query_offset : query_offset + q.size(2)]
         out = out + own_share.to(q.dtype)[..., None] * own_values
     return out, probs if options.need_weights else None
+
+
+def is_unmasked_step(q: Tensor, k: Tensor, options: CallOptions) -> bool:
+    """Whether a call is one query that is the last of its keys, after cached ones
+    (``query_offset > 0``), without key padding and without the weights: for plain terms
+    :func:`path_taken` gives it the fused path and :func:`masking.logit_mask` no mask, so
+    :func:`attend` runs SDPA on it at once."""
+    return (
+        q.size(2) == 1
+        and 0 < options.query_offset == k.size(2) - 1
+        and options.key_padding_mask is None
+        and not options.need_weights
+    )
 
 
 def path_taken(q: Tensor, k: Tensor, terms: Terms, options: CallOptions) -> Path:
