@@ -15,6 +15,7 @@ op; padded tokens removed with ``unpad_input``).
 """
 
 import math
+import sys
 
 import pytest
 import torch
@@ -22,6 +23,11 @@ import torch.nn.functional as F
 
 from fairseq_distattn import functional
 from fairseq_distattn.functional import forgetting_attention, path_attention, softmax_attention
+from fairseq_distattn.functional.path_attention import (
+    CHUNK,
+    _path_logits_by_chunk,
+    _path_logits_by_position,
+)
 
 from .functional_cases import single_thread_torch  # noqa: F401 (autouse: one torch thread in this module)
 
@@ -50,6 +56,15 @@ def padding(batch=B, length=T):
     mask[1, :2] = True
     mask[2, [1, 4, length - 1]] = True
     return mask
+
+
+@pytest.fixture(autouse=True, params=[CHUNK, 4, 1], ids=lambda c: f"chunk{c}")
+def chunk_size(request, monkeypatch):
+    """Every test at the op's chunk (one chunk at these lengths), at 4 (a partial last
+    chunk) and at 1 (every position its own chunk)."""
+    # the package exports the op under the module's name, so reach the module itself
+    monkeypatch.setattr(sys.modules[_path_logits_by_chunk.__module__], "CHUNK", request.param)
+    return request.param
 
 
 def pa(*tensors, **kw):
@@ -201,6 +216,29 @@ def test_beta_zero_with_the_gate_is_fox_with_the_gate_scaled():
     out, _ = pa(q, k, v, w, beta, g, key_padding_mask=mask)
     ref, _ = forgetting_attention(q, k, v, g / math.sqrt(D), key_padding_mask=mask, causal=True)
     torch.testing.assert_close(out, ref, **CLOSE)
+
+
+@pytest.mark.parametrize(
+    "tgt_len, src_len, query_offset",
+    [(9, 9, 0), (1, 9, 8), (3, 12, 5), (17, 20, 3), (4, 11, 2), (0, 5, 0), (1, 1, 0)],
+)
+def test_chunked_form_equals_the_carry_by_position(chunk_size, tgt_len, src_len, query_offset):
+    """The op's chunked UT form against the plain loop, on every causal entry, with
+    beta at 0, 1 (H_t singular) and 2 and a zero w (a padded position) among the
+    positions; the loop leaves the hidden entries unspecified, the chunked form 0."""
+    generator = torch.Generator().manual_seed(tgt_len * 100 + src_len)
+    q = torch.randn(2, 3, tgt_len, 5, generator=generator, dtype=DTYPE)
+    k = torch.randn(2, 3, src_len, 5, generator=generator, dtype=DTYPE)
+    w = F.normalize(torch.randn(2, 3, src_len, 5, generator=generator, dtype=DTYPE), dim=-1)
+    beta = 2 * torch.sigmoid(torch.randn(2, 3, src_len, generator=generator, dtype=DTYPE))
+    beta[..., ::4], beta[..., 1::4] = 1.0, 2.0
+    beta[..., 2::5], w[..., 2::5, :] = 0.0, 0.0
+    visible = torch.arange(src_len) <= (query_offset + torch.arange(tgt_len))[:, None]
+    chunked = _path_logits_by_chunk(q, k, w, beta, query_offset, chunk_size)
+    by_position = _path_logits_by_position(q, k, w, beta, query_offset)
+    assert chunked.shape == by_position.shape == (2, 3, tgt_len, src_len)
+    torch.testing.assert_close(chunked * visible, by_position * visible, **CLOSE)
+    assert (chunked.masked_select(~visible) == 0).all()
 
 
 # --------------------------------------------------------------------------

@@ -62,13 +62,17 @@ already unit-norm ``w`` is unchanged, and fla's eps (1e-6 inside the square root
 not added, so the result differs from fla's layer by a relative ~5e-7 for unit-norm
 projections, more only for ``||w||`` near 1e-3 or below (a zero ``w`` gives H = I
 here). ``beta`` is taken as given (not checked: reading its values would wait for the
-device); ``beta`` in [0, 2] keeps every H_t a contraction. The queries are carried
-back one position at a time (a loop over key positions, each step one rank-one update
-of every query row: O(Tq Tk D) work, no D x D matrices), rather than by a cumulative
-matrix product: H_t is singular where beta_t = 1, so a prefix product cannot be
-divided out, and the chunked UT form of fla is a speed device, not needed for a
-reference. Logits are formed in :func:`attention.logit_dtype` (float32 for half
-inputs); the output and the weights are in the input dtype.
+device); ``beta`` in [0, 2] keeps every H_t a contraction.
+
+The op computes fla's chunked form (the UT transform, chunks of :data:`CHUNK`
+positions: :func:`_path_logits_by_chunk`); beside it,
+:func:`_path_logits_by_position` is the plain definition the tests hold it to, each
+query carried back one position at a time (a loop over key positions, one rank-one
+update of every query row per step). Both are O(Tq Tk D) work with no D x D matrices,
+and neither divides a prefix product out (H_t is singular where beta_t = 1); the
+chunked form runs Tk / CHUNK Python steps instead of Tk, which is what makes long
+evaluations feasible. Logits are formed in :func:`attention.logit_dtype` (float32 for
+half inputs); the output and the weights are in the input dtype.
 
 Padding: a padded position's ``beta`` and ``w`` are set to 0 (H_t = I) and its log
 gate to 0, so it changes no other pair's transform and decays nothing, which is what
@@ -102,6 +106,7 @@ from .masking import (
 from .terms import Terms
 
 NORM_EPS = 1e-12  # the floor on ||w|| when normalising (F.normalize's default)
+CHUNK = 64  # positions per chunk of the UT form (fla's naive reference and kernels use 64)
 
 
 def _check_per_position(name: str, tensor: Optional[Tensor], shape: Tuple[int, ...], wanted: str, q: Tensor) -> None:
@@ -114,10 +119,10 @@ def _check_per_position(name: str, tensor: Optional[Tensor], shape: Tuple[int, .
         raise ValueError(f"{name} must be {wanted} = {shape}, one per key position, got {tuple(tensor.shape)}")
 
 
-def _path_logits(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, query_offset: int) -> Tensor:
+def _path_logits_by_position(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, query_offset: int) -> Tensor:
     """``[B, H, Tq, Tk]``: entry (i, j) is ``q_i^T H_p ... H_{j+1} k_j`` for ``j <= p =
     query_offset + i`` (``q_i^T k_i`` on ``j = p``), with ``H_t = I - beta_t w_t w_t^T``;
-    entries with ``j > p`` are 0 (the causal mask hides them). All in one floating dtype;
+    entries with ``j > p`` are left unspecified (the causal mask hides them). All in one floating dtype;
     ``query_offset + Tq <= Tk``; unchecked.
 
     Carries every query back from its own position: after the step for key j, row i
@@ -139,6 +144,81 @@ def _path_logits(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, query_offset: in
     if not columns:
         return q.new_zeros(batch, heads, tgt_len, src_len)
     logits = torch.stack(columns, dim=-1)
+    return F.pad(logits, (0, src_len - last)) if src_len > last else logits
+
+
+def _carry_operators(w: Tensor, beta: Tensor) -> Tuple[Tensor, Tensor]:
+    """Per chunk (``w`` ``[B, H, N, C, D]``, ``beta`` ``[B, H, N, C]``): the chunk's
+    lower and upper unit-triangular matrices ``I + strictly_lower(G diag(beta))`` and
+    ``I + strictly_upper(G diag(beta))``, ``G = W W^T``. Solving against the lower one
+    gives the coefficients a row vector collects while it is carried back over the
+    chunk's positions (last position first); the upper one, a key carried forward."""
+    eye = torch.eye(w.size(-2), dtype=w.dtype, device=w.device)
+    scaled = (w @ w.transpose(-1, -2)) * beta[..., None, :]  # column t scaled by beta_t
+    return eye + scaled.tril(-1), eye + scaled.triu(1)
+
+
+def _path_logits_by_chunk(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, query_offset: int, chunk: int) -> Tensor:
+    """:func:`_path_logits_by_position` in flash-linear-attention's chunked form (the UT transform of
+    ``fla/ops/path_attn/naive.py``): the positions in chunks of ``chunk``, the product of
+    a chunk's matrices ``I - W^T diag(beta) L^{-1} W`` (``L`` its lower matrix), so the
+    carry back runs over chunks, not positions. Same contract and result to rounding.
+
+    Within a chunk, a query at position p collects ``a_pt = beta_t (u . w_t)`` from every
+    position t <= p of its chunk as it is carried back; ``a_pt`` does not depend on where
+    the carry stops, so ``logit_pj = q_p . k_j - sum_{t=j+1}^{p} a_pt (w_t . k_j)``. Across
+    chunks, the query carried to its chunk's first position crosses every chunk in between
+    whole and meets the key carried forward to its own chunk's last position."""
+    batch, heads, tgt_len, dim = q.shape
+    src_len = k.size(2)
+    last = query_offset + tgt_len
+    if tgt_len == 0:
+        return q.new_zeros(batch, heads, 0, src_len)
+    chunk = min(chunk, last)
+    count = -(-last // chunk)
+    extra = count * chunk - last  # padded positions: w = beta = 0, H = I, hidden keys
+
+    def by_chunk(x: Tensor) -> Tensor:
+        x = x[:, :, :last]
+        x = F.pad(x, (0, extra) if x.dim() == 3 else (0, 0, 0, extra))
+        return x.reshape(batch, heads, count, chunk, *x.shape[3:])
+
+    keys, directions, strengths = by_chunk(k), by_chunk(w), by_chunk(beta)
+    lower, upper = _carry_operators(directions, strengths)
+    key_rows = (keys @ directions.transpose(-1, -2)).triu(1) * strengths[..., None, :]
+    key_coeffs = torch.linalg.solve_triangular(upper, key_rows, upper=True, left=False, unitriangular=True)
+    keys_at_end = keys - key_coeffs @ directions
+    crossing = strengths[..., None] * torch.linalg.solve_triangular(lower, directions, upper=False, unitriangular=True)
+
+    first = query_offset // chunk  # the chunks holding queries: first .. count - 1
+    queries = F.pad(q, (0, 0, query_offset - first * chunk, extra)).reshape(batch, heads, count - first, chunk, dim)
+    held = directions[:, :, first:]
+    query_rows = (queries @ held.transpose(-1, -2)).tril() * strengths[:, :, first:, None, :]
+    collected = torch.linalg.solve_triangular(
+        lower[:, :, first:], query_rows, upper=False, left=False, unitriangular=True
+    )
+    local = (
+        queries @ keys[:, :, first:].transpose(-1, -2)
+        - collected @ (held @ keys[:, :, first:].transpose(-1, -2)).tril(-1)
+    ).tril()
+    at_start = queries - collected @ held
+
+    zeros = q.new_zeros(batch, heads, 1, chunk, chunk)
+    columns = [None] * count
+    moving = at_start[:, :, :0]  # the query chunks after the column's, carried back to it
+    for c in range(count - 1, -1, -1):
+        blocks = [zeros.expand(-1, -1, max(c - first, 0), -1, -1)]
+        if c >= first:
+            blocks.append(local[:, :, c - first, None])
+        if moving.size(2):
+            blocks.append(moving @ keys_at_end[:, :, c, None].transpose(-1, -2))
+            moving = moving - (moving @ directions[:, :, c, None].transpose(-1, -2)) @ crossing[:, :, c, None]
+        if c >= first:
+            moving = torch.cat([at_start[:, :, c - first, None], moving], dim=2)
+        columns[c] = torch.cat(blocks, dim=2)
+    logits = torch.stack(columns, dim=-2).reshape(batch, heads, (count - first) * chunk, count * chunk)
+    start = query_offset - first * chunk
+    logits = logits[:, :, start : start + tgt_len, :last]
     return F.pad(logits, (0, src_len - last)) if src_len > last else logits
 
 
@@ -177,7 +257,7 @@ def path_terms(
             directions = directions.masked_fill(padded[..., None], 0.0)
             strengths = strengths.masked_fill(padded, 0.0)
             gates = None if gates is None else gates.masked_fill(padded, 0.0)
-        logits = _path_logits(q.to(compute) * scale, k.to(compute), directions, strengths, query_offset)
+        logits = _path_logits_by_chunk(q.to(compute) * scale, k.to(compute), directions, strengths, query_offset, CHUNK)
         if gates is not None:
             cumulative = torch.cumsum(gates, dim=-1)
             rows = cumulative[..., query_offset : query_offset + tgt_len]
