@@ -88,6 +88,23 @@ def best_validation(curve: Sequence[Dict[str, float]]) -> Dict[str, Optional[flo
     }
 
 
+# fairseq-train's last line of a run that reached its --max-update (or --max-epoch)
+TRAINING_DONE = re.compile(r"\| fairseq_cli\.train \| done training in ")
+
+
+def train_once(command: Sequence[object], train_log: Path, env: Dict[str, str]) -> None:
+    """Run fairseq-train ``command``, logged to ``train_log``, unless the log's last
+    fairseq-train segment finished: fairseq resumed from a checkpoint_last at
+    --max-update trains one update more (and logs one validation more) before it
+    checks the limit, so a run stopped after training, while it was evaluated, would
+    otherwise record a budget it did not have."""
+    if train_log.is_file():
+        parts = re.split(r"^\$ .*fairseq-train.*$", train_log.read_text(encoding="utf-8"), flags=re.M)
+        if len(parts) > 1 and TRAINING_DONE.search(parts[-1]):
+            return
+    run(command, train_log, env)
+
+
 def train_keeping_best(command: Sequence[object], run_dir: Path, env: Dict[str, str]) -> Path:
     """``run_dir/checkpoint_best.pt`` of fairseq-train ``command`` (whose ``--save-dir`` is
     ``run_dir/checkpoints``; logged to ``run_dir/train.log``), the other checkpoints deleted:
@@ -95,7 +112,7 @@ def train_keeping_best(command: Sequence[object], run_dir: Path, env: Dict[str, 
     already (trained, stopped before its run file was written) is not trained again."""
     best, save_dir = run_dir / "checkpoint_best.pt", run_dir / "checkpoints"
     if not best.is_file():
-        run(command, run_dir / "train.log", env)
+        train_once(command, run_dir / "train.log", env)
         os.replace(save_dir / "checkpoint_best.pt", best)
         for path in save_dir.glob("*.pt"):
             path.unlink()

@@ -55,6 +55,7 @@ from ..harness.training import (
     mechanism_parameters,
     optimizer,
     routine,
+    train_once,
     train_wall,
     validation_curve,
 )
@@ -267,7 +268,7 @@ def train_run(
     train_log = run_dir / "train.log"
     started = time.time()
     precision_env = PRECISION[precision][1]
-    run(train_args(config, scale, seed, data_bin, checkpoints, precision), train_log, {**env, **precision_env})
+    train_once(train_args(config, scale, seed, data_bin, checkpoints, precision), train_log, {**env, **precision_env})
     log_text = train_log.read_text(encoding="utf-8")
     train_wall_s = train_wall(log_text, started)
     averaged = run_dir / "averaged.pt"
