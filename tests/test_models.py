@@ -93,6 +93,50 @@ def test_incremental_beam_decoding_matches_full_forward(kind, mechanism, device)
     torch.testing.assert_close(torch.stack(incremental, dim=1), full, **TOLERANCE)
 
 
+DECODER_MECHANISMS = sorted(DECODER_SELF.allowed - {"vanilla"})
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mechanism", DECODER_MECHANISMS)
+def test_beam_decoding_without_grad_appends_into_the_reorders_room(mechanism, device, monkeypatch):
+    """As fairseq-generate decodes (no autograd, a reorder before every step): each step's
+    keys go into the room its reorder left (modules/decoding_cache.py), and the steps
+    still equal the full forward pass."""
+    from fairseq_distattn.modules import decoding_cache, multihead_attention
+
+    into_room = []
+
+    def spied(cached, new):
+        into_room.append(getattr(cached, decoding_cache.ROOM, 0) >= new.size(2))
+        return decoding_cache.appended(cached, new)
+
+    monkeypatch.setattr(multihead_attention, "appended", spied)
+    model, d = translation_model(extra=spec_flags(DECODER_SELF, mechanism))
+    model = model.to(device).eval()
+    model.decoder.set_beam_size(2)
+    src_tokens, src_lengths = source_batch(d, rows=2)
+    src_tokens, src_lengths = src_tokens.repeat_interleave(2, 0).to(device), src_lengths.repeat_interleave(2).to(device)
+    steps = 5
+    targets = random_tokens(d, 4, steps, seed=11).to(device)
+    targets[:, 0] = d.eos()
+    orders = [torch.tensor(order, device=device) for order in ([1, 0, 2, 3], [1, 1, 3, 2], [0, 0, 2, 2], [1, 0, 3, 3])]
+    with torch.no_grad():
+        encoder_out = model.encoder(src_tokens, src_lengths)
+        incremental_state, incremental = {}, []
+        for step in range(steps):
+            if step:
+                order = orders[step - 1]
+                encoder_out = model.encoder.reorder_encoder_out(encoder_out, order)
+                model.decoder.reorder_incremental_state_scripting(incremental_state, order)
+                incremental = [out[order] for out in incremental]
+                targets = torch.cat([targets[order, :step], targets[:, step:]], dim=1)
+            out = model.decoder(targets[:, : step + 1], encoder_out=encoder_out, incremental_state=incremental_state)[0]
+            incremental.append(out[:, -1])
+        full = full_decoder_output(model, src_tokens, src_lengths, targets)
+    torch.testing.assert_close(torch.stack(incremental, dim=1), full, **TOLERANCE)
+    assert into_room and all(into_room)  # every append after the first step, of every cached tensor
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind,mechanism", CASES, ids=[f"{k.flag[2:]}:{m}" for k, m in CASES])
 def test_sentence_output_is_independent_of_batch_padding(kind, mechanism, device):

@@ -21,6 +21,7 @@ from ..functional.position_tables import forget_tables_by_distance
 from ..functional.randomized_positions import sample_distances, sample_positions
 from ..mechanisms import Stack, build_mechanism
 from ..spec import AttentionOptions
+from .decoding_cache import appended, reordered_with_room
 
 RANDOMIZED_DECODING = (
     "--randomized-positions-at-evaluation: incremental decoding cannot draw randomized positions (a step does "
@@ -109,6 +110,22 @@ class MechanismMultiheadAttention(MultiheadAttention):
         # plain per-hypothesis reorder (beam_size 1) is the correct one.
         pass
 
+    def reorder_incremental_state(
+        self, incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]], new_order: Tensor
+    ):
+        """fairseq's reorder (beam search, before every step), but the keys a self-attention
+        step appends to are reordered into a buffer with room for the next step's
+        (:mod:`.decoding_cache`): that step then copies one position, not the whole cache."""
+        if not self.self_attention:
+            return super().reorder_incremental_state(incremental_state, new_order)
+        buffer = self._get_input_buffer(incremental_state)
+        for name, cached in buffer.items():
+            if cached is None:
+                continue
+            appends = self._is_cached_key(name) and cached.dim() == 4
+            buffer[name] = reordered_with_room(cached, new_order) if appends else cached.index_select(0, new_order)
+        return self._set_input_buffer(incremental_state, buffer)
+
     def _heads(self, x: Tensor) -> Tensor:
         """[T, B, E] -> [B, H, T, D]."""
         length, bsz, _ = x.shape
@@ -183,7 +200,7 @@ class MechanismMultiheadAttention(MultiheadAttention):
             if saved_state is not None:
                 for name in keys:
                     if cached:
-                        keys[name] = torch.cat([saved_state[f"prev_{name}"], keys[name]], dim=2)
+                        keys[name] = appended(saved_state[f"prev_{name}"], keys[name])
                     saved_state[f"prev_{name}"] = keys[name]
                 saved_state["prev_key_padding_mask"] = key_padding_mask
         if key_padding_mask is not None:
