@@ -28,7 +28,7 @@ def reordered_with_room(cached: Tensor, order: Tensor) -> Tensor:
         return cached.index_select(0, order)
     heads, length, width = cached.shape[1:]
     buffer = cached.new_empty(order.numel(), heads, length + 1, width)
-    reordered = buffer[:, :, :length]
+    reordered = buffer.as_strided((order.numel(), heads, length, width), buffer.stride())
     torch.index_select(cached, 0, order, out=reordered)
     setattr(reordered, ROOM, 1)
     return reordered
@@ -42,6 +42,7 @@ def appended(cached: Tensor, new: Tensor) -> Tensor:
     recorded = torch.is_grad_enabled() and (cached.requires_grad or new.requires_grad)
     if recorded or getattr(cached, ROOM, 0) < count:
         return torch.cat([cached, new], dim=2)
-    grown = cached.as_strided((cached.size(0), cached.size(1), length + count, cached.size(3)), cached.stride())
-    grown[:, :, length:].copy_(new)
-    return grown
+    batch, heads, _, width = cached.shape
+    stride = cached.stride()
+    cached.as_strided(new.shape, stride, cached.storage_offset() + length * stride[2]).copy_(new)
+    return cached.as_strided((batch, heads, length + count, width), stride)

@@ -96,6 +96,9 @@ class MechanismMultiheadAttention(MultiheadAttention):
         # read at every call (a decoding step's Python costs as much as its arithmetic): plain attributes
         self.has_extra_queries = bool(self.mechanism.extra_queries)
         self.has_extra_keys = bool(self.mechanism.extra_keys)
+        # the incremental state's entries that hold keys (appended at each step of self-attention)
+        appended = ("key", "value", *self.extra_key_proj, *self.mechanism.info.layer_inputs)
+        self.cached_key_names = frozenset(f"prev_{name}" for name in appended)
 
     def train(self, mode: bool = True):
         # fairseq's optimizers step through p.data, unseen by the tables memoised for
@@ -299,8 +302,7 @@ class MechanismMultiheadAttention(MultiheadAttention):
         return torch.cat(outputs, dim=2), torch.cat(weights, dim=2) if options.need_weights else None
 
     def _is_cached_key(self, name: str) -> bool:
-        cached = ("key", "value", *self.extra_key_proj, *self.mechanism.info.layer_inputs)
-        return name.startswith("prev_") and name[len("prev_") :] in cached
+        return name in self.cached_key_names
 
 
 def cache_recompute_lengths(decoder: nn.Module) -> FrozenSet[int]:
