@@ -97,8 +97,8 @@ class MechanismMultiheadAttention(MultiheadAttention):
         self.has_extra_queries = bool(self.mechanism.extra_queries)
         self.has_extra_keys = bool(self.mechanism.extra_keys)
         # the incremental state's entries that hold keys (appended at each step of self-attention)
-        appended = ("key", "value", *self.extra_key_proj, *self.mechanism.info.layer_inputs)
-        self.cached_key_names = frozenset(f"prev_{name}" for name in appended)
+        key_names = ("key", "value", *self.extra_key_proj, *self.mechanism.info.layer_inputs)
+        self.cached_key_names = frozenset(f"prev_{name}" for name in key_names)
 
     def train(self, mode: bool = True):
         # fairseq's optimizers step through p.data, unseen by the tables memoised for
