@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.diagnostics import parameter_movement
+from benchmarks.harness import training
 from benchmarks.quality import lm as lm_quality
 from benchmarks.quality import lm_extrapolation, lm_finetune, lm_longrope, methods, mt_grid
 from benchmarks.quality import mt as quality
@@ -193,6 +194,7 @@ def test_the_training_precision_reaches_fairseq_train_and_only_it(precision, fla
         raise _Stop
 
     monkeypatch.setattr(quality, "run", fake_run)
+    monkeypatch.setattr(training, "run", fake_run)  # fairseq-train runs through training.train_once
     monkeypatch.delenv("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", raising=False)
     base_env = {"OMP_NUM_THREADS": "1"}
     with pytest.raises(_Stop):
