@@ -527,21 +527,27 @@ def test_validation_curve_reads_each_criterions_fields_once_per_update():
 
 
 def test_train_once_does_not_resume_a_finished_training(tmp_path):
-    """A log whose last fairseq-train segment finished is not trained again (fairseq would
-    train one update past --max-update); an interrupted segment, or none, is."""
+    """A log whose last fairseq-train segment finished, with its checkpoints, is not trained
+    again (fairseq would train one update past --max-update); an interrupted segment, none,
+    or a finished one whose checkpoints are gone (a run evaluated and cleaned up) is."""
     import sys
 
-    train_log = tmp_path / "train.log"
+    train_log, save_dir = tmp_path / "train.log", tmp_path / "checkpoints"
     fails = [sys.executable, "-c", "raise SystemExit(1)", "fairseq-train"]
     with pytest.raises(RuntimeError):
-        training.train_once(fails, train_log, {})  # no finished segment yet: it runs
+        training.train_once(fails, train_log, {}, save_dir)  # no finished segment yet: it runs
     finishes = [sys.executable, "-c", "print('2026 | INFO | fairseq_cli.train | done training in 3.0 seconds')"]
-    training.train_once([*finishes, "fairseq-train"], train_log, {})
-    training.train_once(fails, train_log, {})  # finished: not run
+    training.train_once([*finishes, "fairseq-train"], train_log, {}, save_dir)
+    with pytest.raises(RuntimeError):
+        training.train_once(fails, train_log, {}, save_dir)  # finished, but no checkpoints left: it runs
+    save_dir.mkdir()
+    (save_dir / "checkpoint_last.pt").write_bytes(b"")
+    training.train_once([*finishes, "fairseq-train"], train_log, {}, save_dir)
+    training.train_once(fails, train_log, {}, save_dir)  # finished, checkpoints there: not run
     with open(train_log, "a", encoding="utf-8") as log_file:
         log_file.write("$ fairseq-train --seed 1\nepoch 001 | loss 3.2\n")  # a later attempt, cut off
     with pytest.raises(RuntimeError):
-        training.train_once(fails, train_log, {})
+        training.train_once(fails, train_log, {}, save_dir)
 
 
 def test_train_keeping_best_keeps_the_best_checkpoint_alone_and_trains_once(tmp_path):

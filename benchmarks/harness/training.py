@@ -92,13 +92,14 @@ def best_validation(curve: Sequence[Dict[str, float]]) -> Dict[str, Optional[flo
 TRAINING_DONE = re.compile(r"\| fairseq_cli\.train \| done training in ")
 
 
-def train_once(command: Sequence[object], train_log: Path, env: Dict[str, str]) -> None:
-    """Run fairseq-train ``command``, logged to ``train_log``, unless the log's last
-    fairseq-train segment finished: fairseq resumed from a checkpoint_last at
-    --max-update trains one update more (and logs one validation more) before it
-    checks the limit, so a run stopped after training, while it was evaluated, would
-    otherwise record a budget it did not have."""
-    if train_log.is_file():
+def train_once(command: Sequence[object], train_log: Path, env: Dict[str, str], save_dir: Path) -> None:
+    """Run fairseq-train ``command`` (saving to ``save_dir``), logged to ``train_log``,
+    unless the log's last fairseq-train segment finished and its checkpoints are still
+    there: fairseq resumed from a checkpoint_last at --max-update trains one update more
+    (and logs one validation more) before it checks the limit, so a run stopped after
+    training, while it was evaluated, would otherwise record a budget it did not have.
+    Without the checkpoints (a run evaluated and cleaned up, asked for again) it trains."""
+    if train_log.is_file() and (save_dir / "checkpoint_last.pt").is_file():
         parts = re.split(r"^\$ .*fairseq-train.*$", train_log.read_text(encoding="utf-8"), flags=re.M)
         if len(parts) > 1 and TRAINING_DONE.search(parts[-1]):
             return
@@ -112,7 +113,7 @@ def train_keeping_best(command: Sequence[object], run_dir: Path, env: Dict[str, 
     already (trained, stopped before its run file was written) is not trained again."""
     best, save_dir = run_dir / "checkpoint_best.pt", run_dir / "checkpoints"
     if not best.is_file():
-        train_once(command, run_dir / "train.log", env)
+        train_once(command, run_dir / "train.log", env, save_dir)
         os.replace(save_dir / "checkpoint_best.pt", best)
         for path in save_dir.glob("*.pt"):
             path.unlink()

@@ -268,7 +268,8 @@ def train_run(
     train_log = run_dir / "train.log"
     started = time.time()
     precision_env = PRECISION[precision][1]
-    train_once(train_args(config, scale, seed, data_bin, checkpoints, precision), train_log, {**env, **precision_env})
+    command = train_args(config, scale, seed, data_bin, checkpoints, precision)
+    train_once(command, train_log, {**env, **precision_env}, checkpoints)
     log_text = train_log.read_text(encoding="utf-8")
     train_wall_s = train_wall(log_text, started)
     averaged = run_dir / "averaged.pt"
