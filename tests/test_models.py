@@ -63,34 +63,37 @@ def source_batch(d, rows=4, seed=0):
     return left_pad(sentences, d.pad()), torch.tensor(lengths)
 
 
+def beam_decoded(model, d, device, steps, seed, orders):
+    """``(incremental, full)``: the decoder's outputs over ``steps`` target positions of two
+    sentences x two hypotheses (rows 2k and 2k+1 share a source), decoded one step at a
+    time with fairseq's reorder before the steps ``orders`` names (step -> new hypothesis
+    order), and the full forward pass over the targets as reordered."""
+    model.decoder.set_beam_size(2)  # what fairseq's SequenceGenerator does before decoding
+    src_tokens, src_lengths = source_batch(d, rows=2)
+    src_tokens, src_lengths = src_tokens.repeat_interleave(2, 0).to(device), src_lengths.repeat_interleave(2).to(device)
+    targets = random_tokens(d, 4, steps, seed=seed).to(device)
+    targets[:, 0] = d.eos()
+    encoder_out = model.encoder(src_tokens, src_lengths)
+    incremental_state, incremental = {}, []
+    for step in range(steps):
+        if step in orders:
+            order = torch.tensor(orders[step], device=device)
+            encoder_out = model.encoder.reorder_encoder_out(encoder_out, order)
+            model.decoder.reorder_incremental_state_scripting(incremental_state, order)
+            incremental = [out[order] for out in incremental]
+            targets = torch.cat([targets[order, :step], targets[:, step:]], dim=1)
+        out = model.decoder(targets[:, : step + 1], encoder_out=encoder_out, incremental_state=incremental_state)[0]
+        incremental.append(out[:, -1])
+    return torch.stack(incremental, dim=1), full_decoder_output(model, src_tokens, src_lengths, targets)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind,mechanism", CASES, ids=[f"{k.flag[2:]}:{m}" for k, m in CASES])
 def test_incremental_beam_decoding_matches_full_forward(kind, mechanism, device):
     model, d = translation_model(extra=spec_flags(kind, mechanism))
-    model = model.to(device)
-    model.decoder.set_beam_size(2)  # what fairseq's SequenceGenerator does before decoding
-    # two sentences x two hypotheses; rows 2k and 2k+1 share a source
-    src_tokens, src_lengths = source_batch(d, rows=2)
-    src_tokens, src_lengths = src_tokens.repeat_interleave(2, 0).to(device), src_lengths.repeat_interleave(2).to(device)
-    steps = 6
-    targets = random_tokens(d, 4, steps, seed=7).to(device)
-    targets[:, 0] = d.eos()
-    reorder_at = 3
-    new_order = torch.tensor([1, 1, 3, 2], device=device)  # hypothesis 0 continues hypothesis 1, etc.
-
-    encoder_out = model.encoder(src_tokens, src_lengths)
-    incremental_state = {}
-    incremental = []
-    for step in range(steps):
-        if step == reorder_at:
-            encoder_out = model.encoder.reorder_encoder_out(encoder_out, new_order)
-            model.decoder.reorder_incremental_state_scripting(incremental_state, new_order)
-            incremental = [out[new_order] for out in incremental]
-            targets = torch.cat([targets[new_order, :step], targets[:, step:]], dim=1)
-        out = model.decoder(targets[:, : step + 1], encoder_out=encoder_out, incremental_state=incremental_state)[0]
-        incremental.append(out[:, -1])
-    full = full_decoder_output(model, src_tokens, src_lengths, targets)
-    torch.testing.assert_close(torch.stack(incremental, dim=1), full, **TOLERANCE)
+    # at step 3, hypothesis 0 continues hypothesis 1, etc.
+    incremental, full = beam_decoded(model.to(device), d, device, steps=6, seed=7, orders={3: [1, 1, 3, 2]})
+    torch.testing.assert_close(incremental, full, **TOLERANCE)
 
 
 DECODER_MECHANISMS = sorted(DECODER_SELF.allowed - {"vanilla"})
@@ -112,28 +115,10 @@ def test_beam_decoding_without_grad_appends_into_the_reorders_room(mechanism, de
 
     monkeypatch.setattr(multihead_attention, "appended", spied)
     model, d = translation_model(extra=spec_flags(DECODER_SELF, mechanism))
-    model = model.to(device).eval()
-    model.decoder.set_beam_size(2)
-    src_tokens, src_lengths = source_batch(d, rows=2)
-    src_tokens, src_lengths = src_tokens.repeat_interleave(2, 0).to(device), src_lengths.repeat_interleave(2).to(device)
-    steps = 5
-    targets = random_tokens(d, 4, steps, seed=11).to(device)
-    targets[:, 0] = d.eos()
-    orders = [torch.tensor(order, device=device) for order in ([1, 0, 2, 3], [1, 1, 3, 2], [0, 0, 2, 2], [1, 0, 3, 3])]
+    orders = {1: [1, 0, 2, 3], 2: [1, 1, 3, 2], 3: [0, 0, 2, 2], 4: [1, 0, 3, 3]}
     with torch.no_grad():
-        encoder_out = model.encoder(src_tokens, src_lengths)
-        incremental_state, incremental = {}, []
-        for step in range(steps):
-            if step:
-                order = orders[step - 1]
-                encoder_out = model.encoder.reorder_encoder_out(encoder_out, order)
-                model.decoder.reorder_incremental_state_scripting(incremental_state, order)
-                incremental = [out[order] for out in incremental]
-                targets = torch.cat([targets[order, :step], targets[:, step:]], dim=1)
-            out = model.decoder(targets[:, : step + 1], encoder_out=encoder_out, incremental_state=incremental_state)[0]
-            incremental.append(out[:, -1])
-        full = full_decoder_output(model, src_tokens, src_lengths, targets)
-    torch.testing.assert_close(torch.stack(incremental, dim=1), full, **TOLERANCE)
+        incremental, full = beam_decoded(model.to(device).eval(), d, device, steps=5, seed=11, orders=orders)
+    torch.testing.assert_close(incremental, full, **TOLERANCE)
     assert into_room and all(into_room)  # every append after the first step, of every cached tensor
 
 

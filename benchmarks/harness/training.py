@@ -100,8 +100,8 @@ def train_once(command: Sequence[object], train_log: Path, env: Dict[str, str], 
     training, while it was evaluated, would otherwise record a budget it did not have.
     Without the checkpoints (a run evaluated and cleaned up, asked for again) it trains."""
     if train_log.is_file() and (save_dir / "checkpoint_last.pt").is_file():
-        parts = re.split(r"^\$ .*fairseq-train.*$", train_log.read_text(encoding="utf-8"), flags=re.M)
-        if len(parts) > 1 and TRAINING_DONE.search(parts[-1]):
+        segments = fairseq_train_segments(train_log.read_text(encoding="utf-8"))
+        if segments and TRAINING_DONE.search(segments[-1]):
             return
     run(command, train_log, env)
 
@@ -137,11 +137,8 @@ def training_wall_seconds(train_log: str) -> Optional[float]:
     counts its meter's last ``wall`` value; fairseq 0.12 restores that meter from the
     checkpoint stopped, so a resumed segment reads ``wall=0`` throughout, and then
     counts the span between its first and last log timestamps instead."""
-    # re.split with a group alternates [before, command, output, command, output, ...]
-    parts = re.split(r"^(\$ .*)$", train_log, flags=re.M)
-    segments = [output for command, output in zip(parts[1::2], parts[2::2]) if "fairseq-train" in command]
     walls = []
-    for segment in segments:
+    for segment in fairseq_train_segments(train_log):
         values = [float(value) for value in TRAIN_WALL.findall(segment)]
         stamps = [datetime.datetime.fromisoformat(stamp) for stamp in LOG_TIME.findall(segment)]
         if values and values[-1] > 0:
@@ -149,6 +146,14 @@ def training_wall_seconds(train_log: str) -> Optional[float]:
         elif values and len(stamps) > 1:
             walls.append((stamps[-1] - stamps[0]).total_seconds())
     return sum(walls) if walls else None
+
+
+def fairseq_train_segments(train_log: str) -> List[str]:
+    """The output of each ``$ fairseq-train`` command of a log (:func:`process.run` writes
+    the command line before its output), in order; another command's output ends one."""
+    # re.split with a group alternates [before, command, output, command, output, ...]
+    parts = re.split(r"^(\$ .*)$", train_log, flags=re.M)
+    return [output for command, output in zip(parts[1::2], parts[2::2]) if "fairseq-train" in command]
 
 
 def mechanism_parameters(checkpoint: Path, data_bin: Path, log_path: Path, env: Dict[str, str]) -> Dict[str, Dict]:
