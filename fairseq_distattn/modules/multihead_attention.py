@@ -178,57 +178,21 @@ class MechanismMultiheadAttention(MultiheadAttention):
                 key = value = query
             keys = self._project_keys(key, value)
             if saved_state is not None:
-                cached = "prev_key" in saved_state
-                query_offset = saved_state["prev_key"].size(2) if cached else 0
-                key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
-                    key_padding_mask=key_padding_mask,
-                    prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
-                    batch_size=bsz,
-                    src_len=query_offset + keys["key"].size(2),
-                    static_kv=static_kv,
+                query_offset, key_padding_mask = self._offset_and_padding(
+                    saved_state, key_padding_mask, bsz, keys["key"].size(2), static_kv
                 )
-                if key_padding_mask is not None and not bool(key_padding_mask.any()):
-                    # fairseq keeps extending a key padding mask once one was passed, also after beam
-                    # reordering has dropped every padded row. An all-False mask masks nothing, so it is
-                    # neither used nor cached: the later steps then carry none, and skip its extension,
-                    # its reordering and the positions read through it (as fairseq's encoder drops it)
-                    key_padding_mask = None
-            position_map = self._draw_position_map(saved_state, query.size(0), keys["key"].size(2))
-            if position_map is None:
-                queries, keys = self.mechanism.encode_positions(queries, keys, key_padding_mask, query_offset)
-            else:
-                queries, keys = self.mechanism.encode_positions(
-                    queries, keys, key_padding_mask, query_offset, position_map=position_map
-                )
+            position_map = self._draw_position_map(saved_state, tgt_len, keys["key"].size(2))
+            queries, keys = self.mechanism.encode_positions(
+                queries, keys, key_padding_mask, query_offset, position_map=position_map
+            )
             if saved_state is not None:
-                for name in keys:
-                    if cached:
-                        keys[name] = appended(saved_state[f"prev_{name}"], keys[name])
-                    saved_state[f"prev_{name}"] = keys[name]
-                saved_state["prev_key_padding_mask"] = key_padding_mask
+                keys = self._cached(saved_state, keys, key_padding_mask)
         if key_padding_mask is not None:
             key_padding_mask = key_padding_mask.to(torch.bool)
 
-        # fairseq's protocol: --retain-dropout (FairseqDropout.apply_during_inference) keeps it in eval mode
-        dropout = self.dropout_module
-        dropout_p = dropout.p if self.training or dropout.apply_during_inference else 0.0
-        # the path is chosen by functional.paths.choose_path on the mechanism's terms, for the call and for
-        # the recompute decision alike
-        flex, flex_from = module_flex(self.attention_flex, self.recompute_length, self.flex_on_cpu)
-        options = CallOptions(
-            key_padding_mask,
-            self.causal,
-            query_offset,
-            dropout_p,
-            need_weights,
-            flex,
-            position_map=position_map,
-            flex_from=flex_from,
+        out, probs = self._attend(
+            queries, keys, self._call_options(key_padding_mask, query_offset, need_weights, position_map), saved_state
         )
-        if saved_state is None and self._recomputes_in_row_blocks(queries, keys, options):
-            out, probs = self._attend_in_recomputed_chunks(queries, keys, options)
-        else:
-            out, probs = self.mechanism(queries, keys, options, saved_state)
         if saved_state is not None:
             self._set_input_buffer(incremental_state, saved_state)
 
@@ -239,6 +203,63 @@ class MechanismMultiheadAttention(MultiheadAttention):
             if not need_head_weights:
                 weights = weights.mean(dim=0)
         return out, weights
+
+    def _offset_and_padding(
+        self, saved_state, key_padding_mask: Optional[Tensor], bsz: int, new_keys: int, static_kv: bool
+    ) -> Tuple[int, Optional[Tensor]]:
+        """(where this call's queries start in the cached sequence, that whole sequence's key
+        padding mask): fairseq's extension of the cached mask by the call's."""
+        query_offset = saved_state["prev_key"].size(2) if "prev_key" in saved_state else 0
+        key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
+            key_padding_mask=key_padding_mask,
+            prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
+            batch_size=bsz,
+            src_len=query_offset + new_keys,
+            static_kv=static_kv,
+        )
+        if key_padding_mask is not None and not bool(key_padding_mask.any()):
+            # fairseq keeps extending a key padding mask once one was passed, also after beam
+            # reordering has dropped every padded row. An all-False mask masks nothing, so it is
+            # neither used nor cached: the later steps then carry none, and skip its extension,
+            # its reordering and the positions read through it (as fairseq's encoder drops it)
+            key_padding_mask = None
+        return query_offset, key_padding_mask
+
+    def _cached(self, saved_state, keys: Dict[str, Tensor], key_padding_mask: Optional[Tensor]) -> Dict[str, Tensor]:
+        """The call's (position-encoded) keys cached after those already cached: the keys the call attends to."""
+        appends = "prev_key" in saved_state
+        for name in keys:
+            if appends:
+                keys[name] = appended(saved_state[f"prev_{name}"], keys[name])
+            saved_state[f"prev_{name}"] = keys[name]
+        saved_state["prev_key_padding_mask"] = key_padding_mask
+        return keys
+
+    def _call_options(
+        self, key_padding_mask: Optional[Tensor], query_offset: int, need_weights: bool, position_map
+    ) -> CallOptions:
+        # fairseq's protocol: --retain-dropout (FairseqDropout.apply_during_inference) keeps it in eval mode
+        dropout = self.dropout_module
+        dropout_p = dropout.p if self.training or dropout.apply_during_inference else 0.0
+        # the path is chosen by functional.paths.choose_path on the mechanism's terms, for the call and for
+        # the recompute decision alike
+        flex, flex_from = module_flex(self.attention_flex, self.recompute_length, self.flex_on_cpu)
+        return CallOptions(
+            key_padding_mask,
+            self.causal,
+            query_offset,
+            dropout_p,
+            need_weights,
+            flex,
+            position_map=position_map,
+            flex_from=flex_from,
+        )
+
+    def _attend(self, queries, keys, options: CallOptions, saved_state) -> Tuple[Tensor, Optional[Tensor]]:
+        """The mechanism on the call: in recomputed row blocks where it decides so (full sequences only)."""
+        if saved_state is None and self._recomputes_in_row_blocks(queries, keys, options):
+            return self._attend_in_recomputed_chunks(queries, keys, options)
+        return self.mechanism(queries, keys, options, saved_state)
 
     def _draw_position_map(self, saved_state, tgt_len: int, src_len: int) -> Optional[Tensor]:
         """This call's randomized positions (``--randomized-positions N``, Ruoss et al. 2023):
