@@ -89,10 +89,7 @@ def load_model(checkpoint: Path, args) -> LoadedModel:
     """The checkpoint's model on ``args.device``, with the task that owns its
     dictionaries: from ``--data`` (fairseq-preprocess's directory) or from
     dictionary files."""
-    from fairseq import checkpoint_utils, tasks
-    from fairseq.data import Dictionary
-    from fairseq.tasks.language_modeling import LanguageModelingTask
-    from fairseq.tasks.translation import TranslationTask
+    from fairseq import checkpoint_utils
 
     from .check import failure_reason, model_name
 
@@ -102,6 +99,32 @@ def load_model(checkpoint: Path, args) -> LoadedModel:
     except Exception as error:  # every reason a file cannot be read is reported alike
         raise InspectError(f"cannot read {checkpoint}: {failure_reason(error)}")
     cfg = state["cfg"]
+    task = _task_with_dictionaries(cfg, args)
+    model = task.build_model(cfg.model)
+    try:
+        model.load_state_dict(state["model"], strict=True, model_cfg=cfg.model)
+    except RuntimeError as error:
+        # torch's first line names the model, the next ones each mismatch
+        details = [line.strip() for line in str(error).splitlines()[1:] if line.strip()]
+        raise InspectError(
+            f"{checkpoint} does not fit the model its configuration builds (wrong dictionaries?): "
+            f"{details[0] if details else str(error)}"
+        )
+    model.to(args.device).eval()
+    updates = (state.get("optimizer_history") or [{}])[-1].get("num_updates", "?")
+    name = model_name(cfg.model)
+    arch = getattr(cfg.model, "arch", None) or name
+    return LoadedModel(model, task, f"{checkpoint}: {name} (--arch {arch}), {updates} updates")
+
+
+def _task_with_dictionaries(cfg, args):
+    """The checkpoint's task (``cfg``, its languages as ``--source-lang``/``--target-lang``
+    override them) with its dictionaries: from ``--data``, or from dictionary files."""
+    from fairseq import tasks
+    from fairseq.data import Dictionary
+    from fairseq.tasks.language_modeling import LanguageModelingTask
+    from fairseq.tasks.translation import TranslationTask
+
     for lang in ("source_lang", "target_lang"):
         if getattr(args, lang) is not None:
             if lang not in cfg.task:
@@ -128,21 +151,7 @@ def load_model(checkpoint: Path, args) -> LoadedModel:
             f"--task {task_name}: give --data DATA_BIN (dictionary files are read for "
             "translation and language_modeling only)"
         )
-    model = task.build_model(cfg.model)
-    try:
-        model.load_state_dict(state["model"], strict=True, model_cfg=cfg.model)
-    except RuntimeError as error:
-        # torch's first line names the model, the next ones each mismatch
-        details = [line.strip() for line in str(error).splitlines()[1:] if line.strip()]
-        raise InspectError(
-            f"{checkpoint} does not fit the model its configuration builds (wrong dictionaries?): "
-            f"{details[0] if details else str(error)}"
-        )
-    model.to(args.device).eval()
-    updates = (state.get("optimizer_history") or [{}])[-1].get("num_updates", "?")
-    name = model_name(cfg.model)
-    arch = getattr(cfg.model, "arch", None) or name
-    return LoadedModel(model, task, f"{checkpoint}: {name} (--arch {arch}), {updates} updates")
+    return task
 
 
 # ----------------------------------------------------------------------------- capture
