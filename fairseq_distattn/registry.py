@@ -329,32 +329,9 @@ def register_attention(
     def decorate(cls):
         if name in REGISTRY or name == "vanilla":
             raise ValueError(f"mechanism {name!r} is registered twice")
-        if not set(kinds) <= ALL_KINDS or set(unsupported) != ALL_KINDS - set(kinds):
-            raise ValueError(
-                f"{name}: give a reason for exactly the kinds it does not support, {sorted(ALL_KINDS - set(kinds))}"
-            )
-        if [revision.number for revision in revisions] != list(range(1, len(revisions) + 1)):
-            raise ValueError(f"{name}: revisions must be numbered 1, 2, ... oldest first")
-        if PAPER_PATTERN.fullmatch(paper) is None:
-            raise ValueError(f"{name}: paper must read 'Authors YEAR, *Title*', got {paper!r}")
-        if not callable(op) or not callable(getattr(op, "terms", None)):
-            raise TypeError(f"{name}: op must be callable, made by functional.attention.attention_op")
+        _check_declarations(name, op, paper, kinds, unsupported, revisions)
         if options is not None:
-            if not dataclasses.is_dataclass(options):
-                raise TypeError(f"{name}: options must be a dataclass")
-            for field in dataclasses.fields(options):
-                if OPTION_METADATA not in field.metadata:
-                    raise ValueError(f"{name}: option {field.name} has no flag (use registry.option)")
-                for other in REGISTRY.values():
-                    if (
-                        other.options is not None
-                        and other.options is not options
-                        and any(
-                            field.name == f.name or option_flag(field).flag == option_flag(f).flag
-                            for f in other.option_fields()
-                        )
-                    ):
-                        raise ValueError(f"{name}: option {field.name} is also declared by {other.name}")
+            _check_options(name, options)
         REGISTRY[name] = MechanismInfo(
             name=name,
             module=cls,
@@ -377,6 +354,37 @@ def register_attention(
         return cls
 
     return decorate
+
+
+def _check_declarations(name, op, paper, kinds, unsupported, revisions) -> None:
+    """A registration's declarations as :func:`register_attention` asks for them."""
+    if not set(kinds) <= ALL_KINDS or set(unsupported) != ALL_KINDS - set(kinds):
+        raise ValueError(
+            f"{name}: give a reason for exactly the kinds it does not support, {sorted(ALL_KINDS - set(kinds))}"
+        )
+    if [revision.number for revision in revisions] != list(range(1, len(revisions) + 1)):
+        raise ValueError(f"{name}: revisions must be numbered 1, 2, ... oldest first")
+    if PAPER_PATTERN.fullmatch(paper) is None:
+        raise ValueError(f"{name}: paper must read 'Authors YEAR, *Title*', got {paper!r}")
+    if not callable(op) or not callable(getattr(op, "terms", None)):
+        raise TypeError(f"{name}: op must be callable, made by functional.attention.attention_op")
+
+
+def _check_options(name, options: type) -> None:
+    """An options dataclass whose every field is a flag (:func:`option`) that no other
+    registered mechanism declares (fairseq's one argument namespace holds every mechanism's flags)."""
+    if not dataclasses.is_dataclass(options):
+        raise TypeError(f"{name}: options must be a dataclass")
+    for field in dataclasses.fields(options):
+        if OPTION_METADATA not in field.metadata:
+            raise ValueError(f"{name}: option {field.name} has no flag (use registry.option)")
+        for other in REGISTRY.values():
+            if other.options is None or other.options is options:
+                continue
+            if any(
+                field.name == f.name or option_flag(field).flag == option_flag(f).flag for f in other.option_fields()
+            ):
+                raise ValueError(f"{name}: option {field.name} is also declared by {other.name}")
 
 
 _REGISTRATION_CALLBACKS: List[Callable[[MechanismInfo], None]] = []
