@@ -863,6 +863,13 @@ def test_committed_results_name_no_directory_of_the_machine_that_made_them():
             )
 
 
+def test_the_recorded_command_leaves_out_where_the_files_went():
+    from benchmarks.speed.run import recorded_argv
+
+    argv = ["--sections", "generate", "--out", "/tmp/x", "--repeats", "15", "--out=/tmp/y"]
+    assert recorded_argv(argv) == ["--sections", "generate", "--repeats", "15"]
+
+
 def test_data_descriptions_are_relative_to_the_repository(tmp_path):
     from benchmarks.common import shown
 

@@ -341,9 +341,25 @@ def _set_up_process(args: argparse.Namespace) -> Tuple["torch.device", int, str]
     return device, threads, clock
 
 
+def recorded_argv(argv: Sequence[str]) -> List[str]:
+    """``argv`` without ``--out``: where the files were written is no part of what was
+    measured, and a scratch folder's path would name a directory of this machine in
+    results that are committed elsewhere."""
+    kept: List[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--out":
+            skip = True
+        elif not arg.startswith("--out="):
+            kept.append(arg)
+    return kept
+
+
 def _run_meta(args: argparse.Namespace, argv: Optional[Sequence[str]], scale: C.Scale, clock: str) -> dict:
     command = "python -m benchmarks.run " + " ".join(
-        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
+        shlex.quote(a) for a in recorded_argv(argv if argv is not None else sys.argv[1:])
     )
     return {
         "command": command.strip(),
