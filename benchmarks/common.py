@@ -189,12 +189,14 @@ def shown(path: Path) -> str:
 
 def device_model() -> str:
     """What a harness's fairseq tools train on: the GPU's name where CUDA is
-    available (they take it unasked), else the CPU's."""
+    available (they take it unasked), else the CPU's, with the vector kernels torch
+    picked for it: two CPUs of one name (AVX2, AVX-512) train the same seed into
+    different models (docs/fairseq-traps.md)."""
     import torch
 
     if torch.cuda.is_available():
         return f"{torch.cuda.get_device_name()} (GPU), {os.cpu_count()} CPU cores"
-    return cpu_model()
+    return f"{cpu_model()} (torch kernels: {torch.backends.cpu.get_cpu_capability()})"
 
 
 def cpu_model() -> str:

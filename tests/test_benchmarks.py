@@ -924,6 +924,18 @@ def test_machine_paths_are_rewritten_only_where_a_path_starts(monkeypatch):
     )
 
 
+def test_a_cpu_machine_is_named_with_the_kernels_torch_picked_for_it(monkeypatch):
+    """Two CPUs of one name train the same seed into different models when torch runs AVX2
+    kernels on one and AVX-512 on the other: the quality run files' machine says which."""
+    from benchmarks import common
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(common, "cpu_model", lambda: "AMD EPYC")
+    for capability in ("AVX2", "AVX512"):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+        assert common.device_model() == f"AMD EPYC (torch kernels: {capability})"
+
+
 def test_profile_rows_are_in_the_same_order_in_every_process():
     """Operators tied on time (an op the candidate never calls, several with the same
     baseline time) are listed by name: a set's order follows string hashing, which
