@@ -267,6 +267,53 @@ def test_extrapolation_report_ratios_against_an_independent_computation(tmp_path
     assert sliding[1:] == ["50.00 +- 2.83", "44.00 +- 1.41", f"{44 / 50:.2f}"]
 
 
+def test_each_row_that_changes_a_model_is_read_against_that_model(tmp_path):
+    """A variant against its preset, a scaling's row against its model (only beyond the training
+    length, where it has numbers of its own), a fine-tuned row at its length, a Llama 4 preset against
+    the preset it changes; each difference read against the reference's seed std."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    rope = {64: (50.0, 52.0, 54.0), 256: (100.0, 102.0, 104.0), 2048: (200.0, 210.0, 220.0)}
+    rows = {
+        "distattn_lm_rope_gbw": rope,
+        "distattn_lm_rope_gbw+p-rope-0.25": {64: (53.0,), 256: (99.0, 99.0, 99.0), 2048: (230.0,)},
+        "distattn_lm_rope_gbw+yarn": {256: (100.5, 101.0, 101.5), 2048: (195.0, 205.0, 215.0)},
+        "distattn_lm_rope_gbw+yarn-ft": {256: (95.0, 96.0, 97.0)},
+        "distattn_lm_llama4_gbw": {64: (51.0, 52.0, 53.0), 2048: (209.0,)},
+    }
+    for config, values in rows.items():
+        for n, ppls in values.items():
+            for seed, ppl in enumerate(ppls, 1):
+                record = {**extrapolation_record(seed, n, ppl), "config": config, "baseline": "transformer_lm_gbw"}
+                (runs / f"{config}-seed{seed}-L{n}.json").write_text(json.dumps(record), encoding="utf-8")
+    markdown = lm_extrapolation.report(tmp_path)
+    section = markdown.split("## Against the model each row changes", 1)[1]
+    assert "| row | against | N = 64 (1x) | N = 256 (4x) | N = 2048 (32x) |" in section
+    # rope's seed std: 2 at 64 and 256, 10 at 2048; one standard error of the difference: std * sqrt(1/n1 + 1/n2)
+    noise_3_3, noise_1_3 = math.sqrt(2 / 3), math.sqrt(4 / 3)
+    assert 1.0 < 2 * noise_3_3 < 3.0 and 5.0 < 10 * noise_3_3 and 1.0 < 2 * noise_1_3 and 1.0 < 10 * noise_1_3 < 20.0
+    assert table_cells(section, "distattn_lm_rope_gbw+p-rope-0.25") == [
+        ["distattn_lm_rope_gbw+p-rope-0.25", "distattn_lm_rope_gbw", "+1.00 (within noise)",
+         "-3.00 (better, beyond noise)", "+20.00 (worse, beyond noise)"]
+    ]  # fmt: skip
+    # the scaling shows rope's own numbers at 64: nothing of its own to read there
+    assert table_cells(section, "distattn_lm_rope_gbw+yarn")[0][2:] == [
+        "-",
+        "-1.00 (within noise)",
+        "-5.00 (within noise)",
+    ]
+    assert table_cells(section, "distattn_lm_rope_gbw+yarn-ft")[0][2:] == ["-", "-6.00 (better, beyond noise)", "-"]
+    assert table_cells(section, "distattn_lm_llama4_gbw")[0][1:] == [
+        "distattn_lm_rope_gbw", "+0.00 (within noise)", "-", "-1.00 (within noise)"
+    ]  # fmt: skip
+    assert not table_cells(section, "distattn_lm_rope_gbw")  # the model itself changes nothing
+    assert "worse, beyond noise: `distattn_lm_rope_gbw+p-rope-0.25` (+20.00 at 32x)" in section
+    assert "better, beyond noise: `distattn_lm_rope_gbw+yarn-ft` (-6.00 at 4x);" in section
+    # the presets read against another are presets of the grid, as that one is
+    presets = {name for name, config in lm_grid.lm_configs().items() if not config.arch}
+    assert {*lm_grid.PRESET_REFERENCES, *lm_grid.PRESET_REFERENCES.values()} <= presets
+
+
 def test_dev_split_starts_at_an_article_title_and_every_lm_preset_is_in_the_grid():
     lines = [" = A = ", " a", " a", " = = Section = = ", " a", " = B = ", " b", " ", " = C = ", " c"]
     train, dev = lm_quality.split_train_dev(lines, fraction=0.3)

@@ -59,7 +59,9 @@ from ..harness.runs import load_runs
 from ..harness.seeds import mean_std_text
 from .lm import eval_lm
 from .lm_grid import DEFAULT_OUT as LM_QUALITY_OUT
-from .lm_grid import DEFAULT_WORK, lm_configs
+from .lm_grid import DEFAULT_WORK, PRESET_REFERENCES, lm_configs
+from .lm_readings import Comparison
+from .lm_readings import section as readings_section
 
 PROG = "python -m benchmarks.quality.lm_extrapolation"
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "lm_extrapolation"
@@ -355,6 +357,10 @@ def report(out: Path, quality_runs: Optional[Path] = None) -> str:
     lines = header_lines(lengths, trained)
     for mode in MODES:
         lines += mode_table(table, order, lengths, mode)
+    if len(trained) == 1:
+        lines += readings_section(
+            table, comparisons(table, order, trained[0]), reading_lengths(table, trained[0]), trained[0]
+        )
     markdown = "\n".join(lines).rstrip("\n") + "\n"
     out.mkdir(parents=True, exist_ok=True)
     (out / "lm_extrapolation.md").write_text(markdown, encoding="utf-8")
@@ -365,6 +371,27 @@ def report(out: Path, quality_runs: Optional[Path] = None) -> str:
     if records:
         plot(table, order, trained, out / "ppl_vs_length.png")
     return markdown
+
+
+def comparisons(table: Dict, order: Sequence[str], trained: int) -> List[Comparison]:
+    """Every row that changes one model, with that model's row (a variant's or a scaling's: the name
+    before ``+``; a preset's: PRESET_REFERENCES) and the lengths it has numbers of its own at."""
+    found = []
+    for name in order:
+        reference = PRESET_REFERENCES.get(name) or (name.partition("+")[0] if "+" in name else None)
+        if reference in table:
+            # a scaling's row shows its model's numbers up to the training length (ppl_table)
+            own = [n for n in table[name]["blocks"] if model_of(name) == name or n > trained]
+            found.append(Comparison(name, reference, tuple(sorted(own))))
+    return found
+
+
+def reading_lengths(table: Dict, trained: int) -> List[int]:
+    """The lengths the readings show: the summary's (the training length, 8x and 32x it) and the
+    fine-tuned rows' (only evaluated at their fine-tune's length)."""
+    tuned = {n for name, modes in table.items() if is_finetuned(name) for n in modes["blocks"]}
+    lengths = {n for modes in table.values() for n in modes["blocks"]}
+    return sorted(({trained * factor for factor in SUMMARY_FACTORS} | tuned) & lengths)
 
 
 def scaling_names() -> str:

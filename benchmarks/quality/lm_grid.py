@@ -105,6 +105,14 @@ PRESET_FLAGS = {
 }
 
 
+# presets that are another preset changed in one way, and that preset: the LM extrapolation report reads
+# each against it (a variant's is its preset, a scaling's row its rope model)
+PRESET_REFERENCES = {
+    "distattn_lm_llama4_gbw": "distattn_lm_rope_gbw",  # rope, with NoPE in every K-th layer
+    "distattn_lm_llama4_temperature_gbw": "distattn_lm_nope_gbw",  # NoPE, with Llama 4's query temperature
+}
+
+
 @functools.lru_cache(maxsize=None)
 def lm_configs() -> Dict[str, LMConfig]:
     """fairseq's LM architectures that the plugin's presets extend, each followed by the
