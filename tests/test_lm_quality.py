@@ -491,6 +491,22 @@ def test_only_a_scaling_row_reads_another_rows_model():
     assert model_of("distattn_lm_rope_gbw+yarn-ft") == "distattn_lm_rope_gbw+yarn-ft"
 
 
+def test_a_run_another_process_evaluates_is_skipped(tmp_path, monkeypatch):
+    """Each evaluation reads its numbers from the run's shared extrapolation.log: a second process
+    on the same run (another shell, a second lane) must leave it to the one holding it."""
+    from benchmarks.harness.claims import claimed
+
+    evaluated = []
+    monkeypatch.setattr(lm_extrapolation, "evaluate_run", lambda run_dir, *rest: evaluated.append(run_dir.name))
+    runs = [tmp_path / "a-seed1", tmp_path / "b-seed1"]
+    with claimed(runs[0]) as holder:
+        assert holder is None
+        lm_extrapolation.evaluate_unclaimed(runs, [64], tmp_path / "out", tmp_path / "quality", {})
+    assert evaluated == ["b-seed1"]
+    lm_extrapolation.evaluate_unclaimed(runs, [64], tmp_path / "out", tmp_path / "quality", {})
+    assert evaluated == ["b-seed1", "a-seed1", "b-seed1"]
+
+
 def test_an_extrapolation_length_that_scores_fewer_tokens_than_the_first_is_refused():
     """fairseq-eval-lm drops samples longer than the model's max positions without an error:
     a length whose modes score other token counts than the first length did is refused."""

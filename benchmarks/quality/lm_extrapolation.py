@@ -52,6 +52,7 @@ from ..common import (
     scale_results,
     without_machine_paths,
 )
+from ..harness.claims import claimed
 from ..harness.fingerprints import checkpoint_fingerprint, evaluated_from, models_per_run, recorded_fingerprint
 from ..harness.process import log, tool_env
 from ..harness.report import series_style
@@ -225,6 +226,20 @@ def evaluate_run(run_dir: Path, lengths: Sequence[int], out: Path, quality_runs:
         record = length_record(run_dir, scaling, trained, length, fingerprint, overrides, results)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(without_machine_paths(json.dumps(record, indent=1)) + "\n", encoding="utf-8")
+
+
+def evaluate_unclaimed(
+    runs: Sequence[Path], lengths: Sequence[int], out: Path, quality_runs: Path, env: Dict[str, str]
+) -> None:
+    """:func:`evaluate_run` of each run that no other process holds (``claimed``): fairseq-eval-lm
+    writes to the run's extrapolation.log, and each evaluation reads its numbers back from where the
+    log stood when it started, so two processes on one run would take each other's numbers."""
+    for run_dir in runs:
+        with claimed(run_dir) as holder:
+            if holder:
+                log(f"{run_dir.name}: skipped, held by {holder} (one process evaluates a run at a time)")
+                continue
+            evaluate_run(run_dir, lengths, out, quality_runs, env)
 
 
 def evaluate_length(
@@ -527,8 +542,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         env = tool_env(args.threads)
         runs = trained_runs(args.quality_work / args.scale, args.configs)
         log(f"{len(runs)} trained models under {args.quality_work / args.scale}")
-        for run_dir in runs:
-            evaluate_run(run_dir, args.length_list, args.out, args.quality_out / "runs", env)
+        evaluate_unclaimed(runs, args.length_list, args.out, args.quality_out / "runs", env)
     print(report(args.out, args.quality_out / "runs"))
     return 0
 
