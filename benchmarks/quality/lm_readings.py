@@ -38,10 +38,19 @@ def reading(values: Sequence[float], reference: Sequence[float]) -> Tuple[Option
     return difference, read
 
 
-def cell(values: Optional[Sequence[float]], reference: Optional[Sequence[float]]) -> str:
-    if not values or not reference:
+def readings(table: Dict, comparison: Comparison, columns: Sequence[int]) -> Dict[int, Tuple[Optional[float], str]]:
+    """The comparison's :func:`reading` at each of ``columns`` where the row has numbers of its own and
+    both rows have seeds."""
+    own, reference = table[comparison.row]["blocks"], table[comparison.reference]["blocks"]
+    return {
+        n: reading(own[n], reference[n]) for n in columns if n in comparison.lengths and own.get(n) and reference.get(n)
+    }
+
+
+def cell(found: Optional[Tuple[Optional[float], str]]) -> str:
+    if found is None:
         return "-"
-    difference, read = reading(values, reference)
+    difference, read = found
     return f"{difference:+.2f} ({read})" if read != "-" else f"{difference:+.2f}"
 
 
@@ -51,11 +60,10 @@ def section(table: Dict, comparisons: Sequence[Comparison], columns: Sequence[in
     lines = ["## Against the model each row changes", "", intro_text(trained), ""]
     header = ["row", "against", *(f"N = {n} ({n // trained}x)" for n in columns)]
     lines += [table_row(header), "|" + "---|" * len(header)]
-    for comparison in comparisons:
-        own, reference = table[comparison.row]["blocks"], table[comparison.reference]["blocks"]
-        cells = [cell(own.get(n) if n in comparison.lengths else None, reference.get(n)) for n in columns]
-        lines.append(table_row([comparison.row, comparison.reference, *cells]))
-    return lines + ["", summary_text(table, comparisons, columns, trained), ""]
+    found = {comparison: readings(table, comparison, columns) for comparison in comparisons}
+    for comparison, at in found.items():
+        lines.append(table_row([comparison.row, comparison.reference, *(cell(at.get(n)) for n in columns)]))
+    return lines + ["", summary_text(found, columns, trained), ""]
 
 
 def intro_text(trained: int) -> str:
@@ -69,16 +77,15 @@ def intro_text(trained: int) -> str:
     )
 
 
-def summary_text(table: Dict, comparisons: Sequence[Comparison], columns: Sequence[int], trained: int) -> str:
-    """The rows by their reading at the longest column they have numbers at."""
-    found: Dict[str, List[str]] = {read: [] for read in READINGS}
-    for comparison in comparisons:
+def summary_text(
+    found: Dict[Comparison, Dict[int, Tuple[Optional[float], str]]], columns: Sequence[int], trained: int
+) -> str:
+    """The rows by their reading at the longest column they have numbers of their own at."""
+    by_reading: Dict[str, List[str]] = {read: [] for read in READINGS}
+    for comparison, at in found.items():
         longest = max((n for n in columns if n in comparison.lengths), default=None)
-        reference = table[comparison.reference]["blocks"].get(longest)
-        values = table[comparison.row]["blocks"].get(longest)
-        if values and reference:
-            difference, read = reading(values, reference)
-            if read in found:
-                found[read].append(f"`{comparison.row}` ({difference:+.2f} at {longest // trained}x)")
-    parts = [f"{read}: {', '.join(rows) if rows else 'none'}" for read, rows in found.items()]
+        if longest in at and at[longest][1] in by_reading:
+            difference, read = at[longest]
+            by_reading[read].append(f"`{comparison.row}` ({difference:+.2f} at {longest // trained}x)")
+    parts = [f"{read}: {', '.join(rows) if rows else 'none'}" for read, rows in by_reading.items()]
     return "At the longest length each row has: " + "; ".join(parts) + "."
