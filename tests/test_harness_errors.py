@@ -144,7 +144,7 @@ def test_a_checkpoint_of_other_sizes_than_the_recipe_is_one_error_line_naming_th
     assert message.startswith(f"{run_dir.name}: {run_dir / 'checkpoint_best.pt'} does not fit the small-scale recipe")
     assert "--decoder-layers 2 (the recipe: 3)" in message and "--decoder-embed-dim 16 (the recipe: 256)" in message
     assert "--arch" not in message  # what matches is not listed
-    assert not (run_dir / "finetune-yarn-x4").exists()
+    assert not (run_dir / "finetune-yarn-x4" / "train.log").exists()
 
 
 def test_an_unreadable_checkpoint_is_one_error_line(tmp_path):

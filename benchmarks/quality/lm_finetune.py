@@ -36,6 +36,7 @@ from ..common import (
     scale_results,
     without_machine_paths,
 )
+from ..harness.claims import claimed
 from ..harness.fingerprints import checkpoint_fingerprint
 from ..harness.process import log, run, tool_env
 from .lm import eval_lm, train_args
@@ -167,6 +168,23 @@ def check_fits_recipe(run_dir: Path, args: Sequence[object]) -> None:
         )
 
 
+def finetune_work(run_dir: Path, scaling: str, factor: int) -> Path:
+    """The folder a fine-tune of ``run_dir`` trains and evaluates in."""
+    return run_dir / f"finetune-{scaling}-x{factor}"
+
+
+def finetune_unclaimed(run_dir: Path, scaling: str, factor: int, updates: int, out: Path, env: Dict[str, str]) -> None:
+    """:func:`finetune_run` unless another process holds its folder (``claimed``): two processes would
+    train into one checkpoints folder, and each evaluation reads its numbers back from the folder's
+    shared eval.log from where it stood when it started, so each would take the other's numbers."""
+    work = finetune_work(run_dir, scaling, factor)
+    with claimed(work) as holder:
+        if holder:
+            log(f"{run_dir.name} with {scaling} x{factor}: skipped, held by {holder} (one process per fine-tune)")
+            return
+        finetune_run(run_dir, scaling, factor, updates, out, env)
+
+
 def finetune_run(run_dir: Path, scaling: str, factor: int, updates: int, out: Path, env: Dict[str, str]) -> None:
     """Fine-tune one run with one scaling (resumed if stopped) and write its result file."""
     config, seed = run_dir.name.rsplit("-seed", 1)
@@ -175,7 +193,7 @@ def finetune_run(run_dir: Path, scaling: str, factor: int, updates: int, out: Pa
     trained = setup["tokens_per_sample"]
     length = trained * factor
     path = out / "runs" / f"{name}-seed{seed}-L{length}.json"
-    work = run_dir / f"finetune-{scaling}-x{factor}"
+    work = finetune_work(run_dir, scaling, factor)
     if path.is_file():
         check_finetuned_from(path, run_dir / "checkpoint_best.pt", work)
         return
@@ -245,7 +263,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     log(f"{len(runs)} trained rope models under {args.quality_work / args.scale}")
     for run_dir in runs:
         for scaling in args.scalings:
-            finetune_run(run_dir, scaling, args.factor, args.updates, args.out, env)
+            finetune_unclaimed(run_dir, scaling, args.factor, args.updates, args.out, env)
     log(f"done: `python -m benchmarks.quality.lm_extrapolation --report --out {args.out}` shows them")
     return 0
 
