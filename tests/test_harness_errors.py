@@ -144,7 +144,7 @@ def test_a_checkpoint_of_other_sizes_than_the_recipe_is_one_error_line_naming_th
     assert message.startswith(f"{run_dir.name}: {run_dir / 'checkpoint_best.pt'} does not fit the small-scale recipe")
     assert "--decoder-layers 2 (the recipe: 3)" in message and "--decoder-embed-dim 16 (the recipe: 256)" in message
     assert "--arch" not in message  # what matches is not listed
-    assert not (run_dir / "finetune-yarn-x4" / "train.log").exists()
+    assert not (run_dir / "finetune-yarn-x4").exists()
 
 
 def test_an_unreadable_checkpoint_is_one_error_line(tmp_path):
@@ -165,3 +165,35 @@ def test_only_the_lm_grids_rope_presets_are_fine_tuned(tmp_path):
     fake_run(tmp_path / "work")
     args = lm_finetune.parse_args(["--quality-work", str(tmp_path / "work")])
     assert args.configs == [CONFIG]
+
+
+def test_a_fine_tune_another_process_holds_is_skipped_until_it_lets_go(tmp_path):
+    """Two processes fine-tuning one run with one scaling would train into one checkpoints folder and
+    read their numbers from its shared eval.log: the second leaves it to the one holding it."""
+    from benchmarks.harness.claims import claimed
+
+    run_dir = fake_run(tmp_path / "work", fairseq_checkpoint(tmp_path / "small.pt"))
+    with claimed(lm_finetune.finetune_work(run_dir, "linear", 4)) as holder:
+        assert holder is None
+        finetune(tmp_path, "--scalings", "linear")  # no _Trained: skipped
+    with pytest.raises(_Trained, match="--finetune-from-model"):
+        finetune(tmp_path, "--scalings", "linear")
+
+
+def test_a_fine_tune_another_process_finished_before_the_claim_is_not_redone(tmp_path, monkeypatch):
+    """The result was missing when checked, and written by the process that held the claim before this
+    one took it: this one checks it as done instead of training again."""
+    import contextlib
+
+    checkpoint = fairseq_checkpoint(tmp_path / "small.pt")
+    fake_run(tmp_path / "work", checkpoint)
+
+    @contextlib.contextmanager
+    def finished_meanwhile(directory):
+        result_file(tmp_path / "out", "linear", checkpoint)
+        yield None
+
+    monkeypatch.setattr(lm_finetune, "claimed", finished_meanwhile)
+    finetune(tmp_path, "--scalings", "linear")  # no _Trained
+    result = tmp_path / "out" / "runs" / f"{CONFIG}+linear-ft-seed1-L256.json"
+    assert json.loads(result.read_text())["finetuned_from_sha256"] == hashlib.sha256(checkpoint).hexdigest()

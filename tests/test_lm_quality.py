@@ -507,24 +507,6 @@ def test_a_run_another_process_evaluates_is_skipped(tmp_path, monkeypatch):
     assert evaluated == ["b-seed1", "a-seed1", "b-seed1"]
 
 
-def test_a_fine_tune_another_process_holds_is_skipped(tmp_path, monkeypatch):
-    """Two processes fine-tuning one run with one scaling would train into one checkpoints folder and
-    read their numbers from its shared eval.log: the second leaves it to the one holding it."""
-    from benchmarks.harness.claims import claimed
-    from benchmarks.quality import lm_finetune
-
-    tuned = []
-    monkeypatch.setattr(lm_finetune, "finetune_run", lambda run_dir, scaling, *rest: tuned.append(scaling))
-    run_dir = tmp_path / "distattn_lm_rope_gbw-seed1"
-    with claimed(lm_finetune.finetune_work(run_dir, "yarn", 4)) as holder:
-        assert holder is None
-        for scaling in ("yarn", "linear"):
-            lm_finetune.finetune_unclaimed(run_dir, scaling, 4, 150, tmp_path / "out", {})
-    assert tuned == ["linear"]
-    lm_finetune.finetune_unclaimed(run_dir, "yarn", 4, 150, tmp_path / "out", {})
-    assert tuned == ["linear", "yarn"]
-
-
 def test_an_extrapolation_length_that_scores_fewer_tokens_than_the_first_is_refused():
     """fairseq-eval-lm drops samples longer than the model's max positions without an error:
     a length whose modes score other token counts than the first length did is refused."""

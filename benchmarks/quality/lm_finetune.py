@@ -173,52 +173,70 @@ def finetune_work(run_dir: Path, scaling: str, factor: int) -> Path:
     return run_dir / f"finetune-{scaling}-x{factor}"
 
 
-def finetune_unclaimed(run_dir: Path, scaling: str, factor: int, updates: int, out: Path, env: Dict[str, str]) -> None:
-    """:func:`finetune_run` unless another process holds its folder (``claimed``): two processes would
-    train into one checkpoints folder, and each evaluation reads its numbers back from the folder's
-    shared eval.log from where it stood when it started, so each would take the other's numbers."""
-    work = finetune_work(run_dir, scaling, factor)
-    with claimed(work) as holder:
-        if holder:
-            log(f"{run_dir.name} with {scaling} x{factor}: skipped, held by {holder} (one process per fine-tune)")
-            return
-        finetune_run(run_dir, scaling, factor, updates, out, env)
-
-
 def finetune_run(run_dir: Path, scaling: str, factor: int, updates: int, out: Path, env: Dict[str, str]) -> None:
-    """Fine-tune one run with one scaling (resumed if stopped) and write its result file."""
+    """Fine-tune one run with one scaling (resumed if stopped) and write its result file, unless another
+    process holds the fine-tune's folder (``claimed``): two processes would train into one checkpoints
+    folder, and each evaluation reads its numbers back from the folder's shared eval.log from where it
+    stood when it started, so each would take the other's numbers."""
     config, seed = run_dir.name.rsplit("-seed", 1)
     name = finetuned_name(config, scaling)
     setup = training_setup(run_dir)
-    trained = setup["tokens_per_sample"]
-    length = trained * factor
+    length = setup["tokens_per_sample"] * factor
     path = out / "runs" / f"{name}-seed{seed}-L{length}.json"
     work = finetune_work(run_dir, scaling, factor)
     if path.is_file():
         check_finetuned_from(path, run_dir / "checkpoint_best.pt", work)
         return
-    if scaling == SEARCHED_SCALING:
-        factors = searched_longrope(out, run_dir, length, source_fingerprint(run_dir / "checkpoint_best.pt"))
-        if factors is None:
-            log(f"{run_dir.name}: no LongRoPE factors searched at {length} tokens (lm_longrope): no {name}")
-            return
-        overrides = longrope_overrides(factors, trained, length)
-    else:
-        overrides = scaling_overrides(scaling, length, trained)
+    overrides = scaling_overrides_for(run_dir, scaling, setup["tokens_per_sample"], length, out)
+    if overrides is None:
+        log(f"{run_dir.name}: no LongRoPE factors searched at {length} tokens (lm_longrope): no {name}")
+        return
+    args = finetune_args(run_dir, setup, overrides, factor, updates, work / "checkpoints")
+    if not (work / "checkpoint_best.pt").is_file():
+        check_fits_recipe(run_dir, args)
+    with claimed(work) as holder:
+        if holder:
+            log(f"{run_dir.name} with {scaling} x{factor}: skipped, held by {holder} (one process per fine-tune)")
+        elif path.is_file():  # another process finished it between the check above and the claim
+            check_finetuned_from(path, run_dir / "checkpoint_best.pt", work)
+        else:
+            record = train_and_evaluate(run_dir, scaling, factor, updates, args, env)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(without_machine_paths(json.dumps(record, indent=1)) + "\n", encoding="utf-8")
+
+
+def scaling_overrides_for(
+    run_dir: Path, scaling: str, trained: int, length: int, out: Path
+) -> Optional[Dict[str, object]]:
+    """The --model-overrides that scale ``run_dir``'s rotary positions from ``trained`` to ``length``
+    tokens; None for LongRoPE when lm_longrope has not searched its factors at that length."""
+    if scaling != SEARCHED_SCALING:
+        return scaling_overrides(scaling, length, trained)
+    factors = searched_longrope(out, run_dir, length, source_fingerprint(run_dir / "checkpoint_best.pt"))
+    return None if factors is None else longrope_overrides(factors, trained, length)
+
+
+def train_and_evaluate(
+    run_dir: Path, scaling: str, factor: int, updates: int, args: List[object], env: Dict[str, str]
+) -> Dict[str, object]:
+    """Fine-tune (``args``: fairseq-train's command) unless its checkpoint is there, evaluate it in every
+    mode, and return the result record."""
+    config, seed = run_dir.name.rsplit("-seed", 1)
+    setup = training_setup(run_dir)
+    trained = setup["tokens_per_sample"]
+    length = trained * factor
+    work = finetune_work(run_dir, scaling, factor)
     best, started = work / "checkpoint_best.pt", time.time()
     if not best.is_file():
-        args = finetune_args(run_dir, setup, overrides, factor, updates, work / "checkpoints")
-        check_fits_recipe(run_dir, args)
-        work.mkdir(exist_ok=True)
         log(f"fine-tune {run_dir.name} with {scaling} x{factor}, {updates} updates at {length} tokens")
         run(args, work / "train.log", env)
         (work / "checkpoints" / "checkpoint_best.pt").replace(best)
-    data_bin = setup["data_bin"]
     results = {
-        mode: eval_lm(best, data_bin, length, context_window(mode, length), work / "eval.log", env) for mode in MODES
+        mode: eval_lm(best, setup["data_bin"], length, context_window(mode, length), work / "eval.log", env)
+        for mode in MODES
     }
-    record = {
-        "config": name,
+    return {
+        "config": finetuned_name(config, scaling),
         "seed": int(seed),
         "baseline": lm_configs()[config].baseline,
         "train_tokens_per_sample": trained,
@@ -230,8 +248,6 @@ def finetune_run(run_dir: Path, scaling: str, factor: int, updates: int, out: Pa
         "wall_s": round(time.time() - started, 1),
         **results,
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(without_machine_paths(json.dumps(record, indent=1)) + "\n", encoding="utf-8")
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -263,7 +279,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     log(f"{len(runs)} trained rope models under {args.quality_work / args.scale}")
     for run_dir in runs:
         for scaling in args.scalings:
-            finetune_unclaimed(run_dir, scaling, args.factor, args.updates, args.out, env)
+            finetune_run(run_dir, scaling, args.factor, args.updates, args.out, env)
     log(f"done: `python -m benchmarks.quality.lm_extrapolation --report --out {args.out}` shows them")
     return 0
 
