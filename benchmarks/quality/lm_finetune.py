@@ -200,7 +200,7 @@ def finetune_run(run_dir: Path, scaling: str, factor: int, updates: int, out: Pa
         elif path.is_file():  # another process finished it between the check above and the claim
             check_finetuned_from(path, run_dir / "checkpoint_best.pt", work)
         else:
-            record = train_and_evaluate(run_dir, scaling, factor, updates, args, env)
+            record = train_and_evaluate(run_dir, setup, scaling, factor, updates, args, env)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(without_machine_paths(json.dumps(record, indent=1)) + "\n", encoding="utf-8")
 
@@ -217,12 +217,17 @@ def scaling_overrides_for(
 
 
 def train_and_evaluate(
-    run_dir: Path, scaling: str, factor: int, updates: int, args: List[object], env: Dict[str, str]
+    run_dir: Path,
+    setup: Dict[str, object],
+    scaling: str,
+    factor: int,
+    updates: int,
+    args: List[object],
+    env: Dict[str, str],
 ) -> Dict[str, object]:
     """Fine-tune (``args``: fairseq-train's command) unless its checkpoint is there, evaluate it in every
-    mode, and return the result record."""
+    mode, and return the result record (``setup``: the run's :func:`training_setup`)."""
     config, seed = run_dir.name.rsplit("-seed", 1)
-    setup = training_setup(run_dir)
     trained = setup["tokens_per_sample"]
     length = trained * factor
     work = finetune_work(run_dir, scaling, factor)
