@@ -41,7 +41,7 @@ def test_lm_harnesses_write_one_json_per_run_skip_done_runs_and_report(tmp_path)
         "--updates",
         "4",
         "--configs",
-        ",".join(CONFIGS),
+        ",".join((*CONFIGS, "distattn_lm_llama4_gbw")),  # the last is rope's model at 2 layers: not trained
         "--seeds",
         "3",
         "--data",
@@ -79,7 +79,11 @@ def test_lm_harnesses_write_one_json_per_run_skip_done_runs_and_report(tmp_path)
     split = [text_lines(prepared, f"{name}.txt") for name in ("train", "valid")]
     assert split[0] + split[1] == text_lines(data, "valid.txt") and 0 < len(split[1]) <= 30
 
+    assert not any(work.glob("tiny/distattn_lm_llama4_gbw*"))
     markdown = (out / "lm_quality.md").read_text()
+    assert "\nNot trained: distattn_lm_llama4_gbw, which at scale tiny (2 layers) is distattn_lm_rope_gbw's model" in (
+        markdown
+    )
     [alibi] = table_cells(markdown, "distattn_lm_alibi_gbw")
     [vanilla] = table_cells(markdown, "transformer_lm_gbw")
     assert alibi[1] == "1 (3)" and alibi[4] == "transformer_lm_gbw" and vanilla[3] == "-"
@@ -404,6 +408,38 @@ def test_every_lm_config_builds_the_same_model_width_and_the_vanilla_presets_equ
     assert vanilla_presets
     for name in vanilla_presets:
         assert shapes[name] == shapes[configs[name].baseline], name
+
+
+def test_a_config_the_grid_leaves_out_as_another_configs_model_builds_that_model(tmp_path):
+    """same_models must name only configurations whose models are equal at the scale's depth:
+    the same parameters from the same seed, the same outputs."""
+    import torch
+    from fairseq import options
+    from fairseq.tasks.language_modeling import LanguageModelingTask
+
+    from .model_helpers import dictionary
+
+    assert lm_grid.same_models("small") == {"distattn_lm_llama4_gbw": "distattn_lm_rope_gbw"}
+    assert lm_grid.same_models("base") == {}  # 6 layers: Llama 4's period of 4 puts a NoPE layer at 3
+    configs, d = lm_grid.lm_configs(), dictionary()
+    scale = {**lm_grid.SCALES["tiny"], "layers": lm_grid.SCALES["small"]["layers"]}
+
+    def outputs(name):
+        command = lm_quality.train_args(configs[name], scale, 1, tmp_path, tmp_path / "checkpoints")
+        flags = [str(c) for c in command[2:]]
+        flags[flags.index("--user-dir") + 1] = str(lm_quality.REPO_ROOT / "fairseq_distattn")
+        args = options.parse_args_and_arch(options.get_training_parser(), [str(tmp_path), *flags])
+        torch.manual_seed(0)
+        model = LanguageModelingTask(args, d).build_model(args).eval()
+        tokens = torch.randint(d.nspecial, len(d), (2, 9), generator=torch.Generator().manual_seed(1))
+        return model.state_dict(), model(tokens)[0], args.decoder_self_attention
+
+    rope, llama4 = outputs("distattn_lm_rope_gbw"), outputs("distattn_lm_llama4_gbw")
+    assert rope[0].keys() == llama4[0].keys() and all(torch.equal(rope[0][k], llama4[0][k]) for k in rope[0])
+    assert torch.equal(rope[1], llama4[1]) and llama4[2] == "rope"
+    # the variant of the table's Llama 4 row is not rope's model: its last layer has no rope
+    variant = outputs("distattn_lm_llama4_gbw+interval-3")
+    assert variant[2] == "rope@0-1,llama4-temperature@2" and not torch.allclose(variant[1], rope[1])
 
 
 def test_every_rope_scaling_of_the_extrapolation_builds_a_valid_model():

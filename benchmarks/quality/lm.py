@@ -80,6 +80,8 @@ from .lm_grid import (
     LMConfig,
     default_data,
     lm_configs,
+    same_model_text,
+    same_models,
 )
 from .lm_report import report
 
@@ -342,7 +344,12 @@ def train_grid(args: argparse.Namespace) -> Path:
     with claimed(args.work, wait=True):  # one process prepares, the others wait
         data_bin, splits = prepare(args.data, args.work, env)
     configs = lm_configs()
-    jobs = ((configs[name], seed) for seed in args.seed_list for name in args.config_names)
+    repeats = same_models(args.scale)
+    for name in args.config_names:
+        if name in repeats:
+            log(f"not trained: {same_model_text(name, args.scale)}")
+    names = [name for name in args.config_names if name not in repeats]
+    jobs = ((configs[name], seed) for seed in args.seed_list for name in names)
     runs = plan_runs(jobs, args.work / args.scale, args.out, args.retrain)
     log(f"{len(runs)} runs to do ({args.scale}, {scale['updates']} updates, one at a time)")
     context = dict(

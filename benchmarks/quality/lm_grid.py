@@ -161,11 +161,44 @@ def lm_configs() -> Dict[str, LMConfig]:
 
 def _drops_positions(arch: str) -> bool:
     """Whether ``--arch`` defaults to no position embeddings (its registered defaults, applied to no flags)."""
+    return bool(_architecture_arguments(arch)["no_token_positional_embeddings"])
+
+
+def _architecture_arguments(arch: str, **given) -> Dict[str, object]:
+    """The arguments ``--arch`` sets on ``given`` (its registered defaults, applied to no flags)."""
     from fairseq.models import ARCH_CONFIG_REGISTRY
 
-    args = argparse.Namespace()
+    args = argparse.Namespace(**given)
     ARCH_CONFIG_REGISTRY[arch](args)
-    return bool(args.no_token_positional_embeddings)
+    return vars(args)
+
+
+@functools.lru_cache(maxsize=None)
+def same_models(scale: str) -> Dict[str, str]:
+    """The configurations that are, at ``scale``, the model of a configuration before them in the
+    grid, each with that configuration: the same flags, and the same arguments from their --arch
+    at the scale's depth. A preset whose SPEC follows the depth can be another preset's model:
+    distattn_lm_llama4_gbw at 3 layers is distattn_lm_rope_gbw, Llama 4's period of 4 putting no
+    NoPE layer in them (that depth's Llama 4 row is distattn_lm_llama4_gbw+interval-3)."""
+    depth = {"decoder_layers": SCALES[scale]["layers"]}
+    models: List[Tuple[Tuple[str, ...], Dict[str, object], str]] = []
+    repeats: Dict[str, str] = {}
+    for name, config in lm_configs().items():
+        arguments = _architecture_arguments(config.arch or config.name, **depth)
+        earlier = next((other for flags, args, other in models if (flags, args) == (config.flags, arguments)), None)
+        if earlier is None:
+            models.append((config.flags, arguments, name))
+        else:
+            repeats[name] = earlier
+    return repeats
+
+
+def same_model_text(name: str, scale: str) -> str:
+    """Why ``name`` is not trained at ``scale`` (it is in :func:`same_models`)."""
+    return (
+        f"{name}, which at scale {scale} ({SCALES[scale]['layers']} layers) is {same_models(scale)[name]}'s model "
+        "(the same flags and architecture arguments)"
+    )
 
 
 def default_data() -> Path:

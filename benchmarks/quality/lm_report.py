@@ -11,14 +11,14 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Set
 
 from fairseq_distattn.tools.generated_blocks import update_pages
 
 from ..harness.report import movement_table, pending_lines, plot_curves, table_row
 from ..harness.runs import load_runs, runs_by_config
 from ..harness.seeds import mean_difference, mean_std_text, seeds_cell
-from .lm_grid import DEFAULT_OUT, lm_configs
+from .lm_grid import DEFAULT_OUT, lm_configs, same_model_text, same_models
 
 TABLE_HEAD = [
     "| config | runs (seeds) | test ppl | delta vs baseline | baseline | test loss (bits) | best dev loss "
@@ -35,8 +35,10 @@ def report(out: Path) -> str:
         by_config, key=lambda name: (by_config[name][0]["baseline"], name != by_config[name][0]["baseline"], name)
     )
     rows = [table_row(row_cells(name, by_config)) for name in order]
-    grid = {name: config.note for name, config in lm_configs().items()}
-    sections = header_lines(runs) + TABLE_HEAD + rows + pending_lines(by_config, grid)
+    scales = {r.get("scale") for r in runs}
+    repeats = same_models(*scales) if len(scales) == 1 and None not in scales else {}
+    grid = {name: config.note for name, config in lm_configs().items() if name not in repeats}
+    sections = header_lines(runs) + TABLE_HEAD + rows + pending_lines(by_config, grid) + repeat_lines(repeats, scales)
     markdown = "\n".join(sections + movement_table(by_config, order)) + "\n"
     out.mkdir(parents=True, exist_ok=True)
     (out / "lm_quality.md").write_text(markdown, encoding="utf-8")
@@ -52,6 +54,14 @@ def report(out: Path) -> str:
     if out.resolve() == DEFAULT_OUT.resolve():
         update_pages(out / "lm_quality.md")
     return markdown
+
+
+def repeat_lines(repeats: Dict[str, str], scales: Set[str]) -> List[str]:
+    """The configurations the grid does not train at the runs' scale, being another's model there."""
+    if not repeats:
+        return []
+    [scale] = scales
+    return ["", "Not trained: " + "; ".join(same_model_text(name, scale) for name in repeats) + "."]
 
 
 def row_cells(name: str, by_config: Dict[str, List[Dict]]) -> List[str]:
