@@ -284,11 +284,12 @@ def test_each_row_that_changes_a_model_is_read_against_that_model(tmp_path):
         "distattn_lm_rope_gbw+yarn": {256: (100.5, 101.0, 101.5), 2048: (195.0, 205.0, 215.0)},
         "distattn_lm_rope_gbw+yarn-ft": {256: (95.0, 96.0, 97.0)},
         "distattn_lm_llama4_gbw": {64: (51.0, 52.0, 53.0), 2048: (209.0,)},
+        "distattn_lm_llama4_gbw+interval-3": {64: (55.0, 56.0, 57.0)},
     }
     for config, values in rows.items():
         for n, ppls in values.items():
             for seed, ppl in enumerate(ppls, 1):
-                record = {**extrapolation_record(seed, n, ppl), "config": config, "baseline": "transformer_lm_gbw"}
+                record = {**extrapolation_record(seed, n, ppl, scale="small"), "config": config}
                 (runs / f"{config}-seed{seed}-L{n}.json").write_text(json.dumps(record), encoding="utf-8")
     markdown = lm_extrapolation.report(tmp_path)
     section = markdown.split("## Against the model each row changes", 1)[1]
@@ -310,8 +311,15 @@ def test_each_row_that_changes_a_model_is_read_against_that_model(tmp_path):
     assert table_cells(section, "distattn_lm_llama4_gbw")[0][1:] == [
         "distattn_lm_rope_gbw", "+0.00 (within noise)", "-", "-1.00 (within noise)"
     ]  # fmt: skip
+    # a variant of a preset that is rope's model at the runs' scale (3 layers, no NoPE layer): against rope
+    assert table_cells(section, "distattn_lm_llama4_gbw+interval-3")[0][1:3] == [
+        "distattn_lm_rope_gbw", "+4.00 (worse, beyond noise)"
+    ]  # fmt: skip
     assert not table_cells(section, "distattn_lm_rope_gbw")  # the model itself changes nothing
-    assert "worse, beyond noise: `distattn_lm_rope_gbw+p-rope-0.25` (+20.00 at 32x)" in section
+    assert (
+        "worse, beyond noise: `distattn_lm_llama4_gbw+interval-3` (+4.00 at 1x), `distattn_lm_rope_gbw+p-rope-0.25` "
+        "(+20.00 at 32x)" in section
+    )
     assert "better, beyond noise: `distattn_lm_rope_gbw+yarn-ft` (-6.00 at 4x);" in section
     # the presets read against another are presets of the grid, as that one is
     presets = {name for name, config in lm_grid.lm_configs().items() if not config.arch}

@@ -60,7 +60,7 @@ from ..harness.runs import load_runs
 from ..harness.seeds import mean_std_text
 from .lm import eval_lm
 from .lm_grid import DEFAULT_OUT as LM_QUALITY_OUT
-from .lm_grid import DEFAULT_WORK, PRESET_REFERENCES, lm_configs
+from .lm_grid import DEFAULT_WORK, PRESET_REFERENCES, lm_configs, same_models
 from .lm_readings import Comparison
 from .lm_readings import section as readings_section
 
@@ -373,8 +373,10 @@ def report(out: Path, quality_runs: Optional[Path] = None) -> str:
     for mode in MODES:
         lines += mode_table(table, order, lengths, mode)
     if len(trained) == 1:
+        scales = {r.get("scale") for r in records}
+        repeats = same_models(*scales) if len(scales) == 1 and None not in scales else {}
         lines += readings_section(
-            table, comparisons(table, order, trained[0]), reading_lengths(table, trained[0]), trained[0]
+            table, comparisons(table, order, trained[0], repeats), reading_lengths(table, trained[0]), trained[0]
         )
     markdown = "\n".join(lines).rstrip("\n") + "\n"
     out.mkdir(parents=True, exist_ok=True)
@@ -388,12 +390,14 @@ def report(out: Path, quality_runs: Optional[Path] = None) -> str:
     return markdown
 
 
-def comparisons(table: Dict, order: Sequence[str], trained: int) -> List[Comparison]:
+def comparisons(table: Dict, order: Sequence[str], trained: int, repeats: Dict[str, str]) -> List[Comparison]:
     """Every row that changes one model, with that model's row (a variant's or a scaling's: the name
-    before ``+``; a preset's: PRESET_REFERENCES) and the lengths it has numbers of its own at."""
+    before ``+``; a preset's: PRESET_REFERENCES; a preset the grid did not train, being another's
+    model at the runs' scale: that one, ``repeats``) and the lengths it has numbers of its own at."""
     found = []
     for name in order:
         reference = PRESET_REFERENCES.get(name) or (name.partition("+")[0] if "+" in name else None)
+        reference = repeats.get(reference, reference)
         if reference in table:
             # a scaling's row shows its model's numbers up to the training length (ppl_table)
             own = [n for n in table[name]["blocks"] if model_of(name) == name or n > trained]
