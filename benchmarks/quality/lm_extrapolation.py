@@ -60,7 +60,7 @@ from ..harness.runs import load_runs
 from ..harness.seeds import mean_std_text
 from .lm import eval_lm
 from .lm_grid import DEFAULT_OUT as LM_QUALITY_OUT
-from .lm_grid import DEFAULT_WORK, PRESET_REFERENCES, lm_configs, same_models
+from .lm_grid import DEFAULT_WORK, PRESET_REFERENCES, lm_configs, same_models_of_runs
 from .lm_readings import Comparison
 from .lm_readings import section as readings_section
 
@@ -373,8 +373,7 @@ def report(out: Path, quality_runs: Optional[Path] = None) -> str:
     for mode in MODES:
         lines += mode_table(table, order, lengths, mode)
     if len(trained) == 1:
-        scales = {r.get("scale") for r in records}
-        repeats = same_models(*scales) if len(scales) == 1 and None not in scales else {}
+        _, repeats = same_models_of_runs(records)
         lines += readings_section(
             table, comparisons(table, order, trained[0], repeats), reading_lengths(table, trained[0]), trained[0]
         )

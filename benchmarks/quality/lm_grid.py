@@ -14,7 +14,7 @@ import collections
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 from ..common import REPO_ROOT
 
@@ -191,6 +191,15 @@ def same_models(scale: str) -> Dict[str, str]:
         else:
             repeats[name] = earlier
     return repeats
+
+
+def same_models_of_runs(runs: Iterable[Dict]) -> Tuple[Optional[str], Dict[str, str]]:
+    """The scale of ``runs`` (run records) where they share one, and :func:`same_models` at it (else {})."""
+    scales = {run.get("scale") for run in runs}
+    if len(scales) != 1 or None in scales:
+        return None, {}
+    [scale] = scales
+    return scale, same_models(scale)
 
 
 def same_model_text(name: str, scale: str) -> str:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
-from typing import Dict, List, Sequence, Set
+from typing import Dict, List, Optional, Sequence
 
 from fairseq_distattn.tools.generated_blocks import update_pages
 
 from ..harness.report import movement_table, pending_lines, plot_curves, table_row
 from ..harness.runs import load_runs, runs_by_config
 from ..harness.seeds import mean_difference, mean_std_text, seeds_cell
-from .lm_grid import DEFAULT_OUT, lm_configs, same_model_text, same_models
+from .lm_grid import DEFAULT_OUT, lm_configs, same_model_text, same_models_of_runs
 
 TABLE_HEAD = [
     "| config | runs (seeds) | test ppl | delta vs baseline | baseline | test loss (bits) | best dev loss "
@@ -35,10 +35,9 @@ def report(out: Path) -> str:
         by_config, key=lambda name: (by_config[name][0]["baseline"], name != by_config[name][0]["baseline"], name)
     )
     rows = [table_row(row_cells(name, by_config)) for name in order]
-    scales = {r.get("scale") for r in runs}
-    repeats = same_models(*scales) if len(scales) == 1 and None not in scales else {}
+    scale, repeats = same_models_of_runs(runs)
     grid = {name: config.note for name, config in lm_configs().items() if name not in repeats}
-    sections = header_lines(runs) + TABLE_HEAD + rows + pending_lines(by_config, grid) + repeat_lines(repeats, scales)
+    sections = header_lines(runs) + TABLE_HEAD + rows + pending_lines(by_config, grid) + repeat_lines(repeats, scale)
     markdown = "\n".join(sections + movement_table(by_config, order)) + "\n"
     out.mkdir(parents=True, exist_ok=True)
     (out / "lm_quality.md").write_text(markdown, encoding="utf-8")
@@ -56,11 +55,10 @@ def report(out: Path) -> str:
     return markdown
 
 
-def repeat_lines(repeats: Dict[str, str], scales: Set[str]) -> List[str]:
+def repeat_lines(repeats: Dict[str, str], scale: Optional[str]) -> List[str]:
     """The configurations the grid does not train at the runs' scale, being another's model there."""
     if not repeats:
         return []
-    [scale] = scales
     return ["", "Not trained: " + "; ".join(same_model_text(name, scale) for name in repeats) + "."]
 
 
