@@ -257,6 +257,59 @@ def test_extrapolation_report_refuses_a_seed_evaluated_from_two_models(tmp_path)
     assert "50.00" in lm_extrapolation.report(out, quality)
 
 
+def test_a_model_drawing_positions_in_evaluation_is_checked_by_its_fingerprint(tmp_path):
+    """Two evaluations of a model that draws its positions in evaluation score two draws (the
+    randomized sinusoidal LM, seed 1: 235.08 in its quality run, 235.16 at the training length in
+    the extrapolation): there the checkpoint fingerprints both files name decide, not the
+    perplexity; a model that does not draw keeps the perplexity check."""
+    out, quality = tmp_path / "extrapolation", tmp_path / "quality"
+    (out / "runs").mkdir(parents=True)
+    quality.mkdir()
+
+    def write(config, quality_ppl, quality_fingerprint, blocks, fingerprint):
+        record = quality_record(config, "transformer_lm_gbw", 1, quality_ppl)
+        if quality_fingerprint:
+            record["checkpoint_sha256"] = quality_fingerprint
+        (quality / f"{config}-seed1.json").write_text(json.dumps(record))
+        result = extrapolation_record(1, 64, blocks, config=config, checkpoint_sha256=fingerprint)
+        (out / "runs" / f"{config}-seed1-L64.json").write_text(json.dumps(result))
+
+    drawing = "distattn_lm_gbw+randomized"
+    write(drawing, 235.08, "a" * 64, 235.16, "a" * 64)
+    assert "235.16" in lm_extrapolation.report(out, quality)
+    write(drawing, 235.08, "c" * 64, 235.16, "a" * 64)
+    with pytest.raises(SystemExit, match=r"randomized seed 1: another model than the one .* records"):
+        lm_extrapolation.report(out, quality)
+    write(drawing, 235.08, None, 235.16, "a" * 64)  # no fingerprint to decide: the perplexities must agree
+    with pytest.raises(SystemExit, match=r"randomized seed 1: 235.16 at the training length, 235.08 in"):
+        lm_extrapolation.report(out, quality)
+    (quality / f"{drawing}-seed1.json").unlink()
+    (out / "runs" / f"{drawing}-seed1-L64.json").unlink()
+    write("distattn_lm_alibi_gbw", 50.0, "a" * 64, 50.3, "a" * 64)
+    with pytest.raises(SystemExit, match=r"alibi_gbw seed 1: 50.3 at the training length, 50.0 in"):
+        lm_extrapolation.report(out, quality)
+
+
+def test_the_configs_said_to_draw_in_evaluation_are_those_whose_models_do(tmp_path):
+    """draws_at_evaluation, which lets fingerprints replace the perplexity check, must name every
+    config whose model in eval() scores the same tokens twice differently, and no other."""
+    import torch
+
+    from .model_helpers import dictionary
+
+    d, configs = dictionary(), lm_grid.lm_configs()
+    scale = {**lm_grid.SCALES["tiny"], "layers": lm_grid.SCALES["small"]["layers"]}
+    tokens = torch.randint(d.nspecial, len(d), (2, 9), generator=torch.Generator().manual_seed(1))
+    drawing = set()
+    for name, config in configs.items():
+        model, _ = parsed_model(config, scale, d, tmp_path)
+        with torch.no_grad():
+            if not torch.equal(model.eval()(tokens)[0], model(tokens)[0]):
+                drawing.add(name)
+    assert drawing == {name for name in configs if lm_grid.draws_at_evaluation(name)}
+    assert {name.split("+")[-1] for name in drawing} == {"randomized"} and len(drawing) == 3
+
+
 def test_extrapolation_report_ratios_against_an_independent_computation(tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
@@ -383,14 +436,23 @@ def test_the_reports_print_no_debug_logging(tmp_path):
         assert "DEBUG" not in done.stderr, (module, done.stderr[:500])
 
 
+def parsed_model(config, scale, dictionary, tmp_path):
+    """``config``'s model at ``scale`` as fairseq-train builds it from the harness's flags, and its args."""
+    from fairseq import options
+    from fairseq.tasks.language_modeling import LanguageModelingTask
+
+    command = lm_quality.train_args(config, scale, 1, tmp_path, tmp_path / "checkpoints")
+    flags = [str(c) for c in command[2:]]  # the tool and the data-bin
+    flags[flags.index("--user-dir") + 1] = str(lm_quality.REPO_ROOT / "fairseq_distattn")
+    args = options.parse_args_and_arch(options.get_training_parser(), [str(tmp_path), *flags])
+    return LanguageModelingTask(args, dictionary).build_model(args), args
+
+
 def test_every_lm_config_builds_the_same_model_width_and_the_vanilla_presets_equal_their_baselines(tmp_path):
     """The recipe's fairseq-train flags must give fairseq's baselines the model the presets get.
     --arch transformer_lm defaults --decoder-input-dim and --decoder-output-dim to 512 whatever
     --decoder-embed-dim is (the gbw architectures follow --decoder-embed-dim), which once made that
     baseline 512-wide embeddings projected to the model width: a different, larger model."""
-    from fairseq import options
-    from fairseq.tasks.language_modeling import LanguageModelingTask
-
     from .model_helpers import dictionary
 
     # tiny widths, and the small scale's depth: the window preset names layers 0-2
@@ -399,11 +461,7 @@ def test_every_lm_config_builds_the_same_model_width_and_the_vanilla_presets_equ
     d = dictionary()
 
     def built(config):
-        command = lm_quality.train_args(config, scale, 1, tmp_path, tmp_path / "checkpoints")
-        flags = [str(c) for c in command[2:]]  # the tool and the data-bin
-        flags[flags.index("--user-dir") + 1] = str(lm_quality.REPO_ROOT / "fairseq_distattn")
-        args = options.parse_args_and_arch(options.get_training_parser(), [str(tmp_path), *flags])
-        model = LanguageModelingTask(args, d).build_model(args)
+        model, _ = parsed_model(config, scale, d, tmp_path)
         return {name: tuple(p.shape) for name, p in model.named_parameters()}, model
 
     configs = lm_grid.lm_configs()
@@ -422,8 +480,6 @@ def test_a_config_the_grid_leaves_out_as_another_configs_model_builds_that_model
     """same_models must name only configurations whose models are equal at the scale's depth:
     the same parameters from the same seed, the same outputs."""
     import torch
-    from fairseq import options
-    from fairseq.tasks.language_modeling import LanguageModelingTask
 
     from .model_helpers import dictionary
 
@@ -433,12 +489,9 @@ def test_a_config_the_grid_leaves_out_as_another_configs_model_builds_that_model
     scale = {**lm_grid.SCALES["tiny"], "layers": lm_grid.SCALES["small"]["layers"]}
 
     def outputs(name):
-        command = lm_quality.train_args(configs[name], scale, 1, tmp_path, tmp_path / "checkpoints")
-        flags = [str(c) for c in command[2:]]
-        flags[flags.index("--user-dir") + 1] = str(lm_quality.REPO_ROOT / "fairseq_distattn")
-        args = options.parse_args_and_arch(options.get_training_parser(), [str(tmp_path), *flags])
         torch.manual_seed(0)
-        model = LanguageModelingTask(args, d).build_model(args).eval()
+        model, args = parsed_model(configs[name], scale, d, tmp_path)
+        model.eval()
         tokens = torch.randint(d.nspecial, len(d), (2, 9), generator=torch.Generator().manual_seed(1))
         return model.state_dict(), model(tokens)[0], args.decoder_self_attention
 

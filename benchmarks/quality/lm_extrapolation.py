@@ -60,7 +60,7 @@ from ..harness.runs import load_runs
 from ..harness.seeds import mean_std_text
 from .lm import eval_lm
 from .lm_grid import DEFAULT_OUT as LM_QUALITY_OUT
-from .lm_grid import DEFAULT_WORK, PRESET_REFERENCES, lm_configs, same_models_of_runs
+from .lm_grid import DEFAULT_WORK, PRESET_REFERENCES, draws_at_evaluation, lm_configs, same_models_of_runs
 from .lm_readings import Comparison
 from .lm_readings import section as readings_section
 
@@ -323,12 +323,27 @@ def cell(values: Optional[Sequence[float]]) -> str:
     return mean_std_text(values) if values else "-"
 
 
+def fingerprints_decide(record: Dict, quality: Path) -> bool:
+    """Whether the checkpoint fingerprints alone tell that ``record`` (a training-length result) is
+    from the model of its quality run file ``quality``: its model draws positions in evaluation,
+    so the two evaluations' perplexities differ by the draw, and both files name a checkpoint
+    (:func:`models_per_run` compares them)."""
+    return (
+        record["config"] in lm_configs()
+        and draws_at_evaluation(record["config"])
+        and "checkpoint_sha256" in record
+        and recorded_fingerprint(quality) is not None
+    )
+
+
 def check_one_model_per_seed(records: Sequence[Dict], quality_runs: Optional[Path]) -> None:
     """Refuse a table whose row would mix models: one seed's lengths evaluated from
     different checkpoints (their recorded fingerprints differ) or from another than
     the one its quality run file records, or its training length scoring other than
     the test ppl that file records (the same evaluation of the same model gives the
-    same number)."""
+    same number). A model that draws positions in evaluation (:func:`draws_at_evaluation`)
+    scores another draw each evaluation: where both files name its checkpoint, those
+    fingerprints are the check, not the perplexity."""
     problems = models_per_run(
         records,
         # a scaling's files: the same model; a fine-tuned one's (lm_finetune): its own
@@ -345,7 +360,7 @@ def check_one_model_per_seed(records: Sequence[Dict], quality_runs: Optional[Pat
         ):
             continue
         quality = quality_runs / f"{record['config']}-seed{record['seed']}.json"
-        if quality.is_file():
+        if quality.is_file() and not fingerprints_decide(record, quality):
             recorded = json.loads(quality.read_text(encoding="utf-8"))["test_ppl"]
             if abs(record["blocks"]["ppl"] - recorded) > 0.011:
                 problems.append(

@@ -164,6 +164,18 @@ def _drops_positions(arch: str) -> bool:
     return bool(_architecture_arguments(arch)["no_token_positional_embeddings"])
 
 
+def draws_at_evaluation(name: str) -> bool:
+    """Whether configuration ``name``'s model draws its positions in evaluation too
+    (``--randomized-positions-at-evaluation``, from its flags or its --arch's defaults): two
+    evaluations of one of its checkpoints then score two draws, not one number (fairseq-eval-lm
+    does not seed torch)."""
+    config = lm_configs()[name]
+    arguments = _architecture_arguments(config.arch or config.name)
+    return "--randomized-positions-at-evaluation" in config.flags or bool(
+        arguments.get("randomized_positions_at_evaluation")
+    )
+
+
 def _architecture_arguments(arch: str, **given) -> Dict[str, object]:
     """The arguments ``--arch`` sets on ``given`` (its registered defaults, applied to no flags)."""
     from fairseq.models import ARCH_CONFIG_REGISTRY
