@@ -276,7 +276,8 @@ def test_a_model_drawing_positions_in_evaluation_is_checked_by_its_fingerprint(t
 
     drawing = "distattn_lm_gbw+randomized"
     write(drawing, 235.08, "a" * 64, 235.16, "a" * 64)
-    assert "235.16" in lm_extrapolation.report(out, quality)
+    markdown = lm_extrapolation.report(out, quality)
+    assert "235.16" in markdown and f"`{drawing}`: positions drawn in evaluation too" in markdown
     write(drawing, 235.08, "c" * 64, 235.16, "a" * 64)
     with pytest.raises(SystemExit, match=r"randomized seed 1: another model than the one .* records"):
         lm_extrapolation.report(out, quality)
