@@ -329,8 +329,7 @@ def fingerprints_decide(record: Dict, quality: Path) -> bool:
     so the two evaluations' perplexities differ by the draw, and both files name a checkpoint
     (:func:`models_per_run` compares them)."""
     return (
-        record["config"] in lm_configs()
-        and draws_at_evaluation(record["config"])
+        draws_at_evaluation(record["config"])
         and "checkpoint_sha256" in record
         and recorded_fingerprint(quality) is not None
     )
@@ -384,7 +383,7 @@ def report(out: Path, quality_runs: Optional[Path] = None) -> str:
     order = sorted(table, key=lambda name: (baselines[name], name != baselines[name], name))
     lengths = sorted({r["tokens_per_sample"] for r in records})
     trained = sorted({r["train_tokens_per_sample"] for r in records})
-    drawing = [name for name in order if name in lm_configs() and draws_at_evaluation(name)]
+    drawing = [name for name in order if draws_at_evaluation(name)]
     lines = header_lines(lengths, trained, drawing)
     for mode in MODES:
         lines += mode_table(table, order, lengths, mode)

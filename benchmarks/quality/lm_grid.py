@@ -168,8 +168,10 @@ def draws_at_evaluation(name: str) -> bool:
     """Whether configuration ``name``'s model draws its positions in evaluation too
     (``--randomized-positions-at-evaluation``, from its flags or its --arch's defaults): two
     evaluations of one of its checkpoints then score two draws, not one number (fairseq-eval-lm
-    does not seed torch)."""
-    config = lm_configs()[name]
+    does not seed torch). A name the grid no longer has: False (its results keep every check)."""
+    config = lm_configs().get(name)
+    if config is None:
+        return False
     arguments = _architecture_arguments(config.arch or config.name)
     return "--randomized-positions-at-evaluation" in config.flags or bool(
         arguments.get("randomized_positions_at_evaluation")
