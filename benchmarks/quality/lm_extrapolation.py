@@ -323,15 +323,15 @@ def cell(values: Optional[Sequence[float]]) -> str:
     return mean_std_text(values) if values else "-"
 
 
-def fingerprints_decide(record: Dict, quality: Path) -> bool:
+def fingerprints_decide(record: Dict, quality_run: Dict) -> bool:
     """Whether the checkpoint fingerprints alone tell that ``record`` (a training-length result) is
-    from the model of its quality run file ``quality``: its model draws positions in evaluation,
-    so the two evaluations' perplexities differ by the draw, and both files name a checkpoint
+    from the model of its quality run record ``quality_run``: its model draws positions in evaluation,
+    so the two evaluations' perplexities differ by the draw, and both name a checkpoint
     (:func:`models_per_run` compares them)."""
     return (
         draws_at_evaluation(record["config"])
         and "checkpoint_sha256" in record
-        and recorded_fingerprint(quality) is not None
+        and quality_run.get("checkpoint_sha256") is not None
     )
 
 
@@ -359,9 +359,10 @@ def check_one_model_per_seed(records: Sequence[Dict], quality_runs: Optional[Pat
         ):
             continue
         quality = quality_runs / f"{record['config']}-seed{record['seed']}.json"
-        if quality.is_file() and not fingerprints_decide(record, quality):
-            recorded = json.loads(quality.read_text(encoding="utf-8"))["test_ppl"]
-            if abs(record["blocks"]["ppl"] - recorded) > 0.011:
+        if quality.is_file():
+            quality_run = json.loads(quality.read_text(encoding="utf-8"))
+            recorded = quality_run["test_ppl"]
+            if not fingerprints_decide(record, quality_run) and abs(record["blocks"]["ppl"] - recorded) > 0.011:
                 problems.append(
                     f"{record['config']} seed {record['seed']}: {record['blocks']['ppl']} at the training length, "
                     f"{recorded} in {quality}"
